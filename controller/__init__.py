@@ -1,0 +1,1 @@
+"""The shell: the ``ebbtide`` CLI, process wiring, cluster adapters, actuation, observability."""

@@ -1,0 +1,47 @@
+"""The ``ebbtide`` command line: one click group, one module per family of subcommands.
+
+Errors a user can fix are raised as :class:`click.ClickException` (or subclasses) and printed as
+one line with a non-zero exit; a traceback means a bug in Ebbtide.
+"""
+
+from __future__ import annotations
+
+import click
+
+from controller.logs import configure_logging
+
+__all__ = ["cli", "main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    envvar="EBBTIDE_LOG_LEVEL",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["auto", "json", "console"]),
+    default="auto",
+    envvar="EBBTIDE_LOG_FORMAT",
+    help="auto: console on a TTY, JSON lines otherwise.",
+)
+@click.version_option(package_name="ebbtide")
+def cli(log_level: str, log_format: str) -> None:
+    """Ebbtide: event-driven GPU autoscaling and preemption for Kubernetes."""
+    configure_logging(level=log_level, fmt=log_format)  # type: ignore[arg-type]
+
+
+def _register() -> None:
+    from controller.cli import streams_cmds
+
+    for command in streams_cmds.COMMANDS:
+        cli.add_command(command)
+
+
+_register()
+
+
+def main() -> None:
+    cli(prog_name="ebbtide")

@@ -1,0 +1,279 @@
+"""Wire format v1: the two event types Ebbtide consumes, and their strict decoder.
+
+Events are JSON objects tagged by ``type``. Decoding is the hot path of ingest (every message of
+every topic passes through it), so the structural checks (types, ranges, required fields, the
+``type`` tag) are declared on :mod:`msgspec` structs and run in C; the few rules that span fields
+(exactly one latency form, a well-formed histogram) run in ``__post_init__``; and the rules that
+depend on configuration or the clock (size caps, timestamps from the future) run in
+:class:`EventDecoder`. Every failure becomes a :class:`Rejection` carrying a short ``code`` (a
+metrics label) and a precise ``detail`` (for the dead-letter header): the decoder never raises.
+
+Unknown fields are ignored, so producers can add fields ahead of consumers; a misspelt latency
+field is still caught because exactly one latency form is required.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Final, Literal, cast
+
+import msgspec
+
+__all__ = [
+    "GPU_UTILIZATION",
+    "INFERENCE_LATENCY",
+    "MAX_LATENCY_MS",
+    "Event",
+    "EventDecoder",
+    "GpuUtilization",
+    "InferenceLatency",
+    "LatencyHistogram",
+    "Limits",
+    "Rejection",
+    "encode_event",
+    "event_key",
+    "event_schema",
+]
+
+INFERENCE_LATENCY: Final = "inference.latency"
+GPU_UTILIZATION: Final = "gpu.utilization"
+
+#: One hour. A latency above this is a unit error (µs sent as ms), not an observation.
+MAX_LATENCY_MS: Final = 3_600_000.0
+
+_Name = Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+_LatencyMs = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_LATENCY_MS)]
+_Timestamp = float | Annotated[datetime, msgspec.Meta(tz=True)]
+_MiB = Annotated[float, msgspec.Meta(ge=0.0, le=1e9)]
+
+
+class LatencyHistogram(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Request counts per latency bucket: ``counts[i]`` requests fell at or below
+    ``bounds_ms[i]`` (and above the previous bound); the last count is the overflow bucket."""
+
+    bounds_ms: Annotated[list[_LatencyMs], msgspec.Meta(min_length=1)]
+    counts: list[Annotated[int, msgspec.Meta(ge=0)]]
+
+    def __post_init__(self) -> None:
+        if len(self.counts) != len(self.bounds_ms) + 1:
+            raise ValueError(
+                f"histogram.counts has {len(self.counts)} entries; "
+                f"expected len(bounds_ms)+1 = {len(self.bounds_ms) + 1}"
+            )
+        bounds = self.bounds_ms
+        for i in range(1, len(bounds)):
+            if bounds[i] <= bounds[i - 1]:
+                raise ValueError(
+                    f"histogram.bounds_ms must be strictly increasing; "
+                    f"bounds_ms[{i}]={bounds[i]} <= bounds_ms[{i - 1}]={bounds[i - 1]}"
+                )
+
+
+def _epoch(ts: float | datetime) -> float:
+    seconds = ts.timestamp() if isinstance(ts, datetime) else ts
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"ts must be a finite, non-negative epoch time; got {seconds}")
+    return seconds
+
+
+class InferenceLatency(
+    msgspec.Struct, tag=INFERENCE_LATENCY, tag_field="type", omit_defaults=True
+):
+    """Latency of one request, a batch of requests, or a histogram of requests, for one
+    inference service. Key on Kafka: ``namespace/service``."""
+
+    ts: _Timestamp
+    service: _Name
+    namespace: _Name = "default"
+    latency_ms: _LatencyMs | None = None
+    samples_ms: Annotated[list[_LatencyMs], msgspec.Meta(min_length=1)] | None = None
+    histogram: LatencyHistogram | None = None
+    pod: _Name | None = None
+    model: _Name | None = None
+
+    def __post_init__(self) -> None:
+        self.ts = _epoch(self.ts)
+        forms = (self.latency_ms, self.samples_ms, self.histogram)
+        given = sum(form is not None for form in forms)
+        if given != 1:
+            raise ValueError(
+                "exactly one of latency_ms, samples_ms or histogram is required; "
+                f"got {'none' if given == 0 else given}"
+            )
+
+    @property
+    def time(self) -> float:
+        """Event time in epoch seconds (``ts`` is normalised at decode time)."""
+        return cast(float, self.ts)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.service}"
+
+    @property
+    def size(self) -> int:
+        """How many values this event carries, for the batch-size cap."""
+        if self.samples_ms is not None:
+            return len(self.samples_ms)
+        if self.histogram is not None:
+            return len(self.histogram.counts)
+        return 1
+
+
+class GpuUtilization(
+    msgspec.Struct, tag=GPU_UTILIZATION, tag_field="type", omit_defaults=True
+):
+    """Utilization of one GPU, or of one MIG instance on it. Key on Kafka: the node name."""
+
+    ts: _Timestamp
+    node: _Name
+    gpu: Annotated[int, msgspec.Meta(ge=0, le=1024)] | _Name
+    util_pct: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)]
+    mig_profile: Annotated[str, msgspec.Meta(pattern=r"^[1-9]g\.[0-9]+gb(\+me)?$")] | None = None
+    mig_instance: Annotated[int, msgspec.Meta(ge=0, le=1024)] | None = None
+    mem_used_mib: _MiB | None = None
+    mem_total_mib: _MiB | None = None
+    pod: Annotated[str, msgspec.Meta(pattern=r"^[^/\s]+/[^/\s]+$")] | None = None
+
+    def __post_init__(self) -> None:
+        self.ts = _epoch(self.ts)
+        if (
+            self.mem_used_mib is not None
+            and self.mem_total_mib is not None
+            and self.mem_used_mib > self.mem_total_mib
+        ):
+            raise ValueError(
+                f"mem_used_mib={self.mem_used_mib} exceeds mem_total_mib={self.mem_total_mib}"
+            )
+        if self.mig_instance is not None and self.mig_profile is None:
+            raise ValueError("mig_instance needs mig_profile")
+
+    @property
+    def time(self) -> float:
+        """Event time in epoch seconds (``ts`` is normalised at decode time)."""
+        return cast(float, self.ts)
+
+    @property
+    def key(self) -> str:
+        return self.node
+
+    @property
+    def size(self) -> int:
+        return 1
+
+
+Event = InferenceLatency | GpuUtilization
+
+#: The Kafka topic each event type belongs on by default.
+DEFAULT_TOPICS: Final[dict[str, str]] = {
+    INFERENCE_LATENCY: "ebbtide.inference.latency",
+    GPU_UTILIZATION: "ebbtide.gpu.utilization",
+}
+
+RejectCode = Literal[
+    "malformed", "invalid", "too_large", "batch_too_large", "future_timestamp", "wrong_topic"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why an input was refused. ``code`` is a small closed set for metrics labels;
+    ``detail`` says where and why, for humans and the dead-letter ``ebbtide-reason`` header."""
+
+    code: RejectCode
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Caps that protect the controller from one bad producer."""
+
+    max_message_bytes: int = 1_048_576
+    """Larger messages are rejected before parsing."""
+    max_batch: int = 10_000
+    """Most samples in ``samples_ms`` or buckets in a histogram."""
+    max_future_skew_s: float = 300.0
+    """How far ahead of the controller's clock an event time may be."""
+
+
+class EventDecoder:
+    """Bytes in, an :data:`Event` or a :class:`Rejection` out; never raises.
+
+    ``topics`` maps an event type to the topic it must arrive on; ``None`` (recordings read
+    offline, tests) accepts any type on any topic.
+    """
+
+    __slots__ = ("_decoder", "_limits", "_topic_of")
+
+    def __init__(
+        self, limits: Limits | None = None, *, topics: dict[str, str] | None = None
+    ) -> None:
+        self._decoder = msgspec.json.Decoder(Event)
+        self._limits = limits or Limits()
+        self._topic_of = topics
+
+    @property
+    def limits(self) -> Limits:
+        return self._limits
+
+    def decode(self, raw: bytes | str, *, now: float, topic: str | None = None) -> Event | Rejection:
+        limits = self._limits
+        if len(raw) > limits.max_message_bytes:
+            return Rejection(
+                "too_large", f"message is {len(raw)} bytes; the cap is {limits.max_message_bytes}"
+            )
+        try:
+            event = self._decoder.decode(raw)
+        except msgspec.ValidationError as exc:
+            return Rejection("invalid", str(exc))
+        except msgspec.DecodeError as exc:
+            return Rejection("malformed", str(exc))
+        if event.size > limits.max_batch:
+            return Rejection(
+                "batch_too_large",
+                f"event carries {event.size} values; the cap is {limits.max_batch}",
+            )
+        if event.time > now + limits.max_future_skew_s:
+            return Rejection(
+                "future_timestamp",
+                f"ts is {event.time - now:.0f}s ahead of the controller's clock; "
+                f"at most {limits.max_future_skew_s:.0f}s is allowed",
+            )
+        if topic is not None and self._topic_of is not None:
+            expected = self._topic_of[_type_of(event)]
+            if topic != expected:
+                return Rejection(
+                    "wrong_topic", f"a {_type_of(event)} event belongs on {expected}, not {topic}"
+                )
+        return event
+
+
+def _type_of(event: Event) -> str:
+    return INFERENCE_LATENCY if isinstance(event, InferenceLatency) else GPU_UTILIZATION
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode_event(event: Event) -> bytes:
+    """The wire bytes of ``event`` (``type`` included, unset optional fields omitted)."""
+    return _encoder.encode(event)
+
+
+def event_key(event: Event) -> bytes:
+    """The Kafka key that keeps one service's (or one node's) events in order."""
+    return event.key.encode()
+
+
+def event_schema() -> dict[str, object]:
+    """JSON Schema (2020-12) of wire format v1, for producers to validate against."""
+    schema: dict[str, object] = msgspec.json.schema(Event)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://ebbtide.io/schemas/events.v1.json"
+    schema["title"] = "Ebbtide event, wire format v1"
+    return schema
