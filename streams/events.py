@@ -35,6 +35,7 @@ __all__ = [
     "encode_event",
     "event_key",
     "event_schema",
+    "event_type",
 ]
 
 INFERENCE_LATENCY: Final = "inference.latency"
@@ -78,9 +79,7 @@ def _epoch(ts: float | datetime) -> float:
     return seconds
 
 
-class InferenceLatency(
-    msgspec.Struct, tag=INFERENCE_LATENCY, tag_field="type", omit_defaults=True
-):
+class InferenceLatency(msgspec.Struct, tag=INFERENCE_LATENCY, tag_field="type", omit_defaults=True):
     """Latency of one request, a batch of requests, or a histogram of requests, for one
     inference service. Key on Kafka: ``namespace/service``."""
 
@@ -122,9 +121,7 @@ class InferenceLatency(
         return 1
 
 
-class GpuUtilization(
-    msgspec.Struct, tag=GPU_UTILIZATION, tag_field="type", omit_defaults=True
-):
+class GpuUtilization(msgspec.Struct, tag=GPU_UTILIZATION, tag_field="type", omit_defaults=True):
     """Utilization of one GPU, or of one MIG instance on it. Key on Kafka: the node name."""
 
     ts: _Timestamp
@@ -221,14 +218,16 @@ class EventDecoder:
     def limits(self) -> Limits:
         return self._limits
 
-    def decode(self, raw: bytes | str, *, now: float, topic: str | None = None) -> Event | Rejection:
+    def decode(
+        self, raw: bytes | str, *, now: float, topic: str | None = None
+    ) -> Event | Rejection:
         limits = self._limits
         if len(raw) > limits.max_message_bytes:
             return Rejection(
                 "too_large", f"message is {len(raw)} bytes; the cap is {limits.max_message_bytes}"
             )
         try:
-            event = self._decoder.decode(raw)
+            event: Event = self._decoder.decode(raw)
         except msgspec.ValidationError as exc:
             return Rejection("invalid", str(exc))
         except msgspec.DecodeError as exc:
@@ -245,15 +244,16 @@ class EventDecoder:
                 f"at most {limits.max_future_skew_s:.0f}s is allowed",
             )
         if topic is not None and self._topic_of is not None:
-            expected = self._topic_of[_type_of(event)]
+            expected = self._topic_of[event_type(event)]
             if topic != expected:
                 return Rejection(
-                    "wrong_topic", f"a {_type_of(event)} event belongs on {expected}, not {topic}"
+                    "wrong_topic", f"a {event_type(event)} event belongs on {expected}, not {topic}"
                 )
         return event
 
 
-def _type_of(event: Event) -> str:
+def event_type(event: Event) -> str:
+    """The ``type`` tag of ``event``."""
     return INFERENCE_LATENCY if isinstance(event, InferenceLatency) else GPU_UTILIZATION
 
 

@@ -34,9 +34,9 @@ def cli(log_level: str, log_format: str) -> None:
 
 
 def _register() -> None:
-    from controller.cli import streams_cmds
+    from controller.cli import stream_commands
 
-    for command in streams_cmds.COMMANDS:
+    for command in stream_commands.COMMANDS:
         cli.add_command(command)
 
 

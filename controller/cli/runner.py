@@ -1,0 +1,31 @@
+"""Running a command's coroutine: one event loop, Ctrl-C as a clean stop, errors as one line.
+
+Exceptions that mean "the user's input or environment is wrong" become a
+:class:`click.ClickException` (one line, exit 1). Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import click
+
+from streams.broker import BrokerError
+
+__all__ = ["UserError", "run_async"]
+
+T = TypeVar("T")
+
+#: Errors a user can act on: an unreachable service, a missing or unreadable file, bad input.
+UserError = (ConnectionError, BrokerError, FileNotFoundError, PermissionError, ValueError)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        return asyncio.run(coro)
+    except KeyboardInterrupt:
+        raise click.Abort() from None
+    except UserError as exc:
+        raise click.ClickException(str(exc)) from exc

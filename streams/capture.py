@@ -1,0 +1,154 @@
+"""Kafka ↔ recording: ``record`` captures topics to a file, ``publish`` plays a file back.
+
+``record`` reads with a group-less consumer assigned to every partition, so capturing never
+joins (or rebalances) the controller's consumer group. ``publish`` sends messages in file order
+through one producer, so messages with the same key stay in order, and sleeps between them so
+inter-arrival times are those of the recording divided by ``speed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from streams.connection import KafkaConfig
+from streams.producer import KafkaProducer, RawMessage
+from streams.recording import BadLine, RecordingWriter, read_recording
+
+__all__ = ["PublishResult", "publish", "record"]
+
+log = structlog.get_logger(__name__)
+
+
+async def record(
+    config: KafkaConfig,
+    out: Path,
+    *,
+    topics: Sequence[str],
+    max_events: int | None = None,
+    duration_s: float | None = None,
+    idle_s: float | None = None,
+    from_beginning: bool = True,
+    on_progress: Callable[[int], None] | None = None,
+) -> int:
+    """Capture ``topics`` into ``out`` until a limit is reached; return the message count.
+
+    Stops after ``max_events`` messages, after ``duration_s`` seconds, or once nothing arrived
+    for ``idle_s`` seconds — whichever comes first (or when cancelled, keeping what it wrote).
+    """
+    consumer = AIOKafkaConsumer(
+        **config.client_kwargs(),
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest" if from_beginning else "latest",
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+    )
+    try:
+        await consumer.start()
+    except KafkaError as exc:
+        await consumer.stop()
+        raise ConnectionError(f"cannot reach Kafka at {config.bootstrap}: {exc!r}") from exc
+    try:
+        partitions = [
+            TopicPartition(topic, p)
+            for topic in topics
+            for p in sorted(await _partitions_of(consumer, topic))
+        ]
+        consumer.assign(partitions)
+        if from_beginning:
+            await consumer.seek_to_beginning(*partitions)
+        started = last_seen = time.monotonic()
+        with RecordingWriter(out, source="kafka", topics=list(topics)) as writer:
+            while max_events is None or writer.count < max_events:
+                now = time.monotonic()
+                if duration_s is not None and now - started >= duration_s:
+                    break
+                if idle_s is not None and now - last_seen >= idle_s:
+                    break
+                batches = await consumer.getmany(timeout_ms=100, max_records=10_000)
+                for tp, messages in sorted(batches.items()):
+                    for m in messages:
+                        if max_events is not None and writer.count >= max_events:
+                            break
+                        writer.write(
+                            RawMessage(
+                                tp.topic, tp.partition, m.offset, m.key, m.value,
+                                tuple(m.headers or ()), m.timestamp,
+                            )
+                        )  # fmt: skip
+                if batches:
+                    last_seen = time.monotonic()
+                    if on_progress is not None:
+                        on_progress(writer.count)
+            return writer.count
+    finally:
+        await consumer.stop()
+
+
+async def _partitions_of(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    deadline = time.monotonic() + 10
+    while (partitions := consumer.partitions_for_topic(topic)) is None:
+        if time.monotonic() > deadline:
+            raise ConnectionError(f"topic {topic!r} does not exist on the broker")
+        await consumer.topics()  # refreshes the cluster metadata
+        await asyncio.sleep(0.05)
+    return set(partitions)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    sent: int
+    bad_lines: int
+    seconds: float
+
+
+async def publish(
+    config: KafkaConfig,
+    recording: Path,
+    *,
+    speed: float | None = 1.0,
+    topic_map: dict[str, str] | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> PublishResult:
+    """Send every message of ``recording`` to Kafka; ``speed=None`` means as fast as possible.
+
+    Kafka timestamps are the recording's shifted to now (old ones would fall to retention);
+    the events' own ``ts`` fields are sent as recorded.
+    """
+    started = time.monotonic()
+    first_ts: int | None = None
+    shift_ms = 0
+    sent = bad = 0
+    async with KafkaProducer(config) as producer:
+        for message in read_recording(recording):
+            if isinstance(message, BadLine):
+                bad += 1
+                log.warning("publish.bad_line", line=message.line, reason=message.reason)
+                continue
+            if message.ts_ms is not None and first_ts is None:
+                first_ts = message.ts_ms
+                shift_ms = int(time.time() * 1000) - first_ts
+            if message.ts_ms is not None and first_ts is not None and speed is not None:
+                delay = (message.ts_ms - first_ts) / 1000 / speed - (time.monotonic() - started)
+                if delay > 0:
+                    await producer.flush()
+                    await asyncio.sleep(delay)
+            await producer.send(
+                (topic_map or {}).get(message.topic, message.topic),
+                message.value,
+                key=message.key,
+                headers=message.headers,
+                timestamp_ms=message.ts_ms + shift_ms if message.ts_ms is not None else None,
+            )
+            sent += 1
+            if on_progress is not None and sent % 1000 == 0:
+                on_progress(sent)
+        await producer.flush()
+    return PublishResult(sent=sent, bad_lines=bad, seconds=time.monotonic() - started)

@@ -1,0 +1,357 @@
+"""The ingest path: Kafka → decode and validate → dead-letter or hand over → commit.
+
+Two tasks joined by a bounded queue:
+
+* the **fetch** task calls ``getmany``, decodes every message with :class:`EventDecoder`, sends
+  each rejected message to the dead-letter topic (awaited, so it is safe before anything after it
+  is committed), and puts a :class:`Batch` on the queue. When the queue is full the task waits, so
+  a slow handler slows fetching down instead of growing memory (backpressure);
+* the **apply** task hands each batch to the downstream handler. Only once the handler has
+  returned are the batch's offsets marked applied; applied offsets are committed every
+  ``commit_interval_s``, on partition revocation and on stop.
+
+Delivery is therefore at-least-once: after a crash, events applied but not yet committed are
+consumed again. That is harmless because what the engine builds from them is idempotent in
+effect — a duplicate latency sample moves a sliding-window quantile by at most one sample, a
+duplicate utilization reading does not move a windowed mean by more than its own weight, and
+actions are keyed by the cluster state they act on (an already-evicted pod is not evicted again).
+
+Broker loss is survived by aiokafka's own reconnects; errors that escape it are logged and retried
+with capped exponential backoff. A handler that raises is retried the same way: the batch is
+never skipped, because skipping would lose events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+
+from streams.connection import KafkaConfig
+from streams.events import DEFAULT_TOPICS, Event, EventDecoder, Rejection
+from streams.producer import DeadLetter, RawMessage
+
+__all__ = ["Batch", "ConsumerSettings", "ConsumerStats", "EventConsumer", "Handler"]
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Valid events from one fetch, in partition order, and the offsets they complete."""
+
+    events: Sequence[Event]
+    positions: dict[TopicPartition, int]
+    """Per partition, the next offset to consume once this batch is applied."""
+    fetched_at: float
+    """``time.time()`` when the fetch returned, for decision-latency accounting."""
+
+
+Handler = Callable[[Batch], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSettings:
+    """How the ingest path consumes; defaults suit production, tests shorten the timeouts."""
+
+    group_id: str = "ebbtide"
+    topics: tuple[str, ...] = tuple(DEFAULT_TOPICS.values())
+    max_records: int = 5_000
+    """Most messages in one ``getmany``, so one batch."""
+    queue_batches: int = 8
+    """Batches fetched ahead of the handler before fetching waits."""
+    commit_interval_s: float = 1.0
+    """Applied offsets are committed at most this often (and on revoke and stop)."""
+    fetch_timeout_ms: int = 200
+    auto_offset_reset: str = "earliest"
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 3_000
+    max_partition_fetch_bytes: int = 4 * 1024 * 1024
+    retry_backoff_s: tuple[float, float] = (0.1, 5.0)
+    """Initial and maximum delay between retries of a failing fetch, handler or dead-letter."""
+    drain_timeout_s: float = 10.0
+    """On stop, how long queued batches may still be applied before they are abandoned."""
+
+
+@dataclass(slots=True)
+class ConsumerStats:
+    """Counters read by metrics and tests; updated once per batch, not per message."""
+
+    consumed: Counter[str] = field(default_factory=Counter)
+    accepted: Counter[str] = field(default_factory=Counter)
+    rejected: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """By (topic, rejection code)."""
+    commits: int = 0
+    commit_failures: int = 0
+    fetch_failures: int = 0
+    handler_failures: int = 0
+    last_fetch_ok: float | None = None
+    """``time.monotonic()`` of the last fetch that reached the broker."""
+    lag: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Per (topic, partition): the broker's high watermark minus the applied offset."""
+
+
+class _Backoff:
+    def __init__(self, initial: float, maximum: float) -> None:
+        self._initial, self._max, self._next = initial, maximum, initial
+
+    def reset(self) -> None:
+        self._next = self._initial
+
+    async def wait(self) -> None:
+        await asyncio.sleep(self._next)
+        self._next = min(self._next * 2, self._max)
+
+
+class EventConsumer:
+    """Consumes, validates and hands over events; see the module docstring for guarantees.
+
+    ``clock`` returns epoch seconds and is used for the future-timestamp rule only.
+    """
+
+    def __init__(
+        self,
+        config: KafkaConfig,
+        handler: Handler,
+        *,
+        settings: ConsumerSettings | None = None,
+        decoder: EventDecoder | None = None,
+        dead_letter: DeadLetter | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings or ConsumerSettings()
+        self.stats = ConsumerStats()
+        self._handler = handler
+        self._decoder = decoder or EventDecoder(topics=DEFAULT_TOPICS)
+        self._dead_letter = dead_letter
+        self._clock = clock
+        self._consumer = AIOKafkaConsumer(
+            **config.client_kwargs(),
+            group_id=self.settings.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset=self.settings.auto_offset_reset,
+            session_timeout_ms=self.settings.session_timeout_ms,
+            heartbeat_interval_ms=self.settings.heartbeat_interval_ms,
+            max_partition_fetch_bytes=self.settings.max_partition_fetch_bytes,
+        )
+        self._queue: asyncio.Queue[Batch | None] = asyncio.Queue(self.settings.queue_batches)
+        self._applied: dict[TopicPartition, int] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        self._last_commit = 0.0
+        self._stopping = asyncio.Event()
+        self._started = False
+
+    async def start(self) -> None:
+        """Connect and join the group. Raises ``ConnectionError`` if Kafka is unreachable."""
+        try:
+            await self._consumer.start()
+        except KafkaError as exc:
+            await self._consumer.stop()
+            raise ConnectionError(f"cannot reach Kafka: {exc!r}") from exc
+        self._consumer.subscribe(list(self.settings.topics), listener=_Revoked(self))
+        self._started = True
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to finish: stop fetching, apply what is queued, commit, close."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Consume until :meth:`stop`; returns after the final commit and close."""
+        if not self._started:
+            await self.start()
+        fetch = asyncio.create_task(self._fetch_loop(), name="ebbtide-fetch")
+        apply = asyncio.create_task(self._apply_loop(), name="ebbtide-apply")
+        try:
+            await fetch
+            await self._queue.put(None)
+            try:
+                await asyncio.wait_for(asyncio.shield(apply), self.settings.drain_timeout_s)
+            except TimeoutError:
+                log.warning("ingest.drain_timeout", abandoned_batches=self._queue.qsize())
+                apply.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await apply
+        finally:
+            for task in (fetch, apply):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            await self.commit()
+            await self._consumer.stop()
+            self._started = False
+
+    # -- fetch side -----------------------------------------------------------------------------
+
+    async def _fetch_loop(self) -> None:
+        backoff = _Backoff(*self.settings.retry_backoff_s)
+        while not self._stopping.is_set():
+            try:
+                records = await self._consumer.getmany(
+                    timeout_ms=self.settings.fetch_timeout_ms,
+                    max_records=self.settings.max_records,
+                )
+            except KafkaError as exc:
+                self.stats.fetch_failures += 1
+                log.warning("ingest.fetch_failed", error=repr(exc))
+                await backoff.wait()
+                continue
+            backoff.reset()
+            self.stats.last_fetch_ok = time.monotonic()
+            self._update_lag()
+            if records:
+                batch = await self._decode(records)
+                if batch is None or not await self._enqueue(batch):
+                    return  # stopped first: nothing of this batch is committed
+
+    async def _enqueue(self, batch: Batch) -> bool:
+        """Wait for room in the queue (backpressure); False if asked to stop meanwhile."""
+        while True:
+            try:
+                await asyncio.wait_for(self._queue.put(batch), 0.25)
+                return True
+            except TimeoutError:
+                if self._stopping.is_set():
+                    return False
+
+    async def _decode(self, records: dict[TopicPartition, list[object]]) -> Batch | None:
+        now = self._clock()
+        decode = self._decoder.decode
+        events: list[Event] = []
+        positions: dict[TopicPartition, int] = {}
+        rejected: list[tuple[RawMessage, Rejection]] = []
+        stats = self.stats
+        for tp, messages in records.items():
+            accepted_before = len(events)
+            for message in messages:
+                value = message.value  # type: ignore[attr-defined]
+                result = (
+                    decode(value, now=now, topic=tp.topic)
+                    if value is not None
+                    else Rejection("malformed", "message has no value (a tombstone)")
+                )
+                if isinstance(result, Rejection):
+                    rejected.append((_raw(tp, message), result))
+                else:
+                    events.append(result)
+            positions[tp] = messages[-1].offset + 1  # type: ignore[attr-defined]
+            stats.consumed[tp.topic] += len(messages)
+            stats.accepted[tp.topic] += len(events) - accepted_before
+        for raw, rejection in rejected:
+            stats.rejected[raw.topic, rejection.code] += 1
+            log.info(
+                "ingest.rejected",
+                topic=raw.topic,
+                partition=raw.partition,
+                offset=raw.offset,
+                code=rejection.code,
+                reason=rejection.detail,
+            )
+        if rejected and not await self._dead_letter_all(rejected):
+            return None
+        return Batch(events, positions, fetched_at=time.time())
+
+    async def _dead_letter_all(self, rejected: list[tuple[RawMessage, Rejection]]) -> bool:
+        """Send every rejected message to the dead-letter topic; False if stopped first."""
+        if self._dead_letter is None:
+            return True
+        backoff = _Backoff(*self.settings.retry_backoff_s)
+        while True:
+            try:
+                for raw, rejection in rejected:
+                    await self._dead_letter.send(raw, rejection)
+                await self._dead_letter.flush()
+                return True
+            except KafkaError as exc:
+                log.warning("ingest.deadletter_failed", error=repr(exc), messages=len(rejected))
+                if self._stopping.is_set():
+                    return False
+                await backoff.wait()
+
+    def _update_lag(self) -> None:
+        consumer = self._consumer
+        for tp in consumer.assignment():
+            highwater = consumer.highwater(tp)
+            done = self._applied.get(tp, self._committed.get(tp))
+            if highwater is not None and done is not None:
+                self.stats.lag[tp.topic, tp.partition] = max(0, highwater - done)
+
+    # -- apply side -----------------------------------------------------------------------------
+
+    async def _apply_loop(self) -> None:
+        backoff = _Backoff(*self.settings.retry_backoff_s)
+        while (batch := await self._queue.get()) is not None:
+            while True:
+                try:
+                    await self._handler(batch)
+                    break
+                except Exception:
+                    self.stats.handler_failures += 1
+                    log.exception("ingest.handler_failed", events=len(batch.events))
+                    await backoff.wait()
+            backoff.reset()
+            self._applied.update(batch.positions)
+            if time.monotonic() - self._last_commit >= self.settings.commit_interval_s:
+                await self.commit()
+
+    async def commit(self, partitions: Sequence[TopicPartition] | None = None) -> None:
+        """Commit applied offsets (of ``partitions``, default all still assigned)."""
+        assigned = self._consumer.assignment()
+        wanted = assigned if partitions is None else set(partitions) & assigned
+        offsets = {
+            tp: offset
+            for tp, offset in self._applied.items()
+            if tp in wanted and self._committed.get(tp) != offset
+        }
+        self._last_commit = time.monotonic()
+        if not offsets:
+            return
+        try:
+            await self._consumer.commit(offsets)
+        except KafkaError as exc:
+            self.stats.commit_failures += 1
+            log.warning("ingest.commit_failed", error=repr(exc))
+            return
+        self.stats.commits += 1
+        self._committed.update(offsets)
+
+    async def release(self, partitions: Sequence[TopicPartition]) -> None:
+        """Commit and forget ``partitions`` before they move to another group member."""
+        await self.commit(partitions)
+        for tp in partitions:
+            self._applied.pop(tp, None)
+            self._committed.pop(tp, None)
+            self.stats.lag.pop((tp.topic, tp.partition), None)
+
+
+class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Commit what was applied on partitions that are about to move to another member."""
+
+    def __init__(self, owner: EventConsumer) -> None:
+        self._owner = owner
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self._owner.release(revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        return None
+
+
+def _raw(tp: TopicPartition, message: object) -> RawMessage:
+    m = message
+    return RawMessage(
+        topic=tp.topic,
+        partition=tp.partition,
+        offset=m.offset,  # type: ignore[attr-defined]
+        key=m.key,  # type: ignore[attr-defined]
+        value=m.value,  # type: ignore[attr-defined]
+        headers=tuple(m.headers or ()),  # type: ignore[attr-defined]
+        timestamp_ms=m.timestamp,  # type: ignore[attr-defined]
+    )

@@ -1,0 +1,178 @@
+"""Recordings: Kafka messages as JSON Lines, gzip-compressed when the file name ends in ``.gz``.
+
+Format (version 1)::
+
+    {"ebbtide_recording": 1, "created": "2026-12-02T16:00:00Z", "source": "kafka", ...}
+    {"topic": "ebbtide.inference.latency", "partition": 0, "offset": 41, "ts_ms": 1764691200000,
+     "key": "prod/chat", "headers": [["trace", "abc"]], "value": {"type": "inference.latency", ...}}
+
+The header line is optional. ``value`` is the message's JSON as it was; a message that was not
+valid JSON is kept as text in ``value`` with ``"raw": true`` (or base64 with ``"raw": "base64"``
+when it was not UTF-8), so a replay dead-letters exactly what the live controller did. A line of
+the file that is itself not a record is yielded as :class:`BadLine`, never raised.
+
+Reading is on the replay hot path: each line is parsed once by msgspec, with ``value`` kept as
+raw JSON bytes (``msgspec.Raw``) that go straight to the event decoder.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Self
+
+import msgspec
+
+from streams.producer import RawMessage
+
+__all__ = ["BadLine", "RecordedMessage", "RecordingWriter", "read_header", "read_recording"]
+
+FORMAT_VERSION = 1
+
+
+class _Line(msgspec.Struct):
+    topic: str
+    value: msgspec.Raw
+    partition: int = 0
+    offset: int = -1
+    ts_ms: int | None = None
+    key: str | None = None
+    headers: list[tuple[str, str]] = []
+    raw: bool | str = False
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedMessage:
+    """One message of a recording, with ``value`` as the bytes that were on the wire."""
+
+    line: int
+    topic: str
+    partition: int
+    offset: int
+    ts_ms: int | None
+    key: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class BadLine:
+    """A line of the file that is not a record: where, why, and its text."""
+
+    line: int
+    reason: str
+    text: bytes
+
+
+def _open(path: Path, mode: str) -> IO[bytes]:
+    if path.suffix == ".gz":
+        return gzip.open(path, mode + "b")  # type: ignore[return-value]
+    return open(path, mode + "b")
+
+
+_line_decoder = msgspec.json.Decoder(_Line)
+_header_decoder = msgspec.json.Decoder(dict[str, Any])
+_string_decoder = msgspec.json.Decoder(str)
+
+
+def read_header(path: Path) -> dict[str, Any] | None:
+    """The recording's header object, or ``None`` when the first line is a record."""
+    with _open(path, "r") as stream:
+        first = stream.readline()
+    try:
+        header = _header_decoder.decode(first)
+    except msgspec.DecodeError:
+        return None
+    return header if "ebbtide_recording" in header else None
+
+
+def read_recording(path: Path) -> Iterator[RecordedMessage | BadLine]:
+    """Yield every message of the recording in file order; bad lines as :class:`BadLine`."""
+    with _open(path, "r") as stream:
+        for number, line in enumerate(stream, start=1):
+            if number == 1 and b'"ebbtide_recording"' in line:
+                continue
+            if not line.strip():
+                continue
+            yield _parse(number, line)
+
+
+def _parse(number: int, line: bytes) -> RecordedMessage | BadLine:
+    try:
+        record = _line_decoder.decode(line)
+        value = bytes(record.value)
+        if record.raw:
+            text = _string_decoder.decode(value)
+            value = base64.b64decode(text) if record.raw == "base64" else text.encode()
+        headers = tuple((name, text.encode()) for name, text in record.headers)
+    except (msgspec.DecodeError, ValueError) as exc:
+        return BadLine(number, f"line {number}: not a recording record: {exc}", line.rstrip())
+    return RecordedMessage(
+        line=number,
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        ts_ms=record.ts_ms,
+        key=record.key.encode() if record.key is not None else None,
+        headers=headers,
+        value=value,
+    )
+
+
+class RecordingWriter:
+    """Appends messages to a new recording, header first."""
+
+    def __init__(self, path: Path, *, source: str = "kafka", **header: Any) -> None:
+        self.path = path
+        self.count = 0
+        self._stream = _open(path, "w")
+        self._encoder = msgspec.json.Encoder()
+        created = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        self._write_object(
+            {"ebbtide_recording": FORMAT_VERSION, "created": created, "source": source, **header}
+        )
+
+    def _write_object(self, obj: dict[str, Any]) -> None:
+        self._stream.write(self._encoder.encode(obj) + b"\n")
+
+    def write(self, message: RawMessage) -> None:
+        record: dict[str, Any] = {
+            "topic": message.topic,
+            "partition": message.partition,
+            "offset": message.offset,
+            "ts_ms": message.timestamp_ms,
+            "key": message.key.decode(errors="replace") if message.key is not None else None,
+            "headers": [[k, v.decode(errors="replace")] for k, v in message.headers],
+        }
+        value = message.value or b""
+        try:
+            parsed = msgspec.json.decode(value)
+            # Pretty-printed JSON would break the one-record-per-line framing.
+            has_newline = b"\n" in value or b"\r" in value
+            record["value"] = msgspec.Raw(msgspec.json.encode(parsed) if has_newline else value)
+        except msgspec.DecodeError:
+            try:
+                record["value"], record["raw"] = value.decode(), True
+            except UnicodeDecodeError:
+                record["value"], record["raw"] = base64.b64encode(value).decode(), "base64"
+        self._write_object(record)
+        self.count += 1
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,22 @@
+"""Suite-wide fixtures: every test must leave no asyncio task behind (kopf does the same)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+async def _no_pending_tasks() -> AsyncIterator[None]:
+    """Fail a test that leaves tasks running: they would leak work into the next test."""
+    before = asyncio.all_tasks()
+    yield
+    await asyncio.sleep(0)
+    leftover = {
+        t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()
+    }
+    for task in leftover:
+        task.cancel()
+    assert not leftover, f"tasks left running: {[t.get_name() for t in leftover]}"
