@@ -54,7 +54,7 @@ async def record(
         await consumer.start()
     except KafkaError as exc:
         await consumer.stop()
-        raise ConnectionError(f"cannot reach Kafka at {config.bootstrap}: {exc!r}") from exc
+        raise ConnectionError(f"cannot reach Kafka: {exc}") from exc
     try:
         partitions = [
             TopicPartition(topic, p)

@@ -154,7 +154,7 @@ class EventConsumer:
             await self._consumer.start()
         except KafkaError as exc:
             await self._consumer.stop()
-            raise ConnectionError(f"cannot reach Kafka: {exc!r}") from exc
+            raise ConnectionError(f"cannot reach Kafka: {exc}") from exc
         self._consumer.subscribe(list(self.settings.topics), listener=_Revoked(self))
         self._started = True
 

@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import Self
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from streams.connection import KafkaConfig
 from streams.events import DEFAULT_TOPICS, Event, Rejection, encode_event, event_key, event_type
@@ -52,7 +53,11 @@ class KafkaProducer:
         )
 
     async def __aenter__(self) -> Self:
-        await self._producer.start()
+        try:
+            await self._producer.start()
+        except KafkaError as exc:
+            await self._producer.stop()
+            raise ConnectionError(f"cannot reach Kafka: {exc}") from exc
         return self
 
     async def __aexit__(

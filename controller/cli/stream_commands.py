@@ -43,11 +43,11 @@ def broker(port: int, partitions: int) -> None:
     async def serve() -> None:
         with EmbeddedBroker(port=port) as b:
             await ensure_topics(KafkaConfig(b.bootstrap), list(ALL_TOPICS), partitions=partitions)
-            click.echo(b.bootstrap, nl=True)
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
+            click.echo(b.bootstrap)
             await stop.wait()
 
     run_async(serve())

@@ -1,0 +1,5 @@
+"""``python -m controller`` is ``ebbtide``."""
+
+from controller.cli import main
+
+main()
