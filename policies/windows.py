@@ -1,0 +1,460 @@
+"""Sliding windows over event time: latency quantiles and GPU utilization.
+
+Both windows are rings of ``window_s / interval_s`` fixed intervals keyed by *event* time, not
+by arrival: interval ``n`` holds what happened in ``[n * interval_s, (n + 1) * interval_s)``.
+Nothing here reads a clock; writers pass the event's time, readers pass ``now``.
+
+Writes. The newest interval seen is the ring's head. An event ahead of the head advances it
+(the slots it leaves behind are recycled lazily, on their next write, so a long gap costs
+nothing); an event within the ring lands in its own interval, so out-of-order delivery inside
+the window is harmless; an event older than the ring is *late*: refused, counted in ``late``, and
+the write returns ``False``. The decoder caps how far ahead of the controller's clock an event
+may be, which bounds how far one event can push the head.
+
+Reads. A read at ``now`` covers the intervals that start within ``(now - window_s, now]``, i.e.
+the ``window_s / interval_s`` intervals ending with the one holding ``now``. Data older than
+``window_s`` is never counted, and the oldest counted interval may be partly expired: the
+window's resolution is one interval. Reads at a ``now`` past the last event find the data
+expired without any write having to happen.
+
+Latency. Each interval holds a DDSketch store (``CollapsingLowestDenseStore``: at most
+``bin_limit`` bins whatever the event rate or value range; past that the *lowest* bins collapse,
+which costs accuracy on low quantiles only, the ones an autoscaler does not act on). A read merges
+the stores into a ``BaseDDSketch`` and asks it for the quantile, so every quantile is within
+``relative_accuracy`` of the exact one (the element of rank ``floor(q * (n - 1))``).
+
+The write path bypasses ``DDSketch.add``, which keeps a sum, a min and a max that a window never
+reads and makes two method calls per value (~0.45 µs per value on the dev box, against ~0.19 µs
+for the same loop below, inlined). :meth:`LatencyWindow.add` computes the key with the mapping's
+own formula (``ceil(log2(v) * multiplier)``, reading the mapping's ``_multiplier``: ddsketch is
+pinned) and, when the key falls inside the store's current range, increments the bin as
+``DenseStore.add`` does; any other key goes through ``store.add`` (growth, collapsing). The tests
+check that this yields exactly the quantiles ``DDSketch.add`` does. Histogram bounds are keyed once
+per distinct set of bounds, since a producer sends the same bounds every time.
+
+Reads are cached on a signature of the live intervals (slot and count of each), so repeated reads
+between writes cost one pass over the ring, and a read after writes to the newest interval only
+re-merges that interval onto a cached merge of the older ones.
+
+Histograms. A bucket's requests are recorded at the bucket's *upper* bound, and the overflow
+bucket at the last bound. A quantile then errs high by at most its bucket's width (the
+histogram's resolution, ``bounds[i] / bounds[i - 1] - 1``), plus ``relative_accuracy`` either
+way; in the overflow bucket the last bound is only a floor. Erring high is the safe side for an
+autoscaler.
+
+Utilization. Per interval a sum, a count and a max: constant memory per GPU. A pool's mean is
+the mean of its GPUs' means, so a GPU whose exporter reports twice as often does not weigh twice
+as much.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from itertools import pairwise
+from typing import Final
+
+from ddsketch.ddsketch import BaseDDSketch
+from ddsketch.mapping import LogarithmicMapping
+from ddsketch.store import CollapsingLowestDenseStore
+
+from streams.events import InferenceLatency
+
+__all__ = ["LatencyWindow", "UtilizationWindow"]
+
+_log, _ceil = math.log, math.ceil
+
+#: A slot number no real event time maps to: marks a ring cell that has never been written.
+_NO_SLOT: Final = -(1 << 62)
+
+
+def _ring_length(window_s: float, interval_s: float) -> int:
+    if not (math.isfinite(interval_s) and interval_s > 0):
+        raise ValueError(f"interval_s must be finite and positive; got {interval_s}")
+    if not (math.isfinite(window_s) and window_s > 0):
+        raise ValueError(f"window_s must be finite and positive; got {window_s}")
+    ratio = window_s / interval_s
+    length = round(ratio)
+    if length < 1 or abs(ratio - length) > 1e-9 * ratio:
+        raise ValueError(
+            f"window_s must be a whole multiple of interval_s; got {window_s} / {interval_s}"
+        )
+    return length
+
+
+def _slot_of(ts: float, interval_s: float) -> int:
+    try:
+        return int(ts // interval_s)
+    except (ValueError, OverflowError) as exc:
+        raise ValueError(f"ts must be finite; got {ts}") from exc
+
+
+class _Ring:
+    """Slot arithmetic shared by both windows: which intervals a write may touch, which a read
+    covers."""
+
+    __slots__ = ("_head", "_interval_s", "_late", "_length")
+
+    def __init__(self, *, window_s: float, interval_s: float) -> None:
+        self._length = _ring_length(window_s, interval_s)
+        self._interval_s = float(interval_s)
+        self._head = _NO_SLOT
+        self._late = 0
+
+    @property
+    def late(self) -> int:
+        """Writes refused because their interval had already left the ring."""
+        return self._late
+
+    @property
+    def intervals(self) -> int:
+        """Intervals in the ring: the window's memory, in intervals."""
+        return self._length
+
+    def _span(self, now: float) -> tuple[int, int]:
+        """The first and last slot a read at ``now`` covers (empty when first > last)."""
+        last = _slot_of(now, self._interval_s)
+        first = max(last, self._head) - self._length + 1
+        return first, min(last, self._head)
+
+
+class _Interval:
+    """One interval of latencies: positive values in a store, zeros counted apart (the
+    logarithmic mapping cannot key zero)."""
+
+    __slots__ = ("slot", "store", "zeros")
+
+    def __init__(self, slot: int, bin_limit: int) -> None:
+        self.slot = slot
+        self.store = CollapsingLowestDenseStore(bin_limit)
+        self.zeros = 0
+
+
+class LatencyWindow(_Ring):
+    """Quantiles of request latency (ms) over a sliding window of event time."""
+
+    __slots__ = (
+        "_answers",
+        "_bin_limit",
+        "_cells",
+        "_cold",
+        "_cold_key",
+        "_full",
+        "_full_key",
+        "_full_store",
+        "_hist_bounds",
+        "_hist_keys",
+        "_last_cell",
+        "_last_slot",
+        "_mapping",
+        "_max_value",
+        "_min_value",
+        "_scale",
+    )
+
+    def __init__(
+        self,
+        *,
+        window_s: float,
+        interval_s: float,
+        relative_accuracy: float = 0.01,
+        bin_limit: int = 2048,
+    ) -> None:
+        super().__init__(window_s=window_s, interval_s=interval_s)
+        if bin_limit < 1:
+            raise ValueError(f"bin_limit must be positive; got {bin_limit}")
+        self._bin_limit = bin_limit
+        self._mapping = LogarithmicMapping(relative_accuracy)
+        # The hot path computes keys as ``LogarithmicMapping.key`` does (offset 0).
+        self._scale: float = self._mapping._multiplier
+        self._min_value: float = self._mapping.min_possible
+        self._max_value: float = self._mapping.max_possible
+        self._cells = [_Interval(_NO_SLOT, 0) for _ in range(self._length)]
+        self._last_slot = _NO_SLOT
+        self._last_cell = self._cells[0]
+        empty = CollapsingLowestDenseStore(bin_limit)
+        self._cold: tuple[CollapsingLowestDenseStore, int] = (empty, 0)
+        self._cold_key: tuple[tuple[int, float, int], ...] = ()
+        self._full: BaseDDSketch | None = None
+        self._full_store = empty
+        self._answers: dict[float, float | None] = {}
+        self._hist_bounds: list[float] | None = None  # the bounds _hist_keys were made for
+        self._hist_keys: list[int | None] = []
+        self._full_key: tuple[tuple[int, float, int], ...] = ()
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def observe(self, event: InferenceLatency) -> bool:
+        """Feed whichever latency form ``event`` carries; ``False`` when it was late."""
+        if event.latency_ms is not None:
+            return self.add(event.time, event.latency_ms)
+        if event.samples_ms is not None:
+            return self.add_many(event.time, event.samples_ms)
+        if event.histogram is not None:
+            return self.add_histogram(event.time, event.histogram.bounds_ms, event.histogram.counts)
+        raise ValueError("event carries no latency")  # the decoder makes this unreachable
+
+    def add(self, ts: float, value_ms: float) -> bool:
+        """Record one latency at event time ``ts``; ``False`` when ``ts`` is older than the ring.
+
+        Raises ``ValueError`` for a negative, NaN or infinite latency.
+        """
+        try:
+            slot = int(ts // self._interval_s)
+        except (ValueError, OverflowError) as exc:
+            raise ValueError(f"ts must be finite; got {ts}") from exc
+        if slot == self._last_slot:
+            cell = self._last_cell
+        else:
+            found = self._cell(slot)
+            if found is None:
+                return False
+            cell = found
+        if self._min_value < value_ms <= self._max_value:
+            key = _ceil(_log(value_ms, 2) * self._scale)
+            store = cell.store
+            if store.min_key <= key <= store.max_key:
+                store.bins[key - store.offset] += 1.0
+                store.count += 1.0
+            else:
+                store.add(key)
+        elif 0.0 <= value_ms <= self._min_value:
+            cell.zeros += 1
+        else:
+            raise ValueError(f"latency must be finite and non-negative; got {value_ms}")
+        return True
+
+    def add_many(self, ts: float, values_ms: Iterable[float]) -> bool:
+        """Record a batch of latencies sharing event time ``ts``; ``False`` when late.
+
+        A bad value raises ``ValueError`` after the values before it were recorded: the
+        decoder range-checks events, so that is a caller's bug, not data.
+        """
+        cell = self._cell(_slot_of(ts, self._interval_s))
+        if cell is None:
+            return False
+        store = cell.store
+        scale, lo, hi = self._scale, self._min_value, self._max_value
+        log, ceil = _log, _ceil
+        zeros = 0
+        try:
+            for value in values_ms:
+                if lo < value <= hi:
+                    key = ceil(log(value, 2) * scale)
+                    if store.min_key <= key <= store.max_key:
+                        store.bins[key - store.offset] += 1.0
+                        store.count += 1.0
+                    else:
+                        store.add(key)
+                elif 0.0 <= value <= lo:
+                    zeros += 1
+                else:
+                    raise ValueError(f"latency must be finite and non-negative; got {value}")
+        finally:
+            cell.zeros += zeros
+        return True
+
+    def add_histogram(self, ts: float, bounds_ms: Sequence[float], counts: Sequence[int]) -> bool:
+        """Record a latency histogram at event time ``ts``; ``False`` when late.
+
+        ``counts[i]`` requests took at most ``bounds_ms[i]`` (and more than the bound before);
+        ``counts[-1]`` is the overflow. Each bucket is recorded at its upper bound and the
+        overflow at the last bound, so quantiles err high by at most one bucket's width.
+        """
+        if bounds_ms != self._hist_bounds:
+            self._hist_keys = self._bucket_keys(bounds_ms)
+            self._hist_bounds = list(bounds_ms)
+        keys = self._hist_keys
+        if len(counts) != len(keys):
+            raise ValueError(f"counts needs len(bounds_ms)+1 = {len(keys)} entries")
+        if counts and min(counts) < 0:
+            raise ValueError("counts must be non-negative")
+        cell = self._cell(_slot_of(ts, self._interval_s))
+        if cell is None:
+            return False
+        store = cell.store
+        for key, n in zip(keys, counts, strict=True):
+            if n:
+                if key is None:
+                    cell.zeros += n
+                else:
+                    store.add(key, float(n))
+        return True
+
+    def _bucket_keys(self, bounds_ms: Sequence[float]) -> list[int | None]:
+        """The sketch key of each bucket's representative (``None`` for zero), overflow last.
+
+        Producers send the same bounds every time, so :meth:`add_histogram` caches these.
+        """
+        if not bounds_ms:
+            raise ValueError("bounds_ms must not be empty")
+        if any(b <= a for a, b in pairwise(bounds_ms)):
+            raise ValueError("bounds_ms must be strictly increasing")
+        keys: list[int | None] = []
+        for bound in bounds_ms:
+            if self._min_value < bound <= self._max_value:
+                keys.append(self._mapping.key(bound))
+            elif 0.0 <= bound <= self._min_value:
+                keys.append(None)
+            else:
+                raise ValueError(f"bounds must be finite and non-negative; got {bound}")
+        keys.append(keys[-1])
+        return keys
+
+    def _cell(self, slot: int) -> _Interval | None:
+        """The interval for ``slot``, advancing the head or recycling a stale cell as needed;
+        ``None`` (and one more late write) when the slot has left the ring."""
+        if slot > self._head:
+            self._head = slot
+        elif slot <= self._head - self._length:
+            self._late += 1
+            return None
+        index = slot % self._length
+        cell = self._cells[index]
+        if cell.slot != slot:
+            cell = self._cells[index] = _Interval(slot, self._bin_limit)
+        self._last_slot, self._last_cell = slot, cell
+        return cell
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def quantile(self, now: float, q: float) -> float | None:
+        """The ``q``-quantile (0 ≤ q ≤ 1) of latencies in the window at ``now``; ``None`` when
+        the window holds none."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q must be within [0, 1]; got {q}")
+        sketch = self._sketch(now)
+        if sketch is None:
+            return None
+        answers = self._answers
+        if q not in answers:
+            value = sketch.get_quantile_value(q)
+            answers[q] = None if value is None else float(value)
+        return answers[q]
+
+    def count(self, now: float) -> int:
+        """How many latencies the window holds at ``now``."""
+        return sum(int(c.store.count) + c.zeros for c in self._live(now))
+
+    def oldest(self, now: float) -> float | None:
+        """Start time of the oldest non-empty interval in the window, so a caller can tell how
+        long the window has been observed; ``None`` when empty."""
+        live = self._live(now)
+        return live[0].slot * self._interval_s if live else None
+
+    @property
+    def allocated_bins(self) -> int:
+        """Sketch bins held by the ring and its read cache: at most
+        ``(intervals + 2) * bin_limit``, whatever was observed."""
+        cache = self._cold[0].length() + self._full_store.length()
+        return sum(c.store.length() for c in self._cells) + cache
+
+    def _live(self, now: float) -> list[_Interval]:
+        """Non-empty intervals covered by a read at ``now``, oldest first."""
+        first, last = self._span(now)
+        live = [c for c in self._cells if first <= c.slot <= last and (c.store.count or c.zeros)]
+        live.sort(key=lambda c: c.slot)
+        return live
+
+    def _sketch(self, now: float) -> BaseDDSketch | None:
+        """The merge of the live intervals, from cache when they have not changed."""
+        live = self._live(now)
+        if not live:
+            return None
+        key = tuple((c.slot, c.store.count, c.zeros) for c in live)
+        if key == self._full_key and self._full is not None:
+            return self._full
+        *older, newest = live
+        if key[:-1] != self._cold_key:
+            merged = CollapsingLowestDenseStore(self._bin_limit)
+            for cell in older:
+                merged.merge(cell.store)
+            self._cold = (merged, sum(c.zeros for c in older))
+            self._cold_key = key[:-1]
+        cold_store, cold_zeros = self._cold
+        store = CollapsingLowestDenseStore(self._bin_limit)
+        store.copy(cold_store)
+        store.merge(newest.store)
+        self._full_store = store
+        self._full = BaseDDSketch(
+            mapping=self._mapping,
+            store=store,
+            negative_store=CollapsingLowestDenseStore(self._bin_limit),
+            zero_count=float(cold_zeros + newest.zeros),
+        )
+        self._full_key = key
+        self._answers = {}
+        return self._full
+
+
+class UtilizationWindow(_Ring):
+    """Utilization (percent) of one GPU or MIG instance over a sliding window of event time."""
+
+    __slots__ = ("_counts", "_maxes", "_slots", "_sums")
+
+    def __init__(self, *, window_s: float, interval_s: float) -> None:
+        super().__init__(window_s=window_s, interval_s=interval_s)
+        self._slots = [_NO_SLOT] * self._length
+        self._sums = [0.0] * self._length
+        self._counts = [0] * self._length
+        self._maxes = [0.0] * self._length
+
+    def add(self, ts: float, util_pct: float) -> bool:
+        """Record one reading at event time ``ts``; ``False`` when ``ts`` is older than the
+        ring."""
+        if not 0.0 <= util_pct <= 100.0:
+            raise ValueError(f"util_pct must be within [0, 100]; got {util_pct}")
+        slot = _slot_of(ts, self._interval_s)
+        if slot > self._head:
+            self._head = slot
+        elif slot <= self._head - self._length:
+            self._late += 1
+            return False
+        i = slot % self._length
+        if self._slots[i] != slot:
+            self._slots[i] = slot
+            self._sums[i] = util_pct
+            self._counts[i] = 1
+            self._maxes[i] = util_pct
+        else:
+            self._sums[i] += util_pct
+            self._counts[i] += 1
+            if util_pct > self._maxes[i]:
+                self._maxes[i] = util_pct
+        return True
+
+    def mean(self, now: float) -> float | None:
+        """Mean of the readings in the window at ``now``; ``None`` when there are none."""
+        live = self._live(now)
+        if not live:
+            return None
+        return sum(self._sums[i] for i in live) / sum(self._counts[i] for i in live)
+
+    def max(self, now: float) -> float | None:
+        """Highest reading in the window at ``now``; ``None`` when there are none."""
+        live = self._live(now)
+        return max(self._maxes[i] for i in live) if live else None
+
+    def oldest(self, now: float) -> float | None:
+        """Start time of the oldest interval with a reading in the window; ``None`` when
+        empty."""
+        live = self._live(now)
+        return min(self._slots[i] for i in live) * self._interval_s if live else None
+
+    @staticmethod
+    def pool_mean(windows: Iterable[UtilizationWindow], now: float) -> float | None:
+        """A pool's utilization: the mean of its GPUs' means, so each GPU weighs the same
+        however often it reports; GPUs without readings are left out."""
+        means = [m for w in windows if (m := w.mean(now)) is not None]
+        return sum(means) / len(means) if means else None
+
+    @staticmethod
+    def pool_max(windows: Iterable[UtilizationWindow], now: float) -> float | None:
+        """The highest reading of any GPU in the pool."""
+        maxes = [m for w in windows if (m := w.max(now)) is not None]
+        return max(maxes) if maxes else None
+
+    def _live(self, now: float) -> list[int]:
+        """Ring indices with readings covered by a read at ``now``."""
+        first, last = self._span(now)
+        return [i for i, slot in enumerate(self._slots) if first <= slot <= last]

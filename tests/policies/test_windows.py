@@ -1,0 +1,486 @@
+"""Sliding windows: quantile accuracy per latency form, sliding and lateness, bounded memory,
+read caching, and windowed GPU/pool utilization."""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from ddsketch import LogCollapsingLowestDenseDDSketch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.windows import LatencyWindow, UtilizationWindow
+from streams.events import InferenceLatency, LatencyHistogram
+
+T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z, a whole number of seconds
+ALPHA = 0.01
+EPS = 1e-12  # float rounding on top of the sketch's bound
+
+# -- builders ----------------------------------------------------------------------------------
+
+
+def latency(ts: float, **form: Any) -> InferenceLatency:
+    """An event carrying one latency form: ``latency_ms=``, ``samples_ms=`` or ``histogram=``."""
+    return InferenceLatency(ts=ts, service="chat", **form)
+
+
+def hist(bounds: Sequence[float], counts: Sequence[int]) -> LatencyHistogram:
+    return LatencyHistogram(bounds_ms=list(bounds), counts=list(counts))
+
+
+def window(**overrides: Any) -> LatencyWindow:
+    """A 60 s window of 1 s intervals unless told otherwise."""
+    return LatencyWindow(**({"window_s": 60.0, "interval_s": 1.0} | overrides))
+
+
+def exact(values: Sequence[float], q: float) -> float:
+    """The element DDSketch targets: rank floor(q * (n - 1)) of the sorted values."""
+    ordered = sorted(values)
+    return ordered[math.floor(q * (len(ordered) - 1))]
+
+
+def rel_err(got: float, want: float) -> float:
+    return abs(got - want) / want if want else abs(got)
+
+
+Dataset = Callable[[random.Random, int], list[float]]
+DATASETS: dict[str, Dataset] = {
+    "uniform": lambda rng, n: [rng.uniform(1.0, 1000.0) for _ in range(n)],
+    "lognormal": lambda rng, n: [rng.lognormvariate(math.log(50.0), 1.0) for _ in range(n)],
+    # Shape 1.2: infinite variance, P99 ~ 46x the scale.
+    "pareto": lambda rng, n: [10.0 * rng.paretovariate(1.2) for _ in range(n)],
+}
+
+#: Histogram bounds 10% apart from 0.1 ms to ~2 minutes: a resolution of 10%.
+RESOLUTION = 0.10
+BOUNDS = [0.1 * (1 + RESOLUTION) ** i for i in range(int(math.log(1.2e6) / math.log(1.1)) + 1)]
+
+
+def bucketed(values: Sequence[float], bounds: Sequence[float]) -> list[int]:
+    """Counts per bucket as a producer computes them: value <= bounds[i], overflow last."""
+    counts = [0] * (len(bounds) + 1)
+    for v in values:
+        counts[bisect.bisect_left(bounds, v)] += 1
+    return counts
+
+
+def upper_bound(x: float, bounds: Sequence[float]) -> float:
+    """The value the window records for ``x`` seen through the histogram."""
+    return bounds[min(bisect.bisect_left(bounds, x), len(bounds) - 1)]
+
+
+def feed(w: LatencyWindow, form: str, values: list[float], rng: random.Random) -> None:
+    """Feed ``values`` in the given form, out of order over the 60 s window starting at T0."""
+    if form == "single":
+        for v in values:
+            assert w.observe(latency(T0 + rng.uniform(0, 60), latency_ms=v))
+    elif form == "batch":
+        for i in range(0, len(values), 100):
+            assert w.observe(latency(T0 + rng.uniform(0, 60), samples_ms=values[i : i + 100]))
+    else:
+        for i in range(0, len(values), 500):
+            counts = bucketed(values[i : i + 500], BOUNDS)
+            assert w.observe(latency(T0 + rng.uniform(0, 60), histogram=hist(BOUNDS, counts)))
+
+
+# -- accuracy ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["single", "batch"])
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_quantiles_within_relative_accuracy(dataset: str, form: str) -> None:
+    """P50 and P99 merged over 60 intervals are within the sketch's relative accuracy."""
+    rng = random.Random(7)
+    values = DATASETS[dataset](rng, 20_000)
+    w = window()
+    feed(w, form, values, rng)
+    now = T0 + 59.9
+    assert w.count(now) == len(values)
+    for q in (0.5, 0.99):
+        got = w.quantile(now, q)
+        assert got is not None
+        assert rel_err(got, exact(values, q)) <= ALPHA + EPS, (q, got, exact(values, q))
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_histogram_quantiles_within_bucket_resolution(dataset: str) -> None:
+    """Histogram quantiles are the bucket's upper bound (within alpha) and so err high by at most
+    the bucket resolution."""
+    rng = random.Random(11)
+    values = DATASETS[dataset](rng, 20_000)
+    w = window()
+    feed(w, "histogram", values, rng)
+    now = T0 + 59.9
+    assert w.count(now) == len(values)
+    for q in (0.5, 0.99):
+        got, want = w.quantile(now, q), exact(values, q)
+        assert got is not None
+        assert rel_err(got, upper_bound(want, BOUNDS)) <= ALPHA + EPS
+        assert -ALPHA - EPS <= (got - want) / want <= (1 + RESOLUTION) * (1 + ALPHA) - 1 + EPS
+
+
+def test_histogram_bucket_representation() -> None:
+    """A bucket counts at its upper bound, the overflow at the last bound, a zero bound as 0."""
+    w = window()
+    w.add_histogram(T0, [10.0, 20.0, 50.0], [0, 2, 0, 3])
+    assert w.quantile(T0, 0.0) == pytest.approx(20.0, rel=ALPHA)
+    assert w.quantile(T0, 0.5) == pytest.approx(50.0, rel=ALPHA)  # overflow: a floor
+    assert w.quantile(T0, 1.0) == pytest.approx(50.0, rel=ALPHA)
+    z = window()
+    z.add_histogram(T0, [0.0, 10.0], [3, 1, 0])
+    assert z.quantile(T0, 0.5) == 0.0
+    assert z.quantile(T0, 1.0) == pytest.approx(10.0, rel=ALPHA)
+    assert z.count(T0) == 4
+
+
+def test_histogram_bounds_change_between_events() -> None:
+    """A producer switching bounds gets its new buckets, not the cached keys of the old ones."""
+    w = window()
+    w.add_histogram(T0, [10.0, 100.0], [0, 4, 0])
+    w.add_histogram(T0, [1000.0, 2000.0], [0, 4, 0])
+    assert w.quantile(T0, 0.0) == pytest.approx(100.0, rel=ALPHA)
+    assert w.quantile(T0, 1.0) == pytest.approx(2000.0, rel=ALPHA)
+
+
+LATENCIES = st.one_of(st.just(0.0), st.floats(min_value=1e-3, max_value=3.6e6))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    values=st.lists(st.floats(min_value=0.0, max_value=3.6e6), min_size=1, max_size=200),
+    batch=st.booleans(),
+)
+def test_fast_path_matches_ddsketch_add(values: list[float], batch: bool) -> None:
+    """The inlined write path gives exactly the quantiles of ``DDSketch.add``, tiny values and
+    collapsing included."""
+    w = window(bin_limit=64)
+    ref = LogCollapsingLowestDenseDDSketch(ALPHA, 64)
+    if batch:
+        w.add_many(T0, values)
+    else:
+        for v in values:
+            w.add(T0, v)
+    for v in values:
+        ref.add(v)
+    for q in (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0):
+        want = ref.get_quantile_value(q)
+        assert w.quantile(T0, q) == (None if want is None else float(want))
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=st.lists(st.tuples(st.floats(min_value=0.0, max_value=59.99), LATENCIES), min_size=1))
+def test_merged_intervals_match_one_sketch(events: list[tuple[float, float]]) -> None:
+    """Merging per-interval stores on read gives what one sketch of all values gives."""
+    w = window()
+    ref = LogCollapsingLowestDenseDDSketch(ALPHA, 2048)
+    for dt, v in events:
+        assert w.add(T0 + dt, v)
+        ref.add(v)
+    for q in (0.0, 0.5, 0.9, 0.99, 1.0):
+        want = ref.get_quantile_value(q)
+        assert w.quantile(T0 + 59.99, q) == (None if want is None else float(want))
+
+
+# -- sliding -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("now", "counted"),
+    [
+        pytest.param(T0 + 0.5, True, id="same-interval"),
+        pytest.param(T0 + 9.99, True, id="last-interval-of-window"),
+        pytest.param(T0 + 10.0, False, id="interval-expired"),
+        pytest.param(T0 + 500.0, False, id="long-after"),
+        pytest.param(T0 - 0.01, False, id="before-the-event"),
+    ],
+)
+def test_expiry_by_read_time(now: float, counted: bool) -> None:
+    """A read covers the intervals starting within (now - window, now], with no write needed."""
+    w = window(window_s=10.0)
+    w.add(T0 + 0.5, 42.0)
+    assert w.count(now) == (1 if counted else 0)
+    assert (w.quantile(now, 0.5) is not None) is counted
+    assert (w.oldest(now) == T0) is counted
+
+
+def test_late_events_rejected_and_counted() -> None:
+    """Events older than the ring's head minus the window are refused and counted, per event."""
+    w = window(window_s=10.0)
+    assert w.observe(latency(T0 + 100.0, latency_ms=1.0))
+    assert not w.observe(latency(T0 + 90.0, latency_ms=1.0))
+    assert not w.observe(latency(T0 + 80.0, samples_ms=[1.0, 2.0, 3.0]))
+    assert not w.observe(latency(T0 + 5.0, histogram=hist([10.0], [1, 1])))
+    assert w.late == 3
+    assert w.observe(latency(T0 + 91.0, latency_ms=1.0))
+    assert w.count(T0 + 100.0) == 2
+
+
+def test_out_of_order_within_window_accepted() -> None:
+    """An event behind the head but inside the ring lands in its own interval."""
+    w = window(window_s=10.0)
+    w.add(T0 + 9.0, 100.0)
+    assert w.add(T0 + 2.0, 1.0)
+    assert w.late == 0
+    assert w.oldest(T0 + 9.0) == T0 + 2.0
+    assert w.quantile(T0 + 9.0, 0.0) == pytest.approx(1.0, rel=ALPHA)
+    assert w.count(T0 + 12.5) == 1  # T0+2's interval has left a read at T0+12.5
+
+
+def test_event_ahead_advances_the_ring() -> None:
+    """A newer event moves the head: what it leaves behind is gone, later arrivals are late."""
+    w = window(window_s=10.0)
+    w.add(T0, 5.0)
+    w.add(T0 + 1000.0, 7.0)
+    assert w.count(T0 + 5.0) == 0
+    assert not w.add(T0 + 1.0, 5.0)
+    assert w.quantile(T0 + 1000.0, 0.5) == pytest.approx(7.0, rel=ALPHA)
+
+
+def test_reads_see_every_write() -> None:
+    """The read cache is invalidated by writes to the newest and to older intervals."""
+    w = window()
+    w.add(T0 + 10.0, 10.0)
+    now = T0 + 10.5
+    assert w.quantile(now, 1.0) == pytest.approx(10.0, rel=ALPHA)
+    w.add(T0 + 10.2, 20.0)  # newest interval
+    assert w.quantile(now, 1.0) == pytest.approx(20.0, rel=ALPHA)
+    w.add(T0 + 1.0, 30.0)  # an older interval: the cached merge of older ones is stale
+    assert w.quantile(now, 1.0) == pytest.approx(30.0, rel=ALPHA)
+    w.add(T0 + 2.0, 0.0)
+    assert w.quantile(now, 0.0) == 0.0
+    assert w.count(now) == 4
+    assert w.quantile(T0 + 61.5, 1.0) == pytest.approx(20.0, rel=ALPHA)  # T0+1 has expired
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.floats(0.0, 60.0), LATENCIES),
+            st.tuples(st.just("read"), st.floats(0.0, 60.0), st.just(0.0)),
+        ),
+        max_size=60,
+    )
+)
+def test_sliding_matches_reference_model(ops: list[tuple[str, float, float]]) -> None:
+    """Against a model of the spec: lateness, count, oldest and quantiles after any sequence."""
+    w = window(window_s=5.0)
+    kept: list[tuple[int, float]] = []  # (slot, value) of accepted writes
+    head, late = None, 0
+    for op, dt, value in ops:
+        slot = math.floor(T0 + dt)
+        if op == "add":
+            accepted = head is None or slot > head - 5
+            assert w.add(T0 + dt, value) is accepted
+            if accepted:
+                head = slot if head is None else max(head, slot)
+                kept.append((slot, value))
+            else:
+                late += 1
+            continue
+        seen = [
+            (s, v) for s, v in kept if slot - 5 < s <= slot and head is not None and s > head - 5
+        ]
+        assert w.count(T0 + dt) == len(seen)
+        assert w.oldest(T0 + dt) == (min(s for s, _ in seen) if seen else None)
+        ref = LogCollapsingLowestDenseDDSketch(ALPHA, 2048)
+        for _, v in seen:
+            ref.add(v)
+        want = ref.get_quantile_value(0.5)
+        assert w.quantile(T0 + dt, 0.5) == (None if want is None else float(want))
+    assert w.late == late
+
+
+# -- memory ------------------------------------------------------------------------------------
+
+
+def test_memory_bounded_under_millions_of_values() -> None:
+    """Two million values over 12 decades and 40 s keep bins under the limit, P99 accurate."""
+    rng = random.Random(3)
+    w = window(window_s=10.0, bin_limit=256)
+    in_window: list[float] = []
+    for second in range(40):
+        for _ in range(5):
+            batch = [10.0 ** rng.uniform(-6.0, 6.5) for _ in range(10_000)]
+            assert w.add_many(T0 + second + 0.5, batch)
+            if second >= 30:
+                in_window.extend(batch)
+        assert w.intervals == 10
+        assert w.allocated_bins <= (10 + 2) * 256
+        w.quantile(T0 + second + 0.5, 0.99)
+    now = T0 + 39.9
+    assert w.count(now) == len(in_window) == 500_000
+    got = w.quantile(now, 0.99)
+    assert got is not None
+    assert rel_err(got, exact(in_window, 0.99)) <= ALPHA + EPS
+    assert w.allocated_bins <= (10 + 2) * 256
+
+
+def test_ring_recycles_intervals() -> None:
+    """A thousand intervals of writes hold no more than the ring's intervals."""
+    w = window(window_s=5.0, bin_limit=128)
+    for second in range(1000):
+        w.add_many(T0 + second, [1.0, 1e3, 1e6])
+    assert w.intervals == 5
+    assert w.count(T0 + 999.0) == 15
+    assert w.allocated_bins <= (5 + 2) * 128
+
+
+# -- inputs ------------------------------------------------------------------------------------
+
+
+def test_inputs_not_mutated() -> None:
+    """Batches and histograms handed to the window are left as they were."""
+    samples = [3.0, 1.0, 2.0]
+    bounds, counts = [1.0, 2.0], [1, 2, 3]
+    w = window()
+    w.add_many(T0, samples)
+    w.add_histogram(T0, bounds, counts)
+    assert (samples, bounds, counts) == ([3.0, 1.0, 2.0], [1.0, 2.0], [1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        pytest.param(lambda w: w.add(T0, -1.0), "non-negative", id="negative-latency"),
+        pytest.param(lambda w: w.add(T0, math.nan), "non-negative", id="nan-latency"),
+        pytest.param(lambda w: w.add(T0, math.inf), "finite", id="infinite-latency"),
+        pytest.param(lambda w: w.add(math.nan, 1.0), "ts must be finite", id="nan-ts"),
+        pytest.param(lambda w: w.add_many(math.inf, [1.0]), "ts must be finite", id="inf-ts"),
+        pytest.param(lambda w: w.add_many(T0, [1.0, -2.0]), "non-negative", id="bad-in-batch"),
+        pytest.param(
+            lambda w: w.add_histogram(T0, [2.0, 1.0], [0, 0, 0]), "increasing", id="bounds-down"
+        ),
+        pytest.param(
+            lambda w: w.add_histogram(T0, [1.0], [0, 0, 0]), "counts needs", id="counts-length"
+        ),
+        pytest.param(
+            lambda w: w.add_histogram(T0, [1.0], [1, -1]), "non-negative", id="negative-count"
+        ),
+        pytest.param(lambda w: w.add_histogram(T0, [], [1]), "empty", id="no-bounds"),
+        pytest.param(lambda w: w.quantile(T0, 1.5), "within", id="q-above-1"),
+        pytest.param(lambda w: w.quantile(T0, math.nan), "within", id="q-nan"),
+    ],
+)
+def test_invalid_input_raises(call: Callable[[LatencyWindow], object], match: str) -> None:
+    """Programming errors raise ValueError, saying what is wrong, instead of corrupting state."""
+    with pytest.raises(ValueError, match=match):
+        call(window())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        pytest.param({"window_s": 10.0, "interval_s": 3.0}, "multiple", id="not-a-multiple"),
+        pytest.param({"window_s": 0.0, "interval_s": 1.0}, "window_s", id="zero-window"),
+        pytest.param({"window_s": 10.0, "interval_s": -1.0}, "interval_s", id="neg-interval"),
+        pytest.param({"window_s": 1.0, "interval_s": 10.0}, "multiple", id="interval-too-big"),
+        pytest.param({"window_s": 6.0, "interval_s": 1.0, "bin_limit": 0}, "bin", id="no-bins"),
+        pytest.param(
+            {"window_s": 6.0, "interval_s": 1.0, "relative_accuracy": 1.0},
+            "[Aa]ccuracy",
+            id="accuracy-1",
+        ),
+    ],
+)
+def test_invalid_configuration_raises(kwargs: dict[str, Any], match: str) -> None:
+    """A window that cannot be built as asked refuses to be built."""
+    with pytest.raises(ValueError, match=match):
+        LatencyWindow(**kwargs)
+
+
+# -- utilization -------------------------------------------------------------------------------
+
+
+def util(readings: Sequence[tuple[float, float]], **overrides: Any) -> UtilizationWindow:
+    """A 60 s / 1 s utilization window fed ``(seconds after T0, percent)`` readings."""
+    w = UtilizationWindow(**({"window_s": 60.0, "interval_s": 1.0} | overrides))
+    for dt, pct in readings:
+        w.add(T0 + dt, pct)
+    return w
+
+
+@pytest.mark.parametrize(
+    ("readings", "now", "mean", "peak", "oldest"),
+    [
+        pytest.param([], 0.0, None, None, None, id="empty"),
+        pytest.param([(0.0, 40.0)], 0.0, 40.0, 40.0, T0, id="one-reading"),
+        pytest.param([(0.0, 10.0), (0.5, 30.0), (5.0, 80.0)], 5.0, 40.0, 80.0, T0, id="three"),
+        pytest.param([(5.0, 80.0), (0.0, 10.0)], 5.0, 45.0, 80.0, T0, id="out-of-order"),
+        pytest.param([(0.0, 100.0), (61.0, 20.0)], 61.0, 20.0, 20.0, T0 + 61, id="expired"),
+        pytest.param([(0.0, 100.0)], 200.0, None, None, None, id="all-expired"),
+    ],
+)
+def test_utilization_mean_max_oldest(
+    readings: list[tuple[float, float]],
+    now: float,
+    mean: float | None,
+    peak: float | None,
+    oldest: float | None,
+) -> None:
+    """Windowed mean, max and oldest over the readings still in the window."""
+    w = util(readings)
+    assert w.mean(T0 + now) == (None if mean is None else pytest.approx(mean))
+    assert w.max(T0 + now) == peak
+    assert w.oldest(T0 + now) == oldest
+
+
+def test_utilization_late_rejected() -> None:
+    """A reading older than the ring is refused and counted."""
+    w = util([(100.0, 50.0)], window_s=10.0)
+    assert not w.add(T0 + 90.0, 99.0)
+    assert w.late == 1
+    assert w.max(T0 + 100.0) == 50.0
+
+
+@pytest.mark.parametrize("pct", [-0.1, 100.1, math.nan], ids=["negative", "over-100", "nan"])
+def test_utilization_out_of_range_raises(pct: float) -> None:
+    """Percentages outside [0, 100] are a caller's bug."""
+    with pytest.raises(ValueError, match="util_pct"):
+        util([]).add(T0, pct)
+
+
+def test_pool_weighs_each_gpu_equally() -> None:
+    """A pool's mean is the mean of GPU means, whatever each GPU's report rate; max is the max."""
+    chatty = util([(i / 10, 100.0) for i in range(10)])
+    quiet = util([(0.0, 0.0)])
+    silent = util([])
+    now = T0 + 1.0
+    assert UtilizationWindow.pool_mean([chatty, quiet, silent], now) == pytest.approx(50.0)
+    assert UtilizationWindow.pool_max([chatty, quiet, silent], now) == 100.0
+    assert UtilizationWindow.pool_mean([silent], now) is None
+    assert UtilizationWindow.pool_max([], now) is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    readings=st.lists(st.tuples(st.floats(0.0, 30.0), st.floats(0.0, 100.0)), max_size=50),
+    at=st.floats(0.0, 30.0),
+)
+def test_utilization_matches_reference_model(
+    readings: list[tuple[float, float]], at: float
+) -> None:
+    """Mean, max and oldest equal those computed directly from the readings a read covers."""
+    w = UtilizationWindow(window_s=5.0, interval_s=1.0)
+    kept: list[tuple[int, float]] = []
+    head: int | None = None
+    for dt, pct in readings:
+        slot = math.floor(T0 + dt)
+        if head is None or slot > head - 5:
+            head = slot if head is None else max(head, slot)
+            kept.append((slot, pct))
+        w.add(T0 + dt, pct)
+    now = math.floor(T0 + at)
+    seen = [p for s, p in kept if now - 5 < s <= now and head is not None and s > head - 5]
+    slots = [s for s, _ in kept if now - 5 < s <= now and head is not None and s > head - 5]
+    if not seen:
+        assert (w.mean(T0 + at), w.max(T0 + at), w.oldest(T0 + at)) == (None, None, None)
+        return
+    assert w.mean(T0 + at) == pytest.approx(sum(seen) / len(seen))
+    assert w.max(T0 + at) == max(seen)
+    assert w.oldest(T0 + at) == min(slots)
