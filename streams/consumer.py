@@ -222,6 +222,7 @@ class EventConsumer:
                     return False
 
     async def _decode(self, records: dict[TopicPartition, list[object]]) -> Batch | None:
+        fetched_at = time.time()
         now = self._clock()
         decode = self._decoder.decode
         events: list[Event] = []
@@ -256,7 +257,7 @@ class EventConsumer:
             )
         if rejected and not await self._dead_letter_all(rejected):
             return None
-        return Batch(events, positions, fetched_at=time.time())
+        return Batch(events, positions, fetched_at=fetched_at)
 
     async def _dead_letter_all(self, rejected: list[tuple[RawMessage, Rejection]]) -> bool:
         """Send every rejected message to the dead-letter topic; False if stopped first."""
