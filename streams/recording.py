@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,9 +29,17 @@ from typing import IO, Any, Self
 
 import msgspec
 
+from streams.events import Event, EventDecoder, Rejection
 from streams.producer import RawMessage
 
-__all__ = ["BadLine", "RecordedMessage", "RecordingWriter", "read_header", "read_recording"]
+__all__ = [
+    "BadLine",
+    "RecordedMessage",
+    "RecordingWriter",
+    "read_events",
+    "read_header",
+    "read_recording",
+]
 
 FORMAT_VERSION = 1
 
@@ -122,6 +131,24 @@ def _parse(number: int, line: bytes) -> RecordedMessage | BadLine:
         headers=headers,
         value=value,
     )
+
+
+def read_events(
+    path: Path, decoder: EventDecoder | None = None
+) -> Iterator[tuple[RecordedMessage | BadLine, Event | Rejection]]:
+    """Yield each message of the recording with its decoded event or its rejection.
+
+    This is the offline twin of the Kafka ingest path: the same decoder, the same reasons. The
+    future-timestamp rule is applied against the message's own Kafka time (``ts_ms``), the
+    clock the live controller would have had; a bad line is a ``malformed`` rejection.
+    """
+    decoder = decoder or EventDecoder()
+    for message in read_recording(path):
+        if isinstance(message, BadLine):
+            yield message, Rejection("malformed", message.reason)
+            continue
+        now = message.ts_ms / 1000 if message.ts_ms is not None else math.inf
+        yield message, decoder.decode(message.value, now=now)
 
 
 class RecordingWriter:

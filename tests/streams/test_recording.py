@@ -13,9 +13,16 @@ import pytest
 
 from streams.capture import publish, record
 from streams.connection import KafkaConfig, ensure_topics
-from streams.events import EventDecoder, InferenceLatency, Rejection
+from streams.events import InferenceLatency, Rejection
 from streams.producer import RawMessage
-from streams.recording import BadLine, RecordedMessage, RecordingWriter, read_header, read_recording
+from streams.recording import (
+    BadLine,
+    RecordedMessage,
+    RecordingWriter,
+    read_events,
+    read_header,
+    read_recording,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sample-events.jsonl"
 
@@ -101,15 +108,25 @@ def test_raw_base64_values_round_trip(tmp_path: Path) -> None:
 
 def test_example_recording_replays_through_the_decoder() -> None:
     """The shipped sample decodes offline: mostly valid events, the planted bad ones rejected."""
-    decoder = EventDecoder()
-    results = [
-        decoder.decode(m.value, now=2e9)
-        for m in read_recording(EXAMPLE)
-        if isinstance(m, RecordedMessage)
-    ]
+    results = [result for _, result in read_events(EXAMPLE)]
     rejected = [r for r in results if isinstance(r, Rejection)]
-    assert len(rejected) == 5
+    assert [r.code for r in rejected] == ["invalid"] * 4 + ["malformed"]
     assert sum(isinstance(r, InferenceLatency) for r in results) == 240
+    assert len(results) == 437
+
+
+def test_read_events_judges_time_by_the_message_clock(tmp_path: Path) -> None:
+    """Offline, "future" means ahead of the message's Kafka time; bad lines are malformed."""
+    path = tmp_path / "r.jsonl"
+    event = {"type": "gpu.utilization", "ts": 2000.0, "node": "n", "gpu": 0, "util_pct": 5}
+    path.write_text(
+        json.dumps({"topic": "t", "ts_ms": 1_000_000, "value": event})
+        + "\nnot a record\n"
+        + json.dumps({"topic": "t", "ts_ms": 1_999_000, "value": event})
+        + "\n"
+    )
+    codes = [getattr(result, "code", "ok") for _, result in read_events(path)]
+    assert codes == ["future_timestamp", "malformed", "ok"]
 
 
 @pytest.mark.slow
