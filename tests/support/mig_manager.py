@@ -1,0 +1,200 @@
+"""A fake NVIDIA MIG manager that reacts to node labels in a ``KubeAPIServer``.
+
+The real mig-manager (a DaemonSet from the GPU operator) watches its node's label
+``nvidia.com/mig.config``; when it changes it reports ``nvidia.com/mig.config.state=pending``,
+repartitions the GPUs and reports ``success`` (the device plugin then advertises the new
+``nvidia.com/mig-<profile>`` resources) or ``failed``. It does not drain the node.
+
+This fake does the same through the server's store, so its writes produce watch events but do
+not appear in the request log. Tests script each node's outcome: ``success`` (the default),
+``failed``, or ``never`` (stays ``pending`` forever), with a per-node or default delay.
+
+On success the node's status is written first and the ``success`` label second, so a controller
+that sees ``success`` also sees the new capacity. Resources come from a profile table, per GPU::
+
+    {"all-1g.10gb": {"nvidia.com/mig-1g.10gb": 7}, "all-disabled": {}}
+
+An empty profile means MIG disabled: the node advertises ``nvidia.com/gpu`` again. Every
+``nvidia.com/mig-*`` and ``nvidia.com/gpu`` resource not in the profile is removed. An unknown
+profile name fails, as it does for the real manager. The GPU count is the node's
+``nvidia.com/gpu.count`` label, else the ``nvidia.com/gpu`` capacity first seen, else 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal, Self
+
+from .kubeapi import KubeAPIServer
+from .kubeapi_objects import MERGE_PATCH, ApiError, Obj
+from .kubeapi_store import Watcher, WatchEvent
+
+__all__ = ["A100_80GB_PROFILES", "CONFIG_LABEL", "STATE_LABEL", "MigManager", "Outcome"]
+
+CONFIG_LABEL = "nvidia.com/mig.config"
+STATE_LABEL = "nvidia.com/mig.config.state"
+COUNT_LABEL = "nvidia.com/gpu.count"
+Outcome = Literal["success", "failed", "never"]
+
+A100_80GB_PROFILES: Mapping[str, Mapping[str, int]] = {
+    "all-disabled": {},
+    "all-1g.10gb": {"nvidia.com/mig-1g.10gb": 7},
+    "all-1g.20gb": {"nvidia.com/mig-1g.20gb": 4},
+    "all-2g.20gb": {"nvidia.com/mig-2g.20gb": 3},
+    "all-3g.40gb": {"nvidia.com/mig-3g.40gb": 2},
+    "all-7g.80gb": {"nvidia.com/mig-7g.80gb": 1},
+    "all-balanced": {
+        "nvidia.com/mig-1g.10gb": 2,
+        "nvidia.com/mig-2g.20gb": 1,
+        "nvidia.com/mig-3g.40gb": 1,
+    },
+}
+"""mig-parted's default A100-80GB / H100-80GB layouts, resources per GPU."""
+
+
+@dataclass(frozen=True)
+class _Script:
+    outcome: Outcome
+    delay: float | None
+
+
+class MigManager:
+    """Watches nodes in ``server`` and plays the MIG manager's part for each."""
+
+    def __init__(
+        self,
+        server: KubeAPIServer,
+        *,
+        profiles: Mapping[str, Mapping[str, int]],
+        delay: float = 0.1,
+    ) -> None:
+        self._server = server
+        self._profiles = profiles
+        self._delay = delay
+        self._scripts: dict[str, _Script] = {}
+        self._gpu_counts: dict[str, int] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._loop_task: asyncio.Task[None] | None = None
+        self._watcher: Watcher | None = None
+        self.applied: list[tuple[str, str, Outcome]] = []
+        """(node, config, outcome) for every reconfiguration that finished or was left pending."""
+
+    def script(self, node: str, outcome: Outcome, *, delay: float | None = None) -> None:
+        """Decide how the next reconfigurations of ``node`` end."""
+        self._scripts[node] = _Script(outcome, delay)
+
+    async def start(self) -> None:
+        store = self._server.store
+        nodes = store.resolve("nodes")
+        self._watcher = store.watch(nodes, None, None)  # replays existing nodes as ADDED
+        self._loop_task = asyncio.create_task(
+            self._run(self._watcher.queue), name="fake-mig-manager"
+        )
+
+    async def close(self) -> None:
+        if self._watcher is not None:
+            self._server.store.unwatch(self._watcher)
+        tasks = [*self._tasks.values(), *([self._loop_task] if self._loop_task else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _run(self, queue: asyncio.Queue[WatchEvent | None]) -> None:
+        while (event := await queue.get()) is not None:
+            node = event.obj
+            name = node["metadata"]["name"]
+            self._remember_gpus(node)
+            if event.type == "DELETED":
+                self._cancel(name)
+                continue
+            labels = node["metadata"].get("labels") or {}
+            config = labels.get(CONFIG_LABEL)
+            before = ((event.old or {}).get("metadata", {}).get("labels") or {}).get(CONFIG_LABEL)
+            is_new = event.type == "ADDED" and labels.get(STATE_LABEL) != "success"
+            if config is not None and (config != before or is_new):
+                self._cancel(name)
+                self._tasks[name] = asyncio.create_task(
+                    self._reconfigure(name, config), name=f"fake-mig-manager:{name}"
+                )
+
+    def _cancel(self, name: str) -> None:
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+
+    def _remember_gpus(self, node: Obj) -> None:
+        name = node["metadata"]["name"]
+        capacity = (node.get("status") or {}).get("capacity") or {}
+        label = (node["metadata"].get("labels") or {}).get(COUNT_LABEL)
+        if label is not None:
+            self._gpu_counts[name] = int(label)
+        elif name not in self._gpu_counts and "nvidia.com/gpu" in capacity:
+            self._gpu_counts[name] = int(capacity["nvidia.com/gpu"])
+
+    async def _reconfigure(self, name: str, config: str) -> None:
+        script = self._scripts.get(name, _Script("success", None))
+        try:
+            await self._label(name, "pending")
+            if script.outcome == "never":
+                self.applied.append((name, config, "never"))
+                return
+            await asyncio.sleep(self._delay if script.delay is None else script.delay)
+            profile = self._profiles.get(config)
+            if script.outcome == "failed" or profile is None:
+                await self._label(name, "failed")
+                self.applied.append((name, config, "failed"))
+                return
+            await self._set_resources(name, profile)
+            await self._label(name, "success")
+            self.applied.append((name, config, "success"))
+        except ApiError:  # the node went away meanwhile
+            return
+
+    async def _label(self, name: str, state: str) -> None:
+        patch = {"metadata": {"labels": {STATE_LABEL: state}}}
+        await self._server.patch("nodes", None, name, patch)
+
+    async def _set_resources(self, name: str, profile: Mapping[str, int]) -> None:
+        gpus = self._gpu_counts.get(name, 1)
+        wanted = {key: str(count * gpus) for key, count in profile.items()}
+        if not wanted:
+            wanted = {"nvidia.com/gpu": str(gpus)}
+        node = self._server.store.get(self._server.store.resolve("nodes"), None, name)
+        status: Obj = {}
+        for field in ("capacity", "allocatable"):
+            current = (node.get("status") or {}).get(field) or {}
+            patch: dict[str, str | None] = {
+                key: None
+                for key in current
+                if (key.startswith("nvidia.com/mig-") or key == "nvidia.com/gpu")
+                and key not in wanted
+            }
+            patch.update(wanted)
+            status[field] = patch
+        self._server.store.patch(
+            self._server.store.resolve("nodes"),
+            None,
+            name,
+            {"status": status},
+            MERGE_PATCH,
+            subresource="status",
+        )
