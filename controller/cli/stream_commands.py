@@ -7,11 +7,13 @@ import json
 import signal
 import time
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
 from controller.cli.runner import run_async
+from streams import prometheus as prom
 from streams.broker import EmbeddedBroker
 from streams.capture import publish as publish_recording
 from streams.capture import record as record_topics
@@ -54,35 +56,73 @@ def broker(port: int, partitions: int) -> None:
 
 
 @click.command()
-@bootstrap_option
+@click.option("--bootstrap", envvar="EBBTIDE_KAFKA_BOOTSTRAP", metavar="HOST:PORT",
+              help="Record from Kafka at these bootstrap servers.")  # fmt: skip
+@click.option("--from-prometheus", "prometheus", metavar="URL",
+              help="Record from Prometheus history instead of Kafka.")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
-@click.option("--topics", default=",".join(ALL_TOPICS), help="Comma-separated topics.")
-@click.option("--max-events", type=click.IntRange(min=1), help="Stop after this many messages.")
-@click.option("--duration", type=click.FloatRange(min=0), help="Stop after this many seconds.")
-@click.option("--idle", type=click.FloatRange(min=0), help="Stop once quiet for this long (s).")
-@click.option("--from-beginning/--from-end", default=True, help="Start at the oldest message.")
+@click.option("--topics", default=",".join(ALL_TOPICS), help="Kafka: comma-separated topics.")
+@click.option("--max-events", type=click.IntRange(min=1), help="Kafka: stop after N messages.")
+@click.option("--duration", type=click.FloatRange(min=0), help="Kafka: stop after S seconds.")
+@click.option("--idle", type=click.FloatRange(min=0), help="Kafka: stop once quiet for S s.")
+@click.option("--from-beginning/--from-end", default=True,
+              help="Kafka: start at the oldest message.")  # fmt: skip
+@click.option("--query", "queries", multiple=True, metavar="KIND=PROMQL",
+              help="Prometheus: latency=…, latency[ms]=… or gpu=… (repeatable). For latency "
+              "histograms: sum by (le, service, namespace) (increase(x_bucket[1m])).")  # fmt: skip
+@click.option("--start", default="now-1h", help="Prometheus: RFC 3339, epoch or now-1h.")
+@click.option("--end", default="now", help="Prometheus: RFC 3339, epoch or now.")
+@click.option("--step", default="15s", help="Prometheus: resolution of the range query.")
 def record(
-    bootstrap: str,
+    bootstrap: str | None,
+    prometheus: str | None,
     out: Path,
     topics: str,
     max_events: int | None,
     duration: float | None,
     idle: float | None,
     from_beginning: bool,
+    queries: tuple[str, ...],
+    start: str,
+    end: str,
+    step: str,
 ) -> None:
-    """Capture Kafka topics to a recording (JSON Lines; gzip if OUT ends in .gz)."""
-    count = run_async(
-        record_topics(
-            KafkaConfig(bootstrap),
-            out,
-            topics=[t for t in topics.split(",") if t],
-            max_events=max_events,
-            duration_s=duration,
-            idle_s=idle,
-            from_beginning=from_beginning,
+    """Capture Kafka topics, or Prometheus history, to a recording (gzip if OUT ends in .gz)."""
+    if (bootstrap is None) == (prometheus is None):
+        raise click.UsageError("give exactly one of --bootstrap and --from-prometheus")
+    if prometheus is not None:
+        count = _record_prometheus(prometheus, out, queries, start=start, end=end, step=step)
+    else:
+        assert bootstrap is not None
+        count = run_async(
+            record_topics(
+                KafkaConfig(bootstrap),
+                out,
+                topics=[t for t in topics.split(",") if t],
+                max_events=max_events,
+                duration_s=duration,
+                idle_s=idle,
+                from_beginning=from_beginning,
+            )
         )
-    )
     click.echo(f"recorded {count} messages to {out}")
+
+
+def _record_prometheus(
+    url: str, out: Path, queries: tuple[str, ...], *, start: str, end: str, step: str
+) -> int:
+    if not queries:
+        raise click.UsageError("--from-prometheus needs at least one --query")
+    try:
+        parsed = [prom.parse_query_option(q) for q in queries]
+        now = datetime.now(UTC)
+        begin, finish = prom.parse_time(start, now=now), prom.parse_time(end, now=now)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    result = run_async(prom.fetch_events(url, parsed, start=begin, end=finish, step=step))
+    for reason, n in sorted(result.skipped.items()):
+        click.echo(f"skipped {n} {reason}", err=True)
+    return prom.write_events(result.events, out, prometheus=url, queries=list(queries))
 
 
 @click.command()
