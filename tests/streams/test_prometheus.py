@@ -107,7 +107,7 @@ MIG_LABELS = {
             [("n2", 7.0)],
             {},
             id="mig-instance-and-pod",
-        ),  # fmt: skip
+        ),
         pytest.param(
             PromQuery("gpu", "g"),
             [series({"gpu": "0"}, (1, "7"))],
