@@ -1,0 +1,373 @@
+"""The decision engine: events in, windows updated; snapshot in, explained decisions out.
+
+Design:
+
+* ``observe(event)`` is the hot path. A latency event goes to its service's
+  :class:`~policies.windows.LatencyWindow` (the quantile sketch) and
+  :class:`~policies.slo.ExceedanceWindow` (threshold counters); a utilization event to its GPU's
+  :class:`~policies.windows.UtilizationWindow`, its pool's window (node→pool from the last
+  snapshot) and the MIG idle tracker. Memory is bounded by the policy's services and the
+  cluster's GPUs, never by the event rate; events for services the policy does not name are
+  counted and dropped.
+* ``evaluate(now, snapshot)`` runs the rules in a fixed order, each in its own module:
+  SLO ticks for every service from the O(1) counters (:mod:`policies.slo`); for each breaching
+  service out of cooldown, the HPA-style ``desired = ceil(replicas * p / objective)`` (only
+  here is the sketch merged), and the GPUs that needs freed by :func:`plan_capacity` (shrink,
+  then evict); growing elastic training back into idle GPUs; MIG revert and conversion
+  (:mod:`policies.mig`). Budgets and cooldowns (:mod:`policies.budgets`) are checked before each
+  decision and spent right after, inside the engine, so no caller can exceed them.
+* The snapshot's indexes (:class:`~policies.inventory.Inventory`) are cached on the snapshot's
+  identity: hand the same object again and nothing is rebuilt.
+* ``reload(policy)`` refuses a policy with problems and keeps the old one; an accepted policy
+  keeps the windows and SLO state of services whose SLO settings did not change, what budgets
+  spent, and cooldowns.
+* Pure: no clock (``now`` is passed in), no I/O, deterministic (everything iterates in sorted
+  order), so replay and ``policy test`` reuse it unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+from policies.budgets import Budgets, BudgetState, Cooldowns
+from policies.decisions import Decision
+from policies.inventory import Inventory
+from policies.loader import Source, check_policy
+from policies.mig import IdleTracker, MigFlights
+from policies.model import Policy, ServiceSpec, format_loc
+from policies.rules import Round, grow_training, respond_to_breach, run_mig
+from policies.slo import ExceedanceWindow, Level, SloState, State, step
+from policies.snapshot import Snapshot
+from policies.windows import LatencyWindow, UtilizationWindow
+from streams.events import Event, GpuUtilization, InferenceLatency
+
+__all__ = ["Engine", "PoolStatus", "ReloadResult", "ServiceStatus"]
+
+#: Utilization windows (per GPU, per pool) when the policy has no MIG section.
+DEFAULT_UTIL_WINDOW_S = 300.0
+#: Slots in a utilization window.
+UTIL_SLOTS = 30
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceStatus:
+    """One service's SLO, for metrics and reports."""
+
+    key: str
+    state: State
+    since: float | None
+    breaches: int
+    level: Level
+    samples: int
+    percentile: float
+    quantile_ms: float | None
+    objective_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatus:
+    """One pool's GPUs, for metrics and reports."""
+
+    name: str
+    kind: str
+    nodes: int
+    capacity_gpus: int
+    free_gpus: int
+    util_pct: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    accepted: bool
+    errors: tuple[str, ...] = ()
+
+
+class _Service:
+    __slots__ = ("exceed", "key", "latency", "name", "slo", "spec")
+
+    def __init__(self, name: str, spec: ServiceSpec) -> None:
+        self.name = name
+        self.key = f"{spec.namespace}/{name}"
+        self.spec = spec
+        s = spec.slo
+        self.latency = LatencyWindow(window_s=s.window, interval_s=s.resolution)
+        self.exceed = self._counters(spec)
+        self.slo = SloState()
+
+    @staticmethod
+    def _counters(spec: ServiceSpec) -> ExceedanceWindow:
+        s = spec.slo
+        return ExceedanceWindow(
+            window_s=s.window,
+            interval_s=s.resolution,
+            high=s.objective_ms,
+            low=s.objective_ms * s.recover_below,
+        )
+
+    def respec(self, spec: ServiceSpec) -> None:
+        """Adopt a reloaded spec, keeping whatever data the new SLO can still use."""
+        old = self.spec.slo
+        new = spec.slo
+        if (old.window, old.resolution) != (new.window, new.resolution):
+            self.latency = LatencyWindow(window_s=new.window, interval_s=new.resolution)
+            self.exceed = self._counters(spec)
+        elif (old.objective_ms, old.recover_below) != (new.objective_ms, new.recover_below):
+            self.exceed = self._counters(spec)
+        self.spec = spec
+
+
+class Engine:
+    """Decides; never acts. See the module docstring."""
+
+    def __init__(self, policy: Policy) -> None:
+        problems = policy.problems()
+        if problems:
+            raise ValueError("; ".join(f"{format_loc(p.loc)}: {p.message}" for p in problems))
+        self._policy = policy
+        self._services: dict[str, _Service] = {}
+        self._ordered: list[_Service] = []
+        self._budgets = Budgets(policy.spec.budgets)
+        self._cooldowns = Cooldowns()
+        self._flights = MigFlights()
+        self._free_since: dict[str, float] = {}
+        self._demand_since: list[float | None] = [None]
+        self._gpu_windows: dict[str, UtilizationWindow] = {}
+        self._pool_windows: dict[str, UtilizationWindow] = {}
+        self._node_pool: dict[str, str | None] = {}
+        self._idle = IdleTracker(100.0)
+        self._util_window_s = 0.0
+        self._inventory: Inventory | None = None
+        self._inventory_for: tuple[Snapshot, Policy] | None = None
+        self.observed = 0
+        self.late = 0
+        self.unknown = 0
+        self._apply(policy)
+
+    # -- policy ------------------------------------------------------------------------------
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    def reload(self, policy: Policy) -> ReloadResult:
+        """Adopt ``policy`` if it has no problems; otherwise keep the current one."""
+        problems = policy.problems()
+        if problems:
+            return ReloadResult(False, tuple(f"{format_loc(p.loc)}: {p.message}" for p in problems))
+        self._apply(policy)
+        return ReloadResult(True)
+
+    def reload_sources(self, sources: Sequence[Source]) -> ReloadResult:
+        """Load, validate and adopt policy text; on any error the current policy stays."""
+        policy, errors = check_policy(sources)
+        if errors or policy is None:
+            return ReloadResult(False, tuple(str(e) for e in errors))
+        return self.reload(policy)
+
+    def _apply(self, policy: Policy) -> None:
+        spec = policy.spec
+        services: dict[str, _Service] = {}
+        for name in sorted(spec.services):
+            svc_spec = spec.services[name]
+            key = f"{svc_spec.namespace}/{name}"
+            existing = self._services.get(key)
+            if existing is not None:
+                existing.respec(svc_spec)
+                services[key] = existing
+            else:
+                services[key] = _Service(name, svc_spec)
+        self._services = services
+        self._ordered = [services[k] for k in sorted(services)]
+        self._budgets.reconfigure(spec.budgets)
+        keep = set(services) | {f"pool:{p}" for p in spec.pools}
+        self._cooldowns.forget(keep)
+        mig = spec.mig
+        util_window = mig.convert_after if mig is not None else DEFAULT_UTIL_WINDOW_S
+        if util_window != self._util_window_s:
+            self._util_window_s = util_window
+            self._gpu_windows = {}
+            self._pool_windows = {}
+        for pool in spec.pools:
+            self._pool_windows.setdefault(pool, self._util_window())
+        for pool in [p for p in self._pool_windows if p not in spec.pools]:
+            del self._pool_windows[pool]
+        threshold = (mig.node_idle_below * 100.0) if mig is not None else 0.0
+        if threshold != self._idle.threshold_pct:
+            self._idle = IdleTracker(threshold)
+        self._policy = policy
+        self._inventory_for = None
+
+    def _util_window(self) -> UtilizationWindow:
+        return UtilizationWindow(
+            window_s=self._util_window_s, interval_s=self._util_window_s / UTIL_SLOTS
+        )
+
+    # -- events ------------------------------------------------------------------------------
+
+    def observe(self, event: Event) -> bool:
+        """Feed one event; ``False`` when it was late or names no known service."""
+        if type(event) is InferenceLatency:
+            svc = self._services.get(f"{event.namespace}/{event.service}")
+            if svc is None:
+                self.unknown += 1
+                return False
+            ts = cast(float, event.ts)
+            value = event.latency_ms
+            if value is not None:
+                if not svc.latency.add(ts, value):
+                    self.late += 1
+                    return False
+                svc.exceed.add(ts, value)
+            elif event.samples_ms is not None:
+                if not svc.latency.add_many(ts, event.samples_ms):
+                    self.late += 1
+                    return False
+                svc.exceed.add_many(ts, event.samples_ms)
+            elif event.histogram is not None:
+                h = event.histogram
+                if not svc.latency.add_histogram(ts, h.bounds_ms, h.counts):
+                    self.late += 1
+                    return False
+                svc.exceed.add_histogram(ts, h.bounds_ms, h.counts)
+            self.observed += 1
+            return True
+        ev = cast(GpuUtilization, event)
+        ts = cast(float, ev.ts)
+        gpu = str(ev.gpu)
+        key = f"{ev.node}/{gpu}" if ev.mig_profile is None else f"{ev.node}/{gpu}/{ev.mig_instance}"
+        window = self._gpu_windows.get(key)
+        if window is None:
+            window = self._gpu_windows[key] = self._util_window()
+        if not window.add(ts, ev.util_pct):
+            self.late += 1
+            return False
+        if ev.mig_profile is None:
+            self._idle.add(ev.node, gpu, ts, ev.util_pct)
+        pool = self._node_pool.get(ev.node)
+        if pool is not None:
+            self._pool_windows[pool].add(ts, ev.util_pct)
+        self.observed += 1
+        return True
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def _index(self, snapshot: Snapshot) -> Inventory:
+        cached = self._inventory_for
+        if (
+            cached is not None
+            and cached[0] is snapshot
+            and cached[1] is self._policy
+            and self._inventory is not None
+        ):
+            return self._inventory
+        inv = Inventory(snapshot, self._policy)
+        self._inventory, self._inventory_for = inv, (snapshot, self._policy)
+        self._node_pool = inv.node_pool
+        self._idle.forget(inv.nodes)
+        gone = [k for k in self._gpu_windows if k.split("/", 1)[0] not in inv.nodes]
+        for k in gone:
+            del self._gpu_windows[k]
+        return inv
+
+    def evaluate(self, now: float, snapshot: Snapshot) -> list[Decision]:
+        """Tick every SLO and return this round's decisions, in the order they were taken."""
+        inv = self._index(snapshot)
+        for svc in self._ordered:
+            slo = svc.spec.slo
+            level, _ = svc.exceed.level(now, slo.percentile / 100.0, slo.min_samples)
+            svc.slo = step(svc.slo, level, now, slo)
+        spec = self._policy.spec
+        if spec.kill_switch:
+            return []
+        rnd = Round(
+            now=now,
+            policy=self._policy,
+            inv=inv,
+            budgets=self._budgets,
+            cooldowns=self._cooldowns,
+        )
+        for svc in self._ordered:
+            if svc.slo.state == "breaching":
+                respond_to_breach(rnd, svc.key, svc.spec, svc.slo, svc.latency)
+        busy_pools = {
+            svc.spec.pool for svc in self._ordered if svc.slo.state in ("breaching", "recovering")
+        }
+        grow_training(rnd, busy_pools=busy_pools, free_since=self._free_since)
+        if spec.mig is not None and spec.mig.enabled:
+            pool_window = self._pool_windows[spec.mig.from_pool]
+            run_mig(
+                rnd,
+                mig=spec.mig,
+                pool_window=pool_window,
+                idle=self._idle,
+                flights=self._flights,
+                demand_since=self._demand_since,
+                stale_s=max(60.0, 2 * self._util_window_s / UTIL_SLOTS),
+                breaching=bool(busy_pools),
+            )
+        return rnd.decisions
+
+    # -- state for metrics and reports -------------------------------------------------------
+
+    def service_status(self, now: float) -> list[ServiceStatus]:
+        """Every service's SLO state and windowed percentile (merges each sketch: for reports
+        and metrics scrapes, not the decision loop)."""
+        out = []
+        for svc in self._ordered:
+            slo = svc.spec.slo
+            n, _, _ = svc.exceed.counts(now)
+            out.append(
+                ServiceStatus(
+                    key=svc.key,
+                    state=svc.slo.state,
+                    since=svc.slo.since,
+                    breaches=svc.slo.breaches,
+                    level=svc.slo.last_level,
+                    samples=n,
+                    percentile=slo.percentile,
+                    quantile_ms=svc.latency.quantile(now, slo.percentile / 100.0),
+                    objective_ms=slo.objective_ms,
+                )
+            )
+        return out
+
+    def slo_state(self, service_key: str) -> SloState:
+        """The SLO state of ``namespace/service``."""
+        return self._services[service_key].slo
+
+    def pool_status(self, now: float) -> list[PoolStatus]:
+        """Per pool: nodes, whole GPUs, free GPUs (from the last snapshot) and utilization."""
+        inv = self._inventory
+        out = []
+        for name in sorted(self._policy.spec.pools):
+            pool = self._policy.spec.pools[name]
+            window = self._pool_windows.get(name)
+            out.append(
+                PoolStatus(
+                    name=name,
+                    kind=pool.kind,
+                    nodes=len(inv.pool_nodes.get(name, [])) if inv else 0,
+                    capacity_gpus=inv.capacity.get(name, 0) if inv else 0,
+                    free_gpus=inv.free.get(name, 0) if inv else 0,
+                    util_pct=window.mean(now) if window is not None else None,
+                )
+            )
+        return out
+
+    def gpu_utilization(self, now: float) -> dict[str, float | None]:
+        """Windowed mean utilization per GPU (``node/gpu``), sorted by key."""
+        return {k: self._gpu_windows[k].mean(now) for k in sorted(self._gpu_windows)}
+
+    def budget_states(self, now: float) -> list[BudgetState]:
+        """Each budget's limit, use and what remains in its window (for metrics)."""
+        return self._budgets.states(now)
+
+    def cooldown_remaining(self, service_key: str, now: float) -> float:
+        """Seconds before ``service_key`` may be acted for again."""
+        svc = self._services[service_key]
+        cooldown = svc.spec.cooldown
+        if cooldown is None:
+            cooldown = self._policy.spec.cooldowns.service
+        return self._cooldowns.remaining_s(service_key, now, cooldown)

@@ -1,0 +1,189 @@
+"""Indexes of one snapshot under one policy: pools, free GPUs, training, services, demand.
+
+Design:
+
+* Built once per (snapshot object, policy) pair and cached by the engine: a snapshot is
+  immutable, so while the caller hands the engine the same object, no index is rebuilt; at
+  10,000 GPUs a rebuild is a few milliseconds, an ``evaluate`` without one far less.
+* Everything the rules need is precomputed here: each node's pool (the first pool, by name,
+  whose selector it matches), whole GPUs allocatable/held/free per pool, pending whole-GPU
+  demand, the training workloads with their elastic bounds, gang minimum, progress and whether
+  they are protected, and each service's workload and pending GPUs.
+* Protection is decided here once: a pod is protected when its namespace is protected or it
+  (or its workload) carries ``ebbtide.io/do-not-disrupt``; inference pods (owned by a service's
+  workload, or not selected as training) are never candidates at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from policies.model import DO_NOT_DISRUPT, Policy
+from policies.snapshot import Node, Pod, Snapshot, Workload
+
+__all__ = ["Inventory", "TrainingView", "matches"]
+
+
+def matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    """All of ``selector``'s labels are on ``labels``."""
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _int_annotation(annotations: Mapping[str, str], key: str) -> int | None:
+    raw = annotations.get(key)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def _disrupt_forbidden(annotations: Mapping[str, str]) -> bool:
+    value = annotations.get(DO_NOT_DISRUPT)
+    return value is not None and value.lower() != "false"
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingView:
+    """A training workload as the preemption rules see it."""
+
+    workload: Workload
+    min_replicas: int
+    """Fewest replicas it may shrink to (its current count when not elastic)."""
+    max_replicas: int
+    """Most replicas it may grow to (its current count when not elastic)."""
+    gang_min: int
+    """Fewest pods it can run with (0: no gang)."""
+    progress: float
+    protected: str | None
+    """Why it must not be touched, or ``None``."""
+    pods: tuple[Pod, ...]
+    """Its pods holding GPUs, sorted by name."""
+    pool_gpus: Mapping[str, int]
+    """GPUs its pods hold, per pool."""
+
+    @property
+    def key(self) -> str:
+        return self.workload.key
+
+
+class Inventory:
+    """Indexes over one snapshot for one policy. Read-only after construction."""
+
+    def __init__(self, snapshot: Snapshot, policy: Policy) -> None:
+        spec = policy.spec
+        self.snapshot = snapshot
+        self.nodes: dict[str, Node] = {n.name: n for n in snapshot.nodes}
+        pools = sorted(spec.pools.items())
+        self.node_pool: dict[str, str | None] = {}
+        self.pool_nodes: dict[str, list[Node]] = {name: [] for name, _ in pools}
+        for node in snapshot.nodes:
+            pool = next((name for name, p in pools if matches(p.node_selector, node.labels)), None)
+            self.node_pool[node.name] = pool
+            if pool is not None:
+                self.pool_nodes[pool].append(node)
+
+        self.workloads: dict[str, Workload] = {w.key: w for w in snapshot.workloads}
+        self.pods_by_node: dict[str, list[Pod]] = {}
+        self.pods_by_workload: dict[str, list[Pod]] = {}
+        held: dict[str, int] = {}
+        self.pending_whole: list[Pod] = []
+        for pod in snapshot.pods:
+            if pod.workload is not None:
+                self.pods_by_workload.setdefault(pod.workload, []).append(pod)
+            if pod.holds_gpus and pod.node is not None:
+                self.pods_by_node.setdefault(pod.node, []).append(pod)
+                held[pod.node] = held.get(pod.node, 0) + pod.gpus
+            elif pod.node is None and pod.phase == "Pending" and pod.gpus > 0:
+                self.pending_whole.append(pod)
+
+        self.capacity: dict[str, int] = {}
+        self.free: dict[str, int] = {}
+        for pool, nodes in self.pool_nodes.items():
+            cap = sum(n.whole_gpus for n in nodes)
+            free = sum(max(0, n.whole_gpus - held.get(n.name, 0)) for n in nodes if not n.cordoned)
+            self.capacity[pool] = cap
+            self.free[pool] = free
+        self.pending_whole_gpus = sum(p.gpus for p in self.pending_whole)
+
+        # services: their workload, and GPUs their pending pods wait for
+        self.service_workload: dict[str, Workload | None] = {}
+        self.service_pending_gpus: dict[str, int] = {}
+        inference_workloads: set[str] = set()
+        for name, svc in sorted(spec.services.items()):
+            key = f"{svc.namespace}/{name}"
+            wkey = f"{svc.namespace}/{svc.workload or name}"
+            inference_workloads.add(wkey)
+            self.service_workload[key] = self.workloads.get(wkey)
+            self.service_pending_gpus[key] = sum(
+                p.gpus
+                for p in self.pods_by_workload.get(wkey, ())
+                if p.node is None and p.phase == "Pending"
+            )
+
+        # training
+        protected_ns = set(spec.protected_namespaces)
+        self.training: dict[str, TrainingView] = {}
+        self.loose_training_pods: list[Pod] = []
+        training = spec.training
+        if training is None:
+            return
+        allowed_pools = set(training.pools) or set(spec.pools)
+        elastic = training.elastic
+        for key in sorted(self.workloads):
+            w = self.workloads[key]
+            if key in inference_workloads or not matches(training.selector, w.labels):
+                continue
+            pods = tuple(
+                p for p in self.pods_by_workload.get(key, ()) if p.holds_gpus and p.gpus > 0
+            )
+            pool_gpus: dict[str, int] = {}
+            for p in pods:
+                pool = self.node_pool.get(p.node or "")
+                if pool is not None and pool in allowed_pools:
+                    pool_gpus[pool] = pool_gpus.get(pool, 0) + p.gpus
+            lo = _int_annotation(w.annotations, elastic.min_replicas_annotation)
+            hi = _int_annotation(w.annotations, elastic.max_replicas_annotation)
+            reason: str | None = None
+            if w.namespace in protected_ns:
+                reason = f"namespace {w.namespace} is protected"
+            elif _disrupt_forbidden(w.annotations):
+                reason = f"workload is annotated {DO_NOT_DISRUPT}"
+            progress_raw = w.annotations.get(training.progress_annotation, "0")
+            try:
+                progress = float(progress_raw)
+            except ValueError:
+                progress = 0.0
+            self.training[key] = TrainingView(
+                workload=w,
+                min_replicas=min(w.replicas, lo) if lo is not None else w.replicas,
+                max_replicas=max(w.replicas, hi) if hi is not None else w.replicas,
+                gang_min=_int_annotation(w.annotations, training.gang_minimum_annotation) or 0,
+                progress=progress,
+                protected=reason,
+                pods=tuple(sorted(pods, key=lambda p: p.name)),
+                pool_gpus=pool_gpus,
+            )
+        # training pods without a known workload (bare pods, jobs not listed as workloads)
+        for pod in snapshot.pods:
+            if (
+                pod.holds_gpus
+                and pod.gpus > 0
+                and (pod.workload is None or pod.workload not in self.workloads)
+                and matches(training.selector, pod.labels)
+                and self.node_pool.get(pod.node or "") in allowed_pools
+            ):
+                self.loose_training_pods.append(pod)
+
+    def pod_protection(self, pod: Pod, protected_namespaces: set[str]) -> str | None:
+        """Why ``pod`` must not be disrupted, or ``None``."""
+        if pod.namespace in protected_namespaces:
+            return f"namespace {pod.namespace} is protected"
+        if _disrupt_forbidden(pod.annotations):
+            return f"pod is annotated {DO_NOT_DISRUPT}"
+        return None
+
+    def pool_of(self, pod: Pod) -> str | None:
+        return self.node_pool.get(pod.node) if pod.node is not None else None

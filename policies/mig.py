@@ -1,0 +1,223 @@
+"""MIG rules: turn idle whole-card nodes into MIG nodes, and back when whole cards are wanted.
+
+Design:
+
+* **Convert** a node of the whole-card pool when (a) the pool's mean utilization has stayed below
+  ``convertBelow`` over the last ``convertAfter`` (the pool window must cover the whole period),
+  (b) every GPU of the node has stayed at or below ``nodeIdleBelow`` for the whole
+  ``convertAfter`` (it must have reported throughout: a silent node is not an idle one), (c) no
+  pod holds a GPU on it, no pod waits for whole cards, its GPU model has a target profile, and
+  the pool keeps ``minWholeNodes``; at most ``maxConcurrent`` conversions (and reverts) are in
+  flight, and the MIG budget pays for each.
+* **Revert** MIG nodes of the MIG pool when pending pods have demanded more whole GPUs than the
+  whole-card pool has free for ``revertAfter``: as many nodes as cover the unmet demand, emptiest
+  first, within the same concurrency limit and budget.
+* Node idleness is tracked per GPU in O(1) per reading by :class:`IdleTracker` (first reading,
+  last reading, last busy reading), so checking 10,000 GPUs is a dictionary walk, not a window
+  merge. :class:`MigFlights` remembers conversions the engine decided until the snapshot shows
+  them done (``nvidia.com/mig.config.state`` ``success``/``failed``) or ``stuckAfter`` passes.
+* Planning functions are pure: they take the inventory, tracker and counters and return
+  candidates with their inputs and the alternatives rejected.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from policies.decisions import Alternative, Scalar
+from policies.inventory import Inventory
+from policies.model import DO_NOT_DISRUPT, MigSpec
+from policies.snapshot import MIG_DISABLED, Node
+
+__all__ = ["IdleTracker", "MigCandidate", "MigFlights", "plan_conversions", "plan_reverts"]
+
+_IN_PROGRESS = frozenset({"pending", "rebooting"})
+
+
+class IdleTracker:
+    """Per GPU: first reading, last reading, last reading above the idle threshold."""
+
+    __slots__ = ("_gpus", "threshold_pct")
+
+    def __init__(self, threshold_pct: float) -> None:
+        self.threshold_pct = threshold_pct
+        self._gpus: dict[str, dict[str, list[float]]] = {}
+
+    def add(self, node: str, gpu: str, ts: float, util_pct: float) -> None:
+        per_node = self._gpus.get(node)
+        if per_node is None:
+            per_node = self._gpus[node] = {}
+        rec = per_node.get(gpu)
+        if rec is None:
+            rec = per_node[gpu] = [ts, ts, -math.inf]
+        if ts < rec[0]:
+            rec[0] = ts
+        if ts > rec[1]:
+            rec[1] = ts
+        if util_pct > self.threshold_pct and ts > rec[2]:
+            rec[2] = ts
+
+    def idle_since(self, node: str, gpus: int, now: float, stale_s: float) -> float | None:
+        """Since when every one of the node's ``gpus`` GPUs has been idle, judging by readings;
+        ``None`` when a GPU never reported or went silent for ``stale_s``."""
+        per_node = self._gpus.get(node)
+        if per_node is None or len(per_node) < gpus:
+            return None
+        since = -math.inf
+        for first, last, busy in per_node.values():
+            if now - last > stale_s:
+                return None
+            since = max(since, first, busy)
+        return since
+
+    def forget(self, keep: Mapping[str, object]) -> None:
+        """Drop nodes no longer in the cluster (bounded memory)."""
+        for node in [n for n in self._gpus if n not in keep]:
+            del self._gpus[node]
+
+
+class MigFlights:
+    """Conversions and reverts the engine decided and the cluster has not finished yet."""
+
+    __slots__ = ("_flights",)
+
+    def __init__(self) -> None:
+        self._flights: dict[str, tuple[float, str]] = {}
+
+    def start(self, node: str, now: float, target_config: str) -> None:
+        self._flights[node] = (now, target_config)
+
+    def settle(self, nodes: Mapping[str, Node], now: float, stuck_after: float) -> None:
+        """Forget flights the snapshot shows finished, and ones stuck longer than allowed."""
+        for name, (since, target) in sorted(self._flights.items()):
+            node = nodes.get(name)
+            done = (
+                node is not None
+                and (node.mig_config or MIG_DISABLED) == target
+                and (node.mig_state not in _IN_PROGRESS)
+            )
+            if node is None or done or now - since >= stuck_after:
+                del self._flights[name]
+
+    def count(self, nodes: Mapping[str, Node]) -> int:
+        """Flights in progress: decided here, or reported in progress by the node's labels."""
+        busy = set(self._flights)
+        busy.update(n.name for n in nodes.values() if n.mig_state in _IN_PROGRESS)
+        return len(busy)
+
+    def __contains__(self, node: str) -> bool:
+        return node in self._flights
+
+
+@dataclass(frozen=True, slots=True)
+class MigCandidate:
+    node: Node
+    profile: str
+    inputs: Mapping[str, Scalar]
+
+
+def plan_conversions(
+    *,
+    now: float,
+    spec: MigSpec,
+    inv: Inventory,
+    pool_util_pct: float | None,
+    pool_covered: bool,
+    idle: IdleTracker,
+    stale_s: float,
+    slots: int,
+    flights: MigFlights,
+) -> tuple[list[MigCandidate], list[Alternative]]:
+    """Nodes to convert now (at most ``slots``), and why others were not."""
+    rejected: list[Alternative] = []
+    if slots <= 0:
+        return [], rejected
+    threshold = spec.convert_below * 100.0
+    if pool_util_pct is None or not pool_covered:
+        return [], [Alternative("convert", f"pool {spec.from_pool} not observed for convertAfter")]
+    if pool_util_pct >= threshold:
+        return [], rejected
+    if inv.pending_whole_gpus > 0:
+        return [], [Alternative("convert", "pods are waiting for whole GPUs")]
+    whole_nodes = [n for n in inv.pool_nodes.get(spec.from_pool, []) if not n.is_mig]
+    spare = len(whole_nodes) - spec.min_whole_nodes
+    out: list[MigCandidate] = []
+    for node in whole_nodes:
+        if len(out) >= min(slots, spare):
+            break
+        name = node.name
+        profile = spec.profiles.get(node.gpu_model)
+        if profile is None or node.cordoned or name in flights or not node.gpus:
+            continue
+        if node.annotations.get(DO_NOT_DISRUPT, "false").lower() != "false":
+            continue
+        if any(p.gpus > 0 or p.mig for p in inv.pods_by_node.get(name, ())):
+            continue
+        since = idle.idle_since(name, len(node.gpus), now, stale_s)
+        if since is None or now - since < spec.convert_after:
+            if len(rejected) < 4 and since is not None:
+                rejected.append(Alternative(f"convert {name}", f"idle for {now - since:.0f}s only"))
+            continue
+        out.append(
+            MigCandidate(
+                node,
+                profile,
+                {
+                    "pool_util_pct": round(pool_util_pct, 2),
+                    "node_idle_s": round(now - since, 1),
+                    "gpus": len(node.gpus),
+                    "gpu_model": node.gpu_model,
+                    "whole_nodes": len(whole_nodes),
+                },
+            )
+        )
+    return out, rejected
+
+
+def plan_reverts(
+    *,
+    now: float,
+    spec: MigSpec,
+    inv: Inventory,
+    demand_since: float | None,
+    slots: int,
+    flights: MigFlights,
+) -> tuple[list[MigCandidate], int]:
+    """MIG nodes to revert now (at most ``slots``), and the unmet whole-GPU demand."""
+    unmet = inv.pending_whole_gpus - inv.free.get(spec.from_pool, 0)
+    if unmet <= 0 or demand_since is None or now - demand_since < spec.revert_after:
+        return [], max(0, unmet)
+    nodes = [
+        n
+        for n in inv.pool_nodes.get(spec.to_pool, [])
+        if n.is_mig
+        and n.mig_state not in _IN_PROGRESS
+        and n.name not in flights
+        and n.annotations.get(DO_NOT_DISRUPT, "false").lower() == "false"
+    ]
+
+    def load(n: Node) -> int:
+        return sum(1 for p in inv.pods_by_node.get(n.name, ()) if p.mig or p.gpus)
+
+    nodes.sort(key=lambda n: (load(n), n.name))
+    out: list[MigCandidate] = []
+    covered = 0
+    for node in nodes:
+        if covered >= unmet or len(out) >= slots:
+            break
+        out.append(
+            MigCandidate(
+                node,
+                node.mig_config or "",
+                {
+                    "pending_whole_gpus": inv.pending_whole_gpus,
+                    "free_whole_gpus": inv.free.get(spec.from_pool, 0),
+                    "demand_s": round(now - demand_since, 1),
+                    "mig_pods_on_node": load(node),
+                },
+            )
+        )
+        covered += len(node.gpus)
+    return out, unmet

@@ -1,0 +1,407 @@
+"""The policy file format: a pydantic v2 model of ``apiVersion/kind/metadata/spec``.
+
+Design:
+
+* Every model is frozen, forbids unknown keys (a misspelt key is an error, never silently
+  ignored) and uses camelCase aliases, so pydantic's error ``loc`` paths are exactly the keys the
+  author wrote; :mod:`policies.loader` maps them back to ``FILE:LINE:COL``.
+* Units are explicit in the text and normalised in the model: durations (``30s``, ``10m``,
+  ``1h30m``, ``500ms``) become float seconds, percentages (``40%``) become fractions in
+  ``[0, 1]``. Bare numbers are refused for both, so ``0.4`` versus ``40`` can never be confused.
+* Checks that need the whole policy (a service naming a pool that does not exist, MIG pools of
+  the wrong kind) are not pydantic validators: :meth:`Policy.problems` returns them with their
+  ``loc`` so the loader can place them in the file like any other error, and the engine can refuse
+  a policy on hot reload without a file at all.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "API_VERSION",
+    "DO_NOT_DISRUPT",
+    "KIND",
+    "Budget",
+    "BudgetsSpec",
+    "CooldownsSpec",
+    "Duration",
+    "ElasticSpec",
+    "Loc",
+    "Metadata",
+    "MigSpec",
+    "Percent",
+    "Policy",
+    "PolicySpec",
+    "PoolSpec",
+    "PositiveDuration",
+    "Problem",
+    "ReplicaBounds",
+    "ScaleSpec",
+    "ServiceSpec",
+    "SloSpec",
+    "TrainingSpec",
+    "VictimKey",
+    "format_duration",
+    "format_loc",
+    "parse_duration",
+    "parse_percent",
+    "policy_json_schema",
+]
+
+API_VERSION: Final = "ebbtide.io/v1alpha1"
+KIND: Final = "Policy"
+#: Pods and workloads carrying this annotation (any value but "false") are never disrupted.
+DO_NOT_DISRUPT: Final = "ebbtide.io/do-not-disrupt"
+
+_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_RE: Final = re.compile(r"^(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+$")
+_PART_RE: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_PERCENT_RE: Final = re.compile(r"^(\d+(?:\.\d+)?)\s*%$")
+
+Loc = tuple[str | int, ...]
+
+
+def parse_duration(value: object) -> float:
+    """``"1h30m"`` → ``5400.0`` seconds; anything without a unit is refused."""
+    if isinstance(value, bool) or not isinstance(value, str):
+        raise ValueError(f"a duration is a string with a unit, e.g. 30s, 10m, 1h30m; got {value!r}")
+    text = value.strip()
+    if not _DURATION_RE.match(text):
+        raise ValueError(
+            f"invalid duration {value!r}: use a number and a unit, e.g. 30s, 10m, 1h30m"
+        )
+    return sum(float(num) * _UNITS[unit] for num, unit in _PART_RE.findall(text))
+
+
+def format_duration(seconds: float) -> str:
+    """``5400.0`` → ``"1h30m"``: the inverse of :func:`parse_duration`, for explanations."""
+    if seconds < 1 and seconds != 0:
+        return f"{seconds * 1000:g}ms"
+    rest = round(seconds, 3)
+    parts: list[str] = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if rest >= size:
+            whole = int(rest // size)
+            parts.append(f"{whole}{unit}")
+            rest -= whole * size
+    if rest or not parts:
+        parts.append(f"{rest:g}s")
+    return "".join(parts)
+
+
+def parse_percent(value: object) -> float:
+    """``"40%"`` → ``0.4``; bare numbers are refused (is 0.4 forty percent or 0.4 percent?)."""
+    if isinstance(value, bool) or not isinstance(value, str):
+        raise ValueError(f"a percentage is a string ending in %, e.g. 40%; got {value!r}")
+    match = _PERCENT_RE.match(value.strip())
+    if not match:
+        raise ValueError(f"invalid percentage {value!r}: write it like 40% or 12.5%")
+    return float(match.group(1)) / 100.0
+
+
+Duration = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    Field(ge=0),
+    WithJsonSchema(
+        {"type": "string", "pattern": _DURATION_RE.pattern, "examples": ["30s", "10m", "1h30m"]}
+    ),
+]
+PositiveDuration = Annotated[Duration, Field(gt=0)]
+Percent = Annotated[
+    float,
+    BeforeValidator(parse_percent),
+    Field(ge=0.0, le=1.0),
+    WithJsonSchema({"type": "string", "pattern": r"^\d+(\.\d+)?\s*%$", "examples": ["40%"]}),
+]
+_Name = Annotated[
+    str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+]
+_Labels = dict[Annotated[str, Field(min_length=1)], str]
+VictimKey = Literal["priority", "newest", "oldest", "leastProgress"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+    )
+
+
+class Metadata(_Model):
+    name: _Name
+    """The policy's name; it appears in every decision and report."""
+    description: str = ""
+    """Free text for humans."""
+
+
+class PoolSpec(_Model):
+    node_selector: Annotated[_Labels, Field(min_length=1)]
+    """Labels a node must carry (all of them) to belong to this pool."""
+    kind: Literal["whole", "mig"] = "whole"
+    """``whole``: GPUs are handed out as whole cards; ``mig``: as MIG slices."""
+
+
+class ReplicaBounds(_Model):
+    min: Annotated[int, Field(ge=0)] = 1
+    """Never scale the service below this many replicas."""
+    max: Annotated[int, Field(ge=1)]
+    """Never scale the service above this many replicas."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReplicaBounds:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is greater than max ({self.max})")
+        return self
+
+
+class SloSpec(_Model):
+    percentile: Annotated[float, Field(gt=0, lt=100)]
+    """Which latency percentile the objective applies to, e.g. 99 or 99.9."""
+    objective_ms: Annotated[float, Field(gt=0)]
+    """The percentile must stay at or below this many milliseconds."""
+    window: PositiveDuration = 60.0
+    """Length of the sliding window the percentile is computed over."""
+    resolution: PositiveDuration = 5.0
+    """Width of one window slot; the window slides by this much. At most 720 slots."""
+    breach_after: Duration = 30.0
+    """The percentile must stay above the objective this long before the service breaches."""
+    recover_below: Percent = 0.9
+    """A breaching service recovers only below this fraction of the objective..."""
+    recover_after: Duration = 60.0
+    """...sustained for this long."""
+    min_samples: Annotated[int, Field(ge=1)] = 20
+    """Fewer requests than this in the window give no verdict (the state holds)."""
+
+    @model_validator(mode="after")
+    def _slots(self) -> SloSpec:
+        if self.resolution > self.window:
+            raise ValueError("resolution must not be longer than window")
+        if self.window / self.resolution > 720:
+            raise ValueError("window / resolution gives more than 720 slots; raise the resolution")
+        if self.recover_below > 1.0:
+            raise ValueError("recoverBelow must be at most 100%")
+        return self
+
+
+class ScaleSpec(_Model):
+    kind: str = "Deployment"
+    """Kind of the workload to scale through its /scale subresource."""
+    tolerance: Percent = 0.1
+    """Do nothing while percentile/objective is within 1 ± tolerance (as the HPA does)."""
+    max_step: Annotated[int, Field(ge=1)] | None = None
+    """Most replicas added in one decision; unbounded when absent."""
+
+
+class ServiceSpec(_Model):
+    namespace: _Name = "default"
+    """Namespace of the service (events are keyed namespace/service)."""
+    workload: _Name | None = None
+    """Name of the workload running the service; defaults to the service name."""
+    pool: str
+    """The pool (from spec.pools) the service's replicas run in."""
+    gpus_per_replica: Annotated[int, Field(ge=0)] = 1
+    """Whole GPUs one replica requests."""
+    replicas: ReplicaBounds | None = None
+    """Bounds on the service's replicas; required when ``scale`` is set."""
+    slo: SloSpec
+    """The service level objective."""
+    scale: ScaleSpec | None = None
+    """Give Ebbtide the service as a scale target; without it Ebbtide only frees GPUs for the
+    service's pending pods (another autoscaler scales it)."""
+    cooldown: Duration | None = None
+    """Quiet time after an action for this service; defaults to spec.cooldowns.service."""
+
+    @model_validator(mode="after")
+    def _bounds_for_scale(self) -> ServiceSpec:
+        if self.scale is not None and self.replicas is None:
+            raise ValueError("replicas (min/max) is required when scale is set")
+        return self
+
+
+class ElasticSpec(_Model):
+    min_replicas_annotation: str = "ebbtide.io/min-replicas"
+    """Annotation on a training workload giving the fewest replicas it can shrink to."""
+    max_replicas_annotation: str = "ebbtide.io/max-replicas"
+    """Annotation giving the most replicas it may grow to."""
+    grow_after: Duration = 300.0
+    """Free GPUs must be seen this long, with no service breaching, before training grows."""
+    grow_step: Annotated[int, Field(ge=1)] = 1
+    """Replicas added to one workload per grow decision."""
+
+
+class TrainingSpec(_Model):
+    selector: Annotated[_Labels, Field(min_length=1)]
+    """Labels (all of them) that mark a workload and its pods as offline training."""
+    pools: list[str] = []
+    """Pools training may be shrunk, evicted or grown in; empty means every pool."""
+    elastic: ElasticSpec = ElasticSpec()
+    """Where elastic bounds come from and how training grows back."""
+    victim_order: Annotated[list[VictimKey], Field(min_length=1)] = ["priority", "newest"]
+    """Order victims are taken in: lowest priority first, then newest (or oldest, or least
+    progress)."""
+    grace_period: Duration = 30.0
+    """Termination grace period given to evicted pods."""
+    gang_minimum_annotation: str = "ebbtide.io/gang-minimum"
+    """Annotation giving the fewest pods a gang-scheduled workload can run with."""
+    progress_annotation: str = "ebbtide.io/progress"
+    """Annotation with the job's progress (0..1), for the leastProgress victim key."""
+
+
+class MigSpec(_Model):
+    enabled: bool = True
+    """Turn MIG conversion and revert on or off."""
+    from_pool: str
+    """Whole-card pool that idle nodes are converted out of."""
+    to_pool: str
+    """MIG pool converted nodes join."""
+    convert_below: Percent
+    """Convert only while the whole-card pool's mean utilization is below this..."""
+    convert_after: PositiveDuration
+    """...for this long, and only nodes idle for this whole period."""
+    node_idle_below: Percent = 0.05
+    """A node is idle when every GPU on it stays at or below this utilization."""
+    max_concurrent: Annotated[int, Field(ge=1)] = 1
+    """Most nodes converting (or reverting) at the same time."""
+    min_whole_nodes: Annotated[int, Field(ge=0)] = 0
+    """Always keep at least this many nodes in the whole-card pool."""
+    profiles: Annotated[
+        dict[
+            Annotated[str, Field(min_length=1)],
+            Annotated[str, Field(pattern=r"^all-[1-9]g\.[0-9]+gb(\+me)?$")],
+        ],
+        Field(min_length=1),
+    ]
+    """Target MIG layout per GPU model, e.g. ``A100-80GB: all-1g.10gb``."""
+    revert_after: PositiveDuration
+    """Revert a MIG node when pending pods have demanded whole GPUs this long."""
+    stuck_after: PositiveDuration = 900.0
+    """A conversion not visible in the snapshot after this long stops counting as in flight."""
+
+
+class Budget(_Model):
+    max: Annotated[int, Field(ge=0)]
+    """At most this many actions..."""
+    per: PositiveDuration
+    """...in any sliding window this long."""
+
+
+class BudgetsSpec(_Model):
+    evictions: Budget = Budget.model_validate({"max": 10, "per": "10m"})
+    """Pod evictions."""
+    scale_steps: Budget = Budget.model_validate({"max": 30, "per": "10m"})
+    """Scale decisions (inference up, training shrink or grow)."""
+    mig_conversions: Budget = Budget.model_validate({"max": 2, "per": "1h"})
+    """MIG conversions and reverts together."""
+
+
+class CooldownsSpec(_Model):
+    service: Duration = 120.0
+    """Quiet time for a service after an action taken for it."""
+    training_grow: Duration = 300.0
+    """Quiet time before training grows after any shrink, eviction or grow."""
+
+
+class PolicySpec(_Model):
+    dry_run: bool = False
+    """Decide and explain, but mark every decision dry-run: actuators write nothing."""
+    kill_switch: bool = False
+    """Stop deciding altogether; windows and SLO states keep updating."""
+    protected_namespaces: list[_Name] = ["kube-system"]
+    """Pods in these namespaces are never disrupted."""
+    pools: dict[_Name, PoolSpec]
+    """GPU node pools by name."""
+    services: dict[_Name, ServiceSpec] = {}
+    """Inference services and their SLOs, by service name."""
+    training: TrainingSpec | None = None
+    """Which workloads are offline training, and how they yield GPUs."""
+    mig: MigSpec | None = None
+    """When idle whole-card nodes become MIG nodes, and back."""
+    budgets: BudgetsSpec = BudgetsSpec()
+    """Most disruptive actions per sliding window."""
+    cooldowns: CooldownsSpec = CooldownsSpec()
+    """Quiet times after actions."""
+
+
+class Problem(BaseModel):
+    """One thing wrong with a policy that pydantic alone cannot see."""
+
+    model_config = ConfigDict(frozen=True)
+    loc: Loc
+    message: str
+
+
+class Policy(_Model):
+    api_version: Literal["ebbtide.io/v1alpha1"]
+    """Always ebbtide.io/v1alpha1."""
+    kind: Literal["Policy"]
+    """Always Policy."""
+    metadata: Metadata
+    spec: PolicySpec
+
+    def problems(self) -> list[Problem]:
+        """Cross-reference errors (undefined pools, mis-kinded MIG pools, duplicate services)."""
+        spec = self.spec
+        out: list[Problem] = []
+
+        def pool_ref(loc: Loc, name: str, kind: str | None = None) -> None:
+            if name not in spec.pools:
+                known = ", ".join(sorted(spec.pools)) or "none"
+                out.append(Problem(loc=loc, message=f"undefined pool {name!r} (pools: {known})"))
+            elif kind is not None and spec.pools[name].kind != kind:
+                out.append(Problem(loc=loc, message=f"pool {name!r} must be of kind {kind}"))
+
+        seen: dict[str, str] = {}
+        for name in sorted(spec.services):
+            svc = spec.services[name]
+            pool_ref(("spec", "services", name, "pool"), svc.pool)
+            key = f"{svc.namespace}/{name}"
+            if key in seen:
+                out.append(Problem(loc=("spec", "services", name), message=f"duplicate {key}"))
+            seen[key] = name
+        if spec.training is not None:
+            for i, pool in enumerate(spec.training.pools):
+                pool_ref(("spec", "training", "pools", i), pool)
+        if spec.mig is not None:
+            pool_ref(("spec", "mig", "fromPool"), spec.mig.from_pool, "whole")
+            pool_ref(("spec", "mig", "toPool"), spec.mig.to_pool, "mig")
+        return out
+
+    def service_key(self, name: str) -> str:
+        """``namespace/name`` of a service, as events key it."""
+        return f"{self.spec.services[name].namespace}/{name}"
+
+
+def format_loc(loc: Loc) -> str:
+    """``("spec", "training", "pools", 0)`` → ``spec.training.pools[0]``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def policy_json_schema() -> dict[str, Any]:
+    """JSON Schema (2020-12) of the policy file, by alias, for editors."""
+    schema = Policy.model_json_schema(by_alias=True, mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://ebbtide.io/schemas/policy.v1alpha1.json"
+    schema["title"] = "Ebbtide policy"
+    return schema

@@ -1,0 +1,411 @@
+"""The engine's rules, one function each, sharing one evaluation :class:`Round`.
+
+Design:
+
+* A :class:`Round` carries what one ``evaluate`` call knows and has decided so far: the time,
+  policy, snapshot inventory, budgets and cooldowns, the GPUs already claimed and the workloads
+  and pods already taken by earlier rules. Rules append decisions to it; nothing else is
+  shared, so the order of rules (breaches, then growth, then MIG) is the only coupling.
+* Every decision is emitted through :meth:`Round.emit`, which spends the matching budget, so a
+  rule cannot forget to. Rules check the budget before planning and explain refusals.
+* Breach response follows the Kubernetes HPA: ``desired = ceil(replicas * p / objective)``,
+  nothing while ``p / objective`` is within ``1 + tolerance``, bounded by the service's replica
+  bounds and ``maxStep``, and further by the GPUs that can be found (free, then freed by
+  :func:`~policies.preemption.plan_capacity`). Without a scale target, the GPUs the service's
+  pending pods wait for are freed instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from policies.budgets import Budgets, Cooldowns
+from policies.decisions import (
+    Alternative,
+    Decision,
+    Evict,
+    Explanation,
+    MigConvert,
+    MigRevert,
+    Scale,
+)
+from policies.inventory import Inventory, TrainingView
+from policies.mig import IdleTracker, MigFlights, plan_conversions, plan_reverts
+from policies.model import MigSpec, Policy, ServiceSpec, VictimKey, format_duration
+from policies.preemption import plan_capacity, victim_sort_key
+from policies.slo import SloState
+from policies.snapshot import MIG_DISABLED
+from policies.windows import LatencyWindow, UtilizationWindow
+
+__all__ = ["Round", "grow_training", "respond_to_breach", "run_mig"]
+
+
+@dataclass(slots=True)
+class Round:
+    """One evaluation: its inputs, the decisions so far and what they claimed."""
+
+    now: float
+    policy: Policy
+    inv: Inventory
+    budgets: Budgets
+    cooldowns: Cooldowns
+    decisions: list[Decision] = field(default_factory=list)
+    claimed: dict[str, int] = field(default_factory=dict)
+    taken: set[str] = field(default_factory=set)
+
+    @property
+    def dry_run(self) -> bool:
+        return self.policy.spec.dry_run
+
+    def emit(self, decision: Decision) -> None:
+        """Record ``decision`` and spend its budget (raises if the rule forgot to check)."""
+        if isinstance(decision, Evict):
+            self.budgets.evictions.spend(self.now)
+        elif isinstance(decision, Scale):
+            self.budgets.scale_steps.spend(self.now)
+        else:
+            self.budgets.mig_conversions.spend(self.now)
+        self.decisions.append(decision)
+
+    def free(self, pool: str) -> int:
+        return max(0, self.inv.free.get(pool, 0) - self.claimed.get(pool, 0))
+
+
+def respond_to_breach(
+    rnd: Round, key: str, spec: ServiceSpec, slo: SloState, window: LatencyWindow
+) -> None:
+    """Scale a breaching service up and free the GPUs that takes."""
+    now, pspec = rnd.now, rnd.policy.spec
+    cooldown = spec.cooldown if spec.cooldown is not None else pspec.cooldowns.service
+    if not rnd.cooldowns.ready(key, now, cooldown):
+        return
+    q = spec.slo.percentile / 100.0
+    p = window.quantile(now, q)
+    if p is None:
+        return
+    objective = spec.slo.objective_ms
+    ratio = p / objective
+    pool = spec.pool
+    workload = rnd.inv.service_workload.get(key)
+    gpr = spec.gpus_per_replica
+    inputs: dict[str, str | int | float | bool | None] = {
+        f"p{spec.slo.percentile:g}_ms": round(p, 2),
+        "ratio": round(ratio, 3),
+        "breaching_since": slo.since,
+        "free_gpus": rnd.free(pool),
+    }
+    thresholds: dict[str, str | int | float | bool | None] = {
+        "objective_ms": objective,
+        "breach_after": format_duration(spec.slo.breach_after),
+    }
+    alternatives: list[Alternative] = []
+    current = desired = 0
+    if spec.scale is not None:
+        if workload is None or spec.replicas is None:
+            return
+        tolerance = spec.scale.tolerance
+        thresholds["tolerance"] = f"{tolerance:.0%}"
+        if ratio <= 1.0 + tolerance:
+            return
+        current = workload.replicas
+        bounds = spec.replicas
+        thresholds.update(min_replicas=bounds.min, max_replicas=bounds.max)
+        desired = max(bounds.min, math.ceil(max(current, 1) * ratio))
+        desired = min(desired, bounds.max)
+        if spec.scale.max_step is not None:
+            desired = min(desired, current + spec.scale.max_step)
+            thresholds["max_step"] = spec.scale.max_step
+        if desired <= current:
+            return
+        if rnd.budgets.scale_steps.remaining(now) < 1:
+            return
+        needed = (desired - current) * gpr
+        inputs.update(replicas=current, desired=desired)
+    else:
+        needed = rnd.inv.service_pending_gpus.get(key, 0)
+        inputs["pending_gpus"] = needed
+    free = rnd.free(pool)
+    shortfall = max(0, needed - free)
+    training = rnd.policy.spec.training
+    plan = None
+    if shortfall > 0 and training is not None:
+        allowed = set(training.pools) or set(pspec.pools)
+        if pool in allowed:
+            plan = plan_capacity(
+                needed=shortfall,
+                pool=pool,
+                training=rnd.inv.training.values(),
+                loose_pods=rnd.inv.loose_training_pods,
+                pod_pool=rnd.inv.node_pool,
+                victim_order=training.victim_order,
+                protected_namespaces=frozenset(pspec.protected_namespaces),
+                scale_budget=rnd.budgets.scale_steps.remaining(now) - (1 if spec.scale else 0),
+                eviction_budget=rnd.budgets.evictions.remaining(now),
+                taken=frozenset(rnd.taken),
+            )
+            alternatives.extend(plan.rejected)
+    freed = plan.freed if plan is not None else 0
+    available = free + freed
+    target = current
+    if spec.scale is not None:
+        fit = (desired - current) if gpr == 0 else min(desired - current, available // gpr)
+        target = current + fit
+        if fit <= 0:
+            return
+        if target < desired:
+            alternatives.append(
+                Alternative(f"scale to {desired}", f"only {available} GPUs could be found")
+            )
+    elif plan is None or freed == 0:
+        return
+    inputs["gpus_freed"] = freed
+    p_text = f"P{spec.slo.percentile:g} {p:.0f}ms > objective {objective:g}ms"
+    if plan is not None:
+        grace = training.grace_period if training is not None else 30.0
+        for s in plan.shrinks:
+            rnd.emit(
+                Scale(
+                    now,
+                    s.workload,
+                    s.kind,
+                    s.from_replicas,
+                    s.to_replicas,
+                    "training",
+                    Explanation.of(
+                        "free-gpus-shrink-training",
+                        f"{key} breaching ({p_text}); shrink {s.workload} "
+                        f"{s.from_replicas}→{s.to_replicas} to free {s.gpus_freed} GPUs in {pool}",
+                        alternatives=tuple(alternatives),
+                        inputs=inputs,
+                        thresholds=thresholds,
+                    ),
+                    cause=key,
+                    dry_run=rnd.dry_run,
+                )
+            )
+            rnd.taken.add(s.workload)
+        for v in plan.evictions:
+            why = (
+                "its gang would drop below its minimum" if v.whole_gang else "next in victim order"
+            )
+            rnd.emit(
+                Evict(
+                    now,
+                    v.pod.key,
+                    v.pod.node,
+                    v.workload,
+                    grace,
+                    Explanation.of(
+                        "free-gpus-evict-training",
+                        f"{key} breaching ({p_text}); shrinking was not enough: evict "
+                        f"{v.pod.key} (priority {v.pod.priority}, {why}) to free "
+                        f"{v.gpus_freed} GPUs in {pool}",
+                        alternatives=tuple(alternatives),
+                        inputs=inputs,
+                        thresholds=thresholds,
+                    ),
+                    cause=key,
+                    dry_run=rnd.dry_run,
+                )
+            )
+            rnd.taken.add(v.pod.key)
+    consumed = needed
+    if spec.scale is not None and workload is not None:
+        consumed = (target - current) * gpr
+        rnd.emit(
+            Scale(
+                now,
+                workload.key,
+                spec.scale.kind,
+                current,
+                target,
+                "inference",
+                Explanation.of(
+                    "slo-breach-scale-up",
+                    f"{key} breaching ({p_text}): desired ceil({current} * {ratio:.2f}) bounded "
+                    f"= {desired}; scale {current}→{target}",
+                    alternatives=tuple(alternatives),
+                    inputs=inputs,
+                    thresholds=thresholds,
+                ),
+                cause=key,
+                dry_run=rnd.dry_run,
+            )
+        )
+    rnd.claimed[pool] = rnd.claimed.get(pool, 0) + max(0, min(consumed, free))
+    rnd.cooldowns.mark(key, now)
+    rnd.cooldowns.mark(f"pool:{pool}", now)
+
+
+def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, float]) -> None:
+    """Grow elastic training into GPUs that stayed free while no service of the pool needed
+    them; one workload, one step, per pool per round."""
+    training = rnd.policy.spec.training
+    now, inv = rnd.now, rnd.inv
+    if training is None:
+        free_since.clear()
+        return
+    pools = sorted(training.pools or rnd.policy.spec.pools)
+    for pool in pools:
+        spare = rnd.free(pool) - inv.pending_whole_gpus
+        if spare <= 0 or pool in busy_pools:
+            free_since.pop(pool, None)
+            continue
+        since = free_since.setdefault(pool, now)
+        grow_after = training.elastic.grow_after
+        cooldown = rnd.policy.spec.cooldowns.training_grow
+        if now - since < grow_after or not rnd.cooldowns.ready(f"pool:{pool}", now, cooldown):
+            continue
+        if rnd.budgets.scale_steps.remaining(now) < 1:
+            continue
+        views = [
+            v
+            for v in inv.training.values()
+            if v.pool_gpus.get(pool, 0) > 0
+            and v.protected is None
+            and v.workload.replicas < v.max_replicas
+            and v.workload.gpus_per_replica <= spare
+            and v.key not in rnd.taken
+        ]
+        if not views:
+            continue
+        views.sort(
+            key=lambda v: _value(v, training.victim_order), reverse=True
+        )  # the last victim is the first to grow back
+        view = views[0]
+        w = view.workload
+        step = min(training.elastic.grow_step, view.max_replicas - w.replicas)
+        step = min(step, spare // max(1, w.gpus_per_replica))
+        if step <= 0:
+            continue
+        rnd.emit(
+            Scale(
+                now,
+                w.key,
+                w.kind,
+                w.replicas,
+                w.replicas + step,
+                "training",
+                Explanation.of(
+                    "grow-training",
+                    f"{spare} GPUs idle in {pool} for {format_duration(now - since)} with no "
+                    f"service breaching; grow {w.key} {w.replicas}→{w.replicas + step}",
+                    inputs={"free_gpus": spare, "idle_s": round(now - since, 1)},
+                    thresholds={
+                        "grow_after": format_duration(grow_after),
+                        "max_replicas": view.max_replicas,
+                        "cooldown": format_duration(cooldown),
+                    },
+                    alternatives=tuple(
+                        Alternative(f"grow {o.key}", "later in victim order") for o in views[1:4]
+                    ),
+                ),
+                dry_run=rnd.dry_run,
+            )
+        )
+        rnd.claimed[pool] = rnd.claimed.get(pool, 0) + step * w.gpus_per_replica
+        rnd.cooldowns.mark(f"pool:{pool}", now)
+        rnd.taken.add(w.key)
+        free_since[pool] = now
+
+
+def _value(view: TrainingView, order: Sequence[VictimKey]) -> tuple[float | str, ...]:
+    w = view.workload
+    return victim_sort_key(
+        order, priority=w.priority, created=w.created, progress=view.progress, name=view.key
+    )
+
+
+def run_mig(
+    rnd: Round,
+    *,
+    mig: MigSpec,
+    pool_window: UtilizationWindow,
+    idle: IdleTracker,
+    flights: MigFlights,
+    demand_since: list[float | None],
+    stale_s: float,
+    breaching: bool,
+) -> None:
+    """Revert MIG nodes on sustained whole-card demand, else convert idle whole-card nodes."""
+    now, inv = rnd.now, rnd.inv
+    flights.settle(inv.nodes, now, mig.stuck_after)
+    unmet = inv.pending_whole_gpus - inv.free.get(mig.from_pool, 0)
+    if unmet > 0:
+        if demand_since[0] is None:
+            demand_since[0] = now
+    else:
+        demand_since[0] = None
+    slots = min(
+        mig.max_concurrent - flights.count(inv.nodes),
+        rnd.budgets.mig_conversions.remaining(now),
+    )
+    if slots <= 0:
+        return
+    reverts, unmet = plan_reverts(
+        now=now, spec=mig, inv=inv, demand_since=demand_since[0], slots=slots, flights=flights
+    )
+    for c in reverts:
+        rnd.emit(
+            MigRevert(
+                now,
+                c.node.name,
+                c.profile,
+                Explanation.of(
+                    "mig-revert",
+                    f"pods have waited {format_duration(now - (demand_since[0] or now))} for "
+                    f"{unmet} whole GPUs more than {mig.from_pool} has free; revert {c.node.name}",
+                    inputs=c.inputs,
+                    thresholds={
+                        "revert_after": format_duration(mig.revert_after),
+                        "max_concurrent": mig.max_concurrent,
+                    },
+                ),
+                dry_run=rnd.dry_run,
+            )
+        )
+        flights.start(c.node.name, now, MIG_DISABLED)
+    if reverts or unmet > 0 or breaching:
+        return
+    oldest = pool_window.oldest(now)
+    # observed for the whole period, give or take one missed reading
+    covered = oldest is not None and oldest <= now - mig.convert_after + stale_s
+    converts, rejected = plan_conversions(
+        now=now,
+        spec=mig,
+        inv=inv,
+        pool_util_pct=pool_window.mean(now),
+        pool_covered=covered,
+        idle=idle,
+        stale_s=stale_s,
+        slots=slots,
+        flights=flights,
+    )
+    for c in converts:
+        rnd.emit(
+            MigConvert(
+                now,
+                c.node.name,
+                c.profile,
+                c.node.gpu_model,
+                Explanation.of(
+                    "mig-convert",
+                    f"{mig.from_pool} below {mig.convert_below:.0%} utilization and "
+                    f"{c.node.name} idle for {format_duration(mig.convert_after)}: "
+                    f"partition as {c.profile}",
+                    inputs=c.inputs,
+                    thresholds={
+                        "convert_below": f"{mig.convert_below:.0%}",
+                        "node_idle_below": f"{mig.node_idle_below:.0%}",
+                        "convert_after": format_duration(mig.convert_after),
+                        "max_concurrent": mig.max_concurrent,
+                        "min_whole_nodes": mig.min_whole_nodes,
+                    },
+                    alternatives=tuple(rejected),
+                ),
+                dry_run=rnd.dry_run,
+            )
+        )
+        flights.start(c.node.name, now, f"{c.profile}")

@@ -1,0 +1,231 @@
+"""Per-service SLO state machine, and the cheap exceedance counters that feed it.
+
+State machine (pure: ``step(state, level, now, spec) -> state``)::
+
+    ok ──(above objective for breachAfter)──▶ breaching ──(below recoverBelow)──▶ recovering
+     ▲                                           ▲                                    │
+     └───────(below recoverBelow for recoverAfter)┴──(back above recoverBelow)────────┘
+
+Hysteresis comes from two thresholds and two timers: a service breaches only after its
+percentile stays above the objective for ``breachAfter`` (any tick at or below resets the
+timer), and recovers only after it stays below ``recoverBelow * objective`` for ``recoverAfter``
+(any tick above that sends it back to breaching). Noise around the objective therefore never
+flaps the state: from ok it keeps resetting the breach timer, and in breach it stays well above
+the recovery threshold. A tick without enough data (``none``) gives no verdict: ok resets its
+breach timer, breaching holds, recovering keeps counting (there is no sign of a breach).
+
+Exceedance. Whether P99 exceeds a threshold needs no quantile: with ``n`` requests in the window
+of which ``a`` were above ``T``, the window's q-quantile (the element of rank ``floor(q(n-1))``,
+as :class:`~policies.windows.LatencyWindow` defines it) is above ``T`` exactly when
+``a >= n - floor(q(n-1))``. :class:`ExceedanceWindow` keeps, per interval of the same ring the
+latency window uses, the count of requests and of those above the objective and above the
+recovery threshold: O(1) per observation and O(intervals) per read, with no sketch error. The
+engine ticks every service's state from these counters and merges the sketch (the expensive
+read) only for services it acts on or reports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Final, Literal
+
+from policies.model import SloSpec
+
+__all__ = ["ExceedanceWindow", "Level", "SloState", "State", "classify", "step"]
+
+State = Literal["ok", "breaching", "recovering"]
+Level = Literal["above", "between", "below", "none"]
+"""Where the percentile is: above the objective, between the recovery threshold and the
+objective, below the recovery threshold, or unknown (too few samples)."""
+
+_NO_SLOT: Final = -(1 << 62)
+
+
+@dataclass(frozen=True, slots=True)
+class SloState:
+    """One service's SLO state. ``since`` is when ``state`` was entered; ``pending_since`` when
+    the current transition's timer started (above the objective in ok, below the recovery
+    threshold in recovering)."""
+
+    state: State = "ok"
+    since: float | None = None
+    pending_since: float | None = None
+    breaches: int = 0
+    last_level: Level = "none"
+
+
+def classify(value: float | None, spec: SloSpec) -> Level:
+    """The level of a percentile ``value`` against ``spec``'s thresholds."""
+    if value is None:
+        return "none"
+    if value > spec.objective_ms:
+        return "above"
+    if value < spec.objective_ms * spec.recover_below:
+        return "below"
+    return "between"
+
+
+def step(state: SloState, level: Level, now: float, spec: SloSpec) -> SloState:
+    """The state after one tick at ``now`` with the percentile at ``level``."""
+    s = replace(state, last_level=level)
+    if s.state == "ok":
+        if level != "above":
+            return replace(s, pending_since=None)
+        start = s.pending_since if s.pending_since is not None else now
+        if now - start >= spec.breach_after:
+            return SloState("breaching", now, None, s.breaches + 1, level)
+        return replace(s, pending_since=start)
+    if s.state == "breaching":
+        if level == "below":
+            if spec.recover_after <= 0:
+                return SloState("ok", now, None, s.breaches, level)
+            return replace(s, state="recovering", since=now, pending_since=now)
+        return s
+    # recovering
+    if level in ("above", "between"):
+        return replace(s, state="breaching", since=now, pending_since=None)
+    start = s.pending_since if s.pending_since is not None else now
+    if now - start >= spec.recover_after:
+        return SloState("ok", now, None, s.breaches, level)
+    return s
+
+
+class ExceedanceWindow:
+    """Per-interval counts of requests, and of those above two thresholds, over a sliding window
+    aligned exactly with :class:`~policies.windows.LatencyWindow` (same slots, same span).
+
+    Running totals over the ring make a read O(1) while events keep flowing: when the head
+    advances, the cells it passes are cleared (at most one ring's worth, amortised O(1)), so every
+    cell is within the ring; a read later than the head subtracts only the expired cells."""
+
+    __slots__ = (
+        "_above_hi",
+        "_above_lo",
+        "_head",
+        "_hi",
+        "_interval",
+        "_length",
+        "_lo",
+        "_n",
+        "_slots",
+        "_totals",
+    )
+
+    def __init__(self, *, window_s: float, interval_s: float, high: float, low: float) -> None:
+        self._length = max(1, round(window_s / interval_s))
+        self._interval = float(interval_s)
+        self._hi, self._lo = float(high), float(low)
+        self._head = _NO_SLOT
+        self._slots = [_NO_SLOT] * self._length
+        self._n = [0] * self._length
+        self._above_hi = [0] * self._length
+        self._above_lo = [0] * self._length
+        self._totals = [0, 0, 0]
+
+    @property
+    def thresholds(self) -> tuple[float, float]:
+        return self._hi, self._lo
+
+    def _clear(self, i: int, slot: int) -> None:
+        totals = self._totals
+        totals[0] -= self._n[i]
+        totals[1] -= self._above_hi[i]
+        totals[2] -= self._above_lo[i]
+        self._slots[i] = slot
+        self._n[i] = self._above_hi[i] = self._above_lo[i] = 0
+
+    def _index(self, ts: float) -> int:
+        slot = int(ts // self._interval)
+        head, length = self._head, self._length
+        if slot > head:
+            start = max(head + 1, slot - length + 1)
+            for s in range(start, slot + 1):
+                i = s % length
+                if self._slots[i] != s:
+                    self._clear(i, s)
+            self._head = slot
+        elif slot <= head - length:
+            return -1
+        return slot % length
+
+    def add(self, ts: float, value: float) -> None:
+        """Count one request at event time ``ts`` (late ones are dropped, as the window does)."""
+        i = self._index(ts)
+        if i < 0:
+            return
+        totals = self._totals
+        self._n[i] += 1
+        totals[0] += 1
+        if value > self._lo:
+            self._above_lo[i] += 1
+            totals[2] += 1
+            if value > self._hi:
+                self._above_hi[i] += 1
+                totals[1] += 1
+
+    def add_many(self, ts: float, values: Sequence[float]) -> None:
+        i = self._index(ts)
+        if i < 0:
+            return
+        hi, lo = self._hi, self._lo
+        n, a_lo, a_hi = (
+            len(values),
+            sum(1 for v in values if v > lo),
+            sum(1 for v in values if v > hi),
+        )
+        self._n[i] += n
+        self._above_lo[i] += a_lo
+        self._above_hi[i] += a_hi
+        self._totals[0] += n
+        self._totals[1] += a_hi
+        self._totals[2] += a_lo
+
+    def add_histogram(self, ts: float, bounds: Sequence[float], counts: Sequence[int]) -> None:
+        """Buckets count at their upper bound (the overflow at the last bound), as the latency
+        window records them, so both agree on which side of a threshold a bucket falls."""
+        i = self._index(ts)
+        if i < 0:
+            return
+        last = len(bounds) - 1
+        n = a_hi = a_lo = 0
+        for b, c in enumerate(counts):
+            value = bounds[min(b, last)]
+            n += c
+            if value > self._lo:
+                a_lo += c
+                if value > self._hi:
+                    a_hi += c
+        self._n[i] += n
+        self._above_lo[i] += a_lo
+        self._above_hi[i] += a_hi
+        self._totals[0] += n
+        self._totals[1] += a_hi
+        self._totals[2] += a_lo
+
+    def counts(self, now: float) -> tuple[int, int, int]:
+        """``(n, above_high, above_low)`` over the window at ``now``."""
+        last = int(now // self._interval)
+        n, hi, lo = self._totals
+        if last == self._head:
+            return n, hi, lo  # every cell is within the ring ending at the head
+        first = max(last, self._head) - self._length + 1
+        for i, slot in enumerate(self._slots):
+            if slot != _NO_SLOT and (slot < first or slot > last):
+                n -= self._n[i]
+                hi -= self._above_hi[i]
+                lo -= self._above_lo[i]
+        return n, hi, lo
+
+    def level(self, now: float, q: float, min_samples: int) -> tuple[Level, int]:
+        """Where the window's ``q``-quantile stands, and how many samples it holds."""
+        n, above_hi, above_lo = self.counts(now)
+        if n < max(1, min_samples):
+            return "none", n
+        need = n - math.floor(q * (n - 1))
+        if above_hi >= need:
+            return "above", n
+        if above_lo >= need:
+            return "between", n
+        return "below", n

@@ -1,0 +1,189 @@
+"""Victim selection: protected never chosen, lowest priority first, shrink before evict, gangs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from policy_fixtures import TRAINING, WHOLE, make_policy, training
+
+from policies.inventory import Inventory
+from policies.preemption import Plan, plan_capacity
+from policies.snapshot import Snapshot, SnapshotBuilder
+
+POLICY = make_policy()
+
+
+def nodes(n: int = 2) -> SnapshotBuilder:
+    b = SnapshotBuilder()
+    for i in range(n):
+        b.node(f"w{i}", gpus=8, labels=WHOLE)
+    return b
+
+
+def plan(snapshot: Snapshot, needed: int, *, evictions: int = 10, scales: int = 10) -> Plan:
+    inv = Inventory(snapshot, POLICY)
+    before = copy.deepcopy(snapshot)
+    out = plan_capacity(
+        needed=needed,
+        pool="whole",
+        training=list(inv.training.values()),
+        loose_pods=inv.loose_training_pods,
+        pod_pool=inv.node_pool,
+        victim_order=["priority", "newest"],
+        protected_namespaces=frozenset({"kube-system"}),
+        scale_budget=scales,
+        eviction_budget=evictions,
+    )
+    assert snapshot == before  # inputs are not mutated
+    return out
+
+
+def evicted(p: Plan) -> list[str]:
+    return [v.pod.key for v in p.evictions]
+
+
+CASES = [
+    pytest.param(
+        training(
+            nodes(), "elastic", replicas=6, nodes=["w0"], min_replicas=2, priority=100
+        ).build(),
+        3,
+        [("ml/elastic", 6, 3)],
+        [],
+        id="shrink-only-when-enough",
+    ),
+    pytest.param(
+        training(
+            training(nodes(), "elastic", replicas=4, nodes=["w0"], min_replicas=3, priority=100),
+            "rigid",
+            replicas=4,
+            nodes=["w1"],
+            priority=100,
+        ).build(),
+        3,
+        [("ml/elastic", 4, 3)],
+        ["ml/rigid-0", "ml/rigid-1"],
+        id="shrink-then-evict",
+    ),
+    pytest.param(
+        training(
+            training(nodes(), "high", replicas=2, nodes=["w0"], priority=1000),
+            "low",
+            replicas=2,
+            nodes=["w1"],
+            priority=10,
+        ).build(),
+        1,
+        [],
+        ["ml/low-0"],
+        id="lowest-priority-first",
+    ),
+    pytest.param(
+        training(
+            training(nodes(), "old", replicas=1, nodes=["w0"], priority=10, created=100),
+            "new",
+            replicas=1,
+            nodes=["w1"],
+            priority=10,
+            created=200,
+        ).build(),
+        1,
+        [],
+        ["ml/new-0"],
+        id="newest-first-on-equal-priority",
+    ),
+    pytest.param(
+        training(
+            training(nodes(), "gang", replicas=4, nodes=["w0"], priority=1, gang=4),
+            "solo",
+            replicas=2,
+            nodes=["w1"],
+            priority=50,
+        ).build(),
+        1,
+        [],
+        ["ml/gang-0", "ml/gang-1", "ml/gang-2", "ml/gang-3"],
+        id="gang-evicted-whole",
+    ),
+    pytest.param(
+        training(nodes(), "gang", replicas=6, nodes=["w0"], min_replicas=1, gang=4).build(),
+        4,
+        [("ml/gang", 6, 4)],
+        [],  # a workload being shrunk is not also evicted from in the same plan
+        id="shrink-stops-at-gang-minimum",
+    ),
+    pytest.param(
+        training(
+            training(
+                nodes(),
+                "pinned",
+                replicas=2,
+                nodes=["w0"],
+                priority=1,
+                annotations={"ebbtide.io/do-not-disrupt": "true"},
+                min_replicas=0,
+            ),
+            "other",
+            replicas=2,
+            nodes=["w1"],
+            priority=100,
+        ).build(),
+        1,
+        [],
+        ["ml/other-0"],
+        id="do-not-disrupt-never-chosen",
+    ),
+    pytest.param(
+        training(
+            training(nodes(), "sys", replicas=2, nodes=["w0"], priority=1, namespace="kube-system"),
+            "other",
+            replicas=2,
+            nodes=["w1"],
+            priority=100,
+        ).build(),
+        1,
+        [],
+        ["ml/other-0"],
+        id="protected-namespace-never-chosen",
+    ),
+]
+
+
+@pytest.mark.parametrize(("snapshot", "needed", "shrinks", "evictions"), CASES)
+def test_victim_selection(
+    snapshot: Snapshot, needed: int, shrinks: list[tuple[str, int, int]], evictions: list[str]
+) -> None:
+    """The plan shrinks and evicts exactly the expected workloads and pods, in order."""
+    got = plan(snapshot, needed)
+    assert [(s.workload, s.from_replicas, s.to_replicas) for s in got.shrinks] == shrinks
+    assert sorted(evicted(got)) == sorted(evictions)
+
+
+def test_inference_pods_never_chosen() -> None:
+    """Pods of inference services are never victims, even at the lowest priority."""
+    b = nodes()
+    b.workload("serving", "chat", replicas=8, nodes=["w0"], priority=0, labels=TRAINING)
+    training(b, "t", replicas=2, nodes=["w1"], priority=100)
+    got = plan(b.build(), 8)
+    assert all(not v.pod.key.startswith("serving/") for v in got.evictions)
+    assert got.freed == 2
+
+
+def test_gang_skipped_when_budget_too_small() -> None:
+    """A gang needing more evictions than the budget holds is skipped with its reason."""
+    b = training(nodes(), "gang", replicas=4, nodes=["w0"], priority=1, gang=4)
+    training(b, "solo", replicas=2, nodes=["w1"], priority=50)
+    got = plan(b.build(), 1, evictions=2)
+    assert evicted(got) == ["ml/solo-0"]
+    assert any("budget" in a.why_not for a in got.rejected)
+
+
+def test_budgets_limit_plan() -> None:
+    """The plan never uses more scale steps or evictions than given."""
+    b = nodes()
+    for i in range(4):
+        training(b, f"t{i}", replicas=4, nodes=[f"w{i % 2}"], priority=i, min_replicas=3)
+    got = plan(b.build(), 12, evictions=3, scales=2)
+    assert len(got.shrinks) == 2
+    assert len(got.evictions) <= 3

@@ -1,0 +1,116 @@
+"""SLO state machine and exceedance counters: hysteresis, no flapping, exact rank semantics."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.model import SloSpec
+from policies.slo import ExceedanceWindow, Level, SloState, classify, step
+from policies.windows import LatencyWindow
+
+SPEC = SloSpec.model_validate(
+    {
+        "percentile": 99,
+        "objectiveMs": 100,
+        "breachAfter": "10s",
+        "recoverBelow": "80%",
+        "recoverAfter": "20s",
+    }
+)
+
+
+def drive(levels: list[Level], start: float = 0.0) -> list[SloState]:
+    state, out = SloState(), []
+    for i, level in enumerate(levels):
+        state = step(state, level, start + i, SPEC)
+        out.append(state)
+    return out
+
+
+def test_breach_only_after_breach_after() -> None:
+    """Above the objective for less than breachAfter is not a breach; exactly breachAfter is."""
+    states = drive(["above"] * 12)
+    assert [s.state for s in states[:10]] == ["ok"] * 10
+    assert states[10].state == "breaching"
+    assert states[10].since == 10.0
+    assert states[10].breaches == 1
+
+
+def test_dip_resets_breach_timer() -> None:
+    """One tick at or below the objective restarts the breachAfter timer."""
+    states = drive(["above"] * 9 + ["between"] + ["above"] * 10)
+    assert all(s.state == "ok" for s in states)
+
+
+def test_recovery_only_after_recover_after() -> None:
+    """A breach recovers only after recoverAfter below recoverBelow, not before."""
+    states = drive(["above"] * 11 + ["below"] * 25)
+    first_ok = next(i for i, s in enumerate(states) if i > 10 and s.state == "ok")
+    assert states[11].state == "recovering"
+    assert first_ok == 11 + 20
+
+
+def test_between_in_recovery_returns_to_breach() -> None:
+    """Recovering goes back to breaching when the percentile rises above recoverBelow."""
+    states = drive(["above"] * 11 + ["below"] * 5 + ["between"])
+    assert states[-1].state == "breaching"
+
+
+@pytest.mark.parametrize("seed", range(5), ids=lambda s: f"seed-{s}")
+def test_no_flapping_on_noise_around_objective(seed: int) -> None:
+    """P99 jittering ±5% around the objective never flips between ok and breaching repeatedly."""
+    rnd = random.Random(seed)
+    values = [SPEC.objective_ms * (1 + rnd.uniform(-0.05, 0.05)) for _ in range(600)]
+    states = drive([classify(v, SPEC) for v in values])
+    transitions = sum(1 for a, b in itertools.pairwise(states) if a.state != b.state)
+    assert transitions <= 1  # at most one breach, and never a recovery inside the noise
+
+
+def test_none_holds_breach() -> None:
+    """Missing data never ends a breach."""
+    states = drive(["above"] * 11 + ["none"] * 100)
+    assert states[-1].state == "breaching"
+
+
+def test_step_is_pure() -> None:
+    """step returns new states and leaves its input unchanged."""
+    before = SloState()
+    after = step(before, "above", 0.0, SPEC)
+    assert before == SloState()
+    assert after.pending_since == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(
+        st.floats(min_value=0.0, max_value=1000.0, allow_nan=False), min_size=1, max_size=400
+    ),
+    q=st.sampled_from([0.5, 0.9, 0.99, 0.999]),
+    threshold=st.floats(min_value=1.0, max_value=900.0),
+)
+def test_exceedance_matches_exact_rank(values: list[float], q: float, threshold: float) -> None:
+    """The counters say 'above' exactly when the exact rank-floor(q(n-1)) element exceeds T."""
+    w = ExceedanceWindow(window_s=10, interval_s=1, high=threshold, low=threshold / 2)
+    for i, v in enumerate(values):
+        w.add(100.0 + (i % 10) * 0.5, v)
+    level, n = w.level(104.9, q, 1)
+    exact = sorted(values)[math.floor(q * (n - 1))]
+    assert n == len(values)
+    assert (level == "above") == (exact > threshold)
+
+
+def test_exceedance_slides_like_latency_window() -> None:
+    """Counters and the latency window cover exactly the same intervals as time moves on."""
+    lw = LatencyWindow(window_s=10, interval_s=1)
+    ew = ExceedanceWindow(window_s=10, interval_s=1, high=50, low=40)
+    for t in range(30):
+        lw.add(float(t), 60.0)
+        ew.add(float(t), 60.0)
+        for now in (t + 0.5, t + 3.0, t + 12.0):
+            assert ew.counts(now)[0] == lw.count(now)
