@@ -16,7 +16,7 @@ from typing import Protocol
 from policies.decisions import Decision
 from policies.snapshot import Snapshot
 
-__all__ = ["ActionResult", "Cluster", "Outcome"]
+__all__ = ["ActionResult", "Cluster", "ClusterRuntime", "Outcome"]
 
 
 class Outcome(StrEnum):
@@ -61,4 +61,28 @@ class Cluster(Protocol):
 
     async def apply(self, decisions: Sequence[Decision]) -> list[ActionResult]:
         """Carry out ``decisions`` in order; never raises for a single decision's failure."""
+        ...
+
+
+class ClusterRuntime(Protocol):
+    """A cluster adapter as the process runs it: the port plus its lifecycle and leadership."""
+
+    @property
+    def cluster(self) -> Cluster: ...
+
+    def is_leader(self) -> bool:
+        """True while this replica may write to the cluster (checked before every action)."""
+        ...
+
+    async def run(self) -> None:
+        """Background work (watches, leader election) until cancelled."""
+        ...
+
+    async def tick(self, now: float) -> list[ActionResult]:
+        """Time-driven upkeep before each evaluation (a simulated clock, MIG workflows moving
+        on); returns what that upkeep did to the cluster."""
+        ...
+
+    async def close(self) -> None:
+        """Release clients; called once, after :meth:`run` was cancelled."""
         ...

@@ -16,6 +16,7 @@ Design:
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Annotated, Any, Final, Literal
 
@@ -353,6 +354,12 @@ class Policy(_Model):
     """Always Policy."""
     metadata: Metadata
     spec: PolicySpec
+
+    def digest(self) -> str:
+        """A short sha256 of the canonical policy: equal for equal policies, whatever the YAML
+        layout, comments or file split. Logs, metrics and reports name the active policy by it."""
+        canonical = self.model_dump_json(by_alias=True, exclude_none=False)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def problems(self) -> list[Problem]:
         """Cross-reference errors (undefined pools, mis-kinded MIG pools, duplicate services)."""

@@ -1,0 +1,348 @@
+"""The composition root of ``ebbtide run``: streams → engine → cluster, and its lifecycle.
+
+Root tasks, each guarded (a crash is logged and stops the process instead of leaving it half
+alive): the Kafka **consumer** (which hands each validated batch to :meth:`Controller.observe`:
+the engine ingests it, and only then are its offsets committable), the **evaluator** (which
+evaluates on every batch and at least every ``evaluate_every_s``, so recoveries and idle capacity
+are noticed without new events, and hands decisions to the cluster when this replica leads), the
+**cluster runtime** (watches, leader election), the **policy reloader** and the HTTP endpoint.
+
+Every replica consumes every partition (its own consumer group, ``ebbtide-<identity>`` unless
+configured), so each keeps complete, warm windows and a follower can take over at once.
+
+Shutdown on SIGTERM, in order: stop fetching → let the evaluator finish the action in flight →
+apply what is queued and commit its offsets → stop the cluster runtime → close clients; all
+bounded by ``shutdown_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import signal
+import time
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from controller.cluster import ActionResult, ClusterRuntime, Outcome
+from controller.http import HealthServer
+from controller.metrics import Metrics, StateSources
+from controller.settings import Settings
+from policies.decisions import decision_to_dict
+from policies.engine import Engine
+from policies.loader import check_policy, read_sources
+from policies.model import Policy
+from streams import prometheus as prom
+from streams.connection import ensure_topics
+from streams.consumer import Batch, ConsumerSettings, EventConsumer
+from streams.events import EventDecoder
+from streams.producer import DeadLetter, KafkaProducer
+
+__all__ = ["Controller", "load_policy_files"]
+
+log = structlog.get_logger("ebbtide")
+
+
+def load_policy_files(settings: Settings) -> Policy:
+    """The merged policy, or ``ValueError`` listing every problem as FILE:LINE:COL."""
+    policy, errors = check_policy(read_sources(settings.policies))
+    if policy is None:
+        raise ValueError("invalid policy:\n" + "\n".join(str(e) for e in errors))
+    return policy
+
+
+class Controller:
+    """One replica of the controller process. :meth:`run` until :meth:`stop`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        runtime: ClusterRuntime,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.runtime = runtime
+        self._clock = clock
+        self.policy = load_policy_files(settings)
+        self.engine = Engine(self.policy)
+        self._policy_text = self._read_policy_text()
+        self._consumer: EventConsumer | None = None
+        self.metrics = Metrics(
+            StateSources(
+                engine=lambda: self.engine,
+                consumer=lambda: self._consumer.stats if self._consumer else None,
+                is_leader=runtime.is_leader,
+                clock=clock,
+            )
+        )
+        self.metrics.set_policy(self.policy.metadata.name, self.policy.digest())
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._newest_event: float | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._crashed: list[str] = []
+        self._audits: set[asyncio.Task[None]] = set()
+        self.http = HealthServer(
+            settings.http.address,
+            registry=self.metrics.registry,
+            ready=self._not_ready,
+            alive=lambda: list(self._crashed),
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Start everything, run until :meth:`stop` (or SIGTERM/SIGINT), then shut down."""
+        s = self.settings
+        kafka = s.kafka.connection()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        topics = [s.kafka.latency_topic, s.kafka.gpu_topic, s.kafka.deadletter_topic]
+        await ensure_topics(
+            kafka, topics + ([s.kafka.decisions_topic] if s.kafka.decisions_topic else [])
+        )
+        await self._warm_start()
+        async with KafkaProducer(kafka, linger_ms=20) as producer:
+            self._producer = producer
+            self._consumer = EventConsumer(
+                kafka,
+                self.observe,
+                settings=ConsumerSettings(
+                    group_id=s.kafka.group_id or f"ebbtide-{s.kube.identity}",
+                    topics=(s.kafka.latency_topic, s.kafka.gpu_topic),
+                    session_timeout_ms=s.kafka.session_timeout_ms,
+                    heartbeat_interval_ms=s.kafka.heartbeat_interval_ms,
+                    commit_interval_s=0.5,
+                    drain_timeout_s=s.shutdown_timeout_s / 2,
+                ),
+                decoder=EventDecoder(s.kafka.limits(), topics=s.kafka.topics()),
+                dead_letter=DeadLetter(producer, topic=s.kafka.deadletter_topic),
+                clock=self._clock,
+            )
+            await self._consumer.start()
+            await self.http.start()
+            log.info(
+                "controller.started",
+                policy=self.policy.metadata.name,
+                policy_hash=self.policy.digest(),
+                cluster=s.cluster,
+                dry_run=s.dry_run,
+                metrics_port=self.http.port,
+                group=self._consumer.settings.group_id,
+            )
+            consumer = self._guard("consumer", self._consumer.run)
+            self._guard("cluster", self.runtime.run)
+            evaluator = self._guard("evaluator", self._evaluate_loop)
+            self._guard("reloader", self._reload_loop)
+            await self._stopping.wait()
+            await self._shutdown(consumer, evaluator)
+
+    def _guard(self, name: str, fn: Callable[[], Coroutine[Any, Any, None]]) -> asyncio.Task[None]:
+        async def guarded() -> None:
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("controller.task_crashed", task=name)
+                self._crashed.append(f"task {name} crashed")
+                self.stop()
+            else:
+                if not self._stopping.is_set():
+                    log.error("controller.task_exited", task=name)
+                    self._crashed.append(f"task {name} exited")
+                    self.stop()
+
+        task = asyncio.create_task(guarded(), name=f"ebbtide-{name}")
+        self._tasks.append(task)
+        return task
+
+    async def _shutdown(self, consumer: asyncio.Task[None], evaluator: asyncio.Task[None]) -> None:
+        started = time.monotonic()
+        budget = self.settings.shutdown_timeout_s
+        assert self._consumer is not None
+        self._consumer.stop()
+        self._wake.set()
+        # The evaluator finishes the action in flight, then sees _stopping and returns.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(evaluator), budget / 2)
+        remaining = max(0.1, budget - (time.monotonic() - started))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(consumer), remaining)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._audits, return_exceptions=True)
+        await self.runtime.close()
+        await self.http.close()
+        log.info("controller.stopped", seconds=round(time.monotonic() - started, 3))
+
+    # -- ingest ---------------------------------------------------------------------------------
+
+    async def observe(self, batch: Batch) -> None:
+        """The consumer's handler: the engine ingests the batch; then it counts as applied."""
+        observe = self.engine.observe
+        newest = self._newest_event
+        for event in batch.events:
+            observe(event)
+            if newest is None or event.time > newest:
+                newest = event.time
+        self._newest_event = newest
+        self._wake.set()
+
+    async def _warm_start(self) -> None:
+        w = self.settings.warm_start
+        if w.url is None:
+            return
+        queries = (
+            [prom.PromQuery("latency", w.latency_query, w.latency_unit_ms)]
+            if w.latency_query
+            else []
+        )
+        if w.gpu_query:
+            queries.append(prom.PromQuery("gpu", w.gpu_query))
+        end = datetime.fromtimestamp(self._clock(), UTC)
+        start = datetime.fromtimestamp(self._clock() - w.lookback_s, UTC)
+        try:
+            result = await prom.fetch_events(w.url, queries, start=start, end=end, step=w.step)
+        except (ConnectionError, ValueError) as exc:
+            log.warning("warm_start.failed", error=str(exc))  # start cold rather than not at all
+            return
+        for event in result.events:
+            self.engine.observe(event)
+        log.info("warm_start.done", events=len(result.events), skipped=dict(result.skipped))
+
+    # -- evaluation -----------------------------------------------------------------------------
+
+    async def _evaluate_loop(self) -> None:
+        every = self.settings.evaluate_every_s
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), every)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            await self.evaluate_once()
+
+    async def evaluate_once(self) -> list[ActionResult]:
+        """One round: upkeep, evaluate, act (when leading), account, audit."""
+        now = self._clock()
+        results = await self.runtime.tick(now)
+        cluster = self.runtime.cluster
+        if not cluster.synced:
+            return results
+        started = time.perf_counter()
+        decisions = self.engine.evaluate(now, cluster.snapshot())
+        self.metrics.evaluate_seconds.observe(time.perf_counter() - started)
+        if not decisions:
+            self._account(results)
+            return results
+        if self.settings.dry_run:
+            decisions = [dataclasses.replace(d, dry_run=True) for d in decisions]
+        if self._newest_event is not None:
+            self.metrics.event_to_decision.observe(max(0.0, self._clock() - self._newest_event))
+        for d in decisions:
+            self.metrics.decisions.labels(d.action, d.explanation.rule).inc()
+        decided = time.perf_counter()
+        if self.runtime.is_leader():
+            applied = await cluster.apply(decisions)
+        else:
+            applied = [ActionResult(d, Outcome.REFUSED, "not the leader") for d in decisions]
+        took = time.perf_counter() - decided
+        for result in applied:
+            self.metrics.decision_to_api.labels(result.decision.action).observe(took)
+        results = [*results, *applied]
+        self._account(results)
+        return results
+
+    def _account(self, results: list[ActionResult]) -> None:
+        for r in results:
+            self.metrics.actions.labels(r.decision.action, r.outcome.value).inc()
+            if r.decision.action in ("mig_convert", "mig_revert") and r.outcome is Outcome.FAILED:
+                self.metrics.mig_failures.inc()
+            record = decision_to_dict(r.decision) | {
+                "outcome": r.outcome.value,
+                "detail": r.detail,
+                "policy_hash": self.policy.digest(),
+                "replica": self.settings.kube.identity,
+            }
+            log.info("decision", **record)
+            self._audit(record)
+
+    def _audit(self, record: dict[str, object]) -> None:
+        topic = self.settings.kafka.decisions_topic
+        if topic is None:
+            return
+        payload = json.dumps(record, default=str).encode()
+        key = str(record["target"]).encode()
+        task = asyncio.create_task(self._producer.send(topic, payload, key=key))
+        self._audits.add(task)
+        task.add_done_callback(self._audits.discard)
+        task.add_done_callback(_log_audit_failure)
+
+    # -- readiness and reload -------------------------------------------------------------------
+
+    def _not_ready(self) -> list[str]:
+        problems = list(self._crashed)
+        if not self.runtime.cluster.synced:
+            problems.append("cluster cache not synced")
+        stats = self._consumer.stats if self._consumer else None
+        http = self.settings.http
+        if stats is None or stats.last_fetch_ok is None:
+            problems.append("not consuming yet")
+        else:
+            age = time.monotonic() - stats.last_fetch_ok
+            if age > http.ready_max_fetch_age_s:
+                problems.append(f"no successful fetch for {age:.0f}s (broker unreachable?)")
+            lag = sum(stats.lag.values())
+            if lag > http.ready_max_lag:
+                problems.append(f"consumer lag {lag} > {http.ready_max_lag}")
+        return problems
+
+    def _read_policy_text(self) -> str:
+        return "\n---\n".join(s.text for s in read_sources(self.settings.policies))
+
+    async def _reload_loop(self) -> None:
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.settings.reload_every_s)
+            try:
+                text = self._read_policy_text()
+            except OSError as exc:  # a ConfigMap swap in progress: try again next time
+                log.warning("policy.unreadable", error=str(exc))
+                continue
+            if text != self._policy_text:
+                self._policy_text = text
+                self.reload()
+
+    def reload(self) -> bool:
+        """Validate the policy files and swap them in; keep the old policy if invalid."""
+        policy, errors = check_policy(read_sources(self.settings.policies))
+        if policy is None:
+            self.metrics.policy_reloads.labels("rejected").inc()
+            log.error("policy.rejected", errors=[str(e) for e in errors], kept=self.policy.digest())
+            return False
+        result = self.engine.reload(policy)
+        if not result.accepted:
+            self.metrics.policy_reloads.labels("rejected").inc()
+            log.error("policy.rejected", errors=list(result.errors), kept=self.policy.digest())
+            return False
+        self.policy = policy
+        self.metrics.policy_reloads.labels("accepted").inc()
+        self.metrics.set_policy(policy.metadata.name, policy.digest())
+        log.info("policy.reloaded", policy=policy.metadata.name, policy_hash=policy.digest())
+        return True
+
+
+def _log_audit_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("audit.send_failed", error=repr(exc))

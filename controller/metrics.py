@@ -1,0 +1,185 @@
+"""Prometheus metrics of the controller process.
+
+Two kinds, on one private registry:
+
+* **Counters and histograms updated where things happen** — decisions, actions by outcome,
+  decision latency (event time → decision; decision → API call returned), policy reloads.
+* **A collector that reads state at scrape time** — ingest counters and lag from the consumer's
+  :class:`~streams.consumer.ConsumerStats`, SLO state and windowed quantile per service, pool
+  utilization and budgets from the engine, leadership. Nothing on the event path pays for these:
+  they are computed only when Prometheus asks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from policies.engine import Engine
+from policies.slo import State
+from streams.consumer import ConsumerStats
+
+__all__ = ["Metrics", "StateSources"]
+
+_SLO_STATES: tuple[State, ...] = ("ok", "breaching", "recovering")
+#: Seconds: from 1 ms to 2 min, dense where an event-driven controller should be.
+_LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    15,
+    30,
+    60,
+    120,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StateSources:
+    """Where the scrape-time collector reads from."""
+
+    engine: Callable[[], Engine]
+    consumer: Callable[[], ConsumerStats | None]
+    is_leader: Callable[[], bool]
+    clock: Callable[[], float]
+
+
+class _StateCollector(Collector):
+    def __init__(self, sources: StateSources) -> None:
+        self._s = sources
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._ingest()
+        yield from self._engine()
+        leader = GaugeMetricFamily("ebbtide_leader", "1 while this replica may actuate.")
+        leader.add_metric([], 1.0 if self._s.is_leader() else 0.0)
+        yield leader
+
+    def _ingest(self) -> Iterator[Metric]:
+        stats = self._s.consumer()
+        if stats is None:
+            return
+        consumed = CounterMetricFamily(
+            "ebbtide_events_consumed", "Messages consumed.", labels=["topic"]
+        )
+        accepted = CounterMetricFamily(
+            "ebbtide_events_accepted", "Valid events handed to the engine.", labels=["topic"]
+        )
+        rejected = CounterMetricFamily(
+            "ebbtide_events_rejected",
+            "Messages rejected and dead-lettered, by reason.",
+            labels=["topic", "reason"],
+        )
+        for topic, n in stats.consumed.items():
+            consumed.add_metric([topic], n)
+        for topic, n in stats.accepted.items():
+            accepted.add_metric([topic], n)
+        for (topic, reason), n in stats.rejected.items():
+            rejected.add_metric([topic, reason], n)
+        lag = GaugeMetricFamily(
+            "ebbtide_consumer_lag",
+            "Events on the broker not yet applied (high watermark - applied offset).",
+            labels=["topic", "partition"],
+        )
+        for (topic, partition), n in stats.lag.items():
+            lag.add_metric([topic, str(partition)], n)
+        yield from (consumed, accepted, rejected, lag)
+
+    def _engine(self) -> Iterator[Metric]:
+        engine, now = self._s.engine(), self._s.clock()
+        state = GaugeMetricFamily(
+            "ebbtide_slo_state",
+            "1 for the service's current SLO state.",
+            labels=["service", "state"],
+        )
+        quantile = GaugeMetricFamily(
+            "ebbtide_service_latency_quantile_ms",
+            "Windowed latency quantile per service (the SLO's percentile).",
+            labels=["service", "percentile"],
+        )
+        objective = GaugeMetricFamily(
+            "ebbtide_service_objective_ms", "The SLO objective per service.", labels=["service"]
+        )
+        for status in engine.service_status(now):
+            for name in _SLO_STATES:
+                state.add_metric([status.key, name], 1.0 if status.state == name else 0.0)
+            if status.quantile_ms is not None:
+                quantile.add_metric([status.key, f"{status.percentile:g}"], status.quantile_ms)
+            objective.add_metric([status.key], status.objective_ms)
+        util = GaugeMetricFamily(
+            "ebbtide_pool_utilization_pct", "Windowed GPU utilization per pool.", labels=["pool"]
+        )
+        gpus = GaugeMetricFamily(
+            "ebbtide_pool_gpus", "GPUs per pool: capacity and free.", labels=["pool", "state"]
+        )
+        for pool in engine.pool_status(now):
+            if pool.util_pct is not None:
+                util.add_metric([pool.name], pool.util_pct)
+            gpus.add_metric([pool.name, "capacity"], pool.capacity_gpus)
+            gpus.add_metric([pool.name, "free"], pool.free_gpus)
+        budget = GaugeMetricFamily(
+            "ebbtide_budget_remaining", "Actions left in each budget's window.", labels=["budget"]
+        )
+        for b in engine.budget_states(now):
+            budget.add_metric([b.name], b.remaining)
+        yield from (state, quantile, objective, util, gpus, budget)
+
+
+class Metrics:
+    """The process's metrics; :attr:`registry` is what ``/metrics`` serves."""
+
+    def __init__(self, sources: StateSources) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter(
+            "ebbtide_decisions", "Decisions by action and rule.", ["action", "rule"], registry=r
+        )
+        self.actions = Counter(
+            "ebbtide_actions", "Decisions carried out, by outcome.", ["action", "outcome"],
+            registry=r,
+        )  # fmt: skip
+        self.event_to_decision = Histogram(
+            "ebbtide_event_to_decision_seconds",
+            "From the newest event's timestamp to the decision it led to.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.decision_to_api = Histogram(
+            "ebbtide_decision_to_api_seconds",
+            "From a decision to its API call returning.",
+            ["action"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.evaluate_seconds = Histogram(
+            "ebbtide_evaluate_seconds", "Time of one engine evaluation.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.policy_info = Gauge(
+            "ebbtide_policy_info", "The active policy (value 1).", ["name", "hash"], registry=r
+        )
+        self.policy_reloads = Counter(
+            "ebbtide_policy_reloads", "Policy reloads by result.", ["result"], registry=r
+        )
+        self.mig_failures = Counter(
+            "ebbtide_mig_conversion_failures", "MIG conversions that failed and rolled back.",
+            registry=r,
+        )  # fmt: skip
+        r.register(_StateCollector(sources))
+
+    def set_policy(self, name: str, digest: str) -> None:
+        self.policy_info.clear()
+        self.policy_info.labels(name, digest).set(1)

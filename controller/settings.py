@@ -1,0 +1,195 @@
+"""Settings of ``ebbtide run``, grouped, from flags, environment and a config file.
+
+Precedence, highest first: command-line flags, environment variables (``EBBTIDE_`` prefix, ``__``
+between a group and its field: ``EBBTIDE_KAFKA__BOOTSTRAP``), the YAML file given with
+``--config`` (or ``EBBTIDE_CONFIG``), then the defaults here. Secrets (the SASL password) come
+from the environment or from a file (``sasl_password_file``, e.g. a mounted Secret) and are
+:class:`~pydantic.SecretStr`: they never appear in a ``repr``, a log line or an error.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from streams.connection import KafkaConfig, Secret
+from streams.events import Limits
+
+__all__ = [
+    "HttpSettings",
+    "KafkaSettings",
+    "KubeSettings",
+    "Settings",
+    "WarmStartSettings",
+]
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaSettings(_Group):
+    """Where events come from and where decisions and rejects go."""
+
+    bootstrap: str = "127.0.0.1:9092"
+    """Comma-separated ``host:port`` list."""
+    group_id: str | None = None
+    """Consumer group; default ``ebbtide-<identity>``. Each replica must consume every
+    partition to keep complete windows, so replicas must not share a group."""
+    latency_topic: str = "ebbtide.inference.latency"
+    gpu_topic: str = "ebbtide.gpu.utilization"
+    deadletter_topic: str = "ebbtide.deadletter"
+    decisions_topic: str | None = "ebbtide.decisions"
+    """Audit log of every decision and its outcome; empty to disable."""
+    client_id: str = "ebbtide"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    sasl_password_file: Path | None = None
+    """A file holding the SASL password (a mounted Secret); wins over ``sasl_password``."""
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    max_message_bytes: int = Field(1_048_576, gt=0)
+    max_batch: int = Field(10_000, gt=0)
+    """Most samples or histogram buckets in one event."""
+    max_future_skew_s: float = Field(300.0, ge=0)
+    session_timeout_ms: int = Field(10_000, gt=0)
+    heartbeat_interval_ms: int = Field(3_000, gt=0)
+
+    def connection(self) -> KafkaConfig:
+        password = self.sasl_password.get_secret_value() if self.sasl_password else None
+        if self.sasl_password_file is not None:
+            password = self.sasl_password_file.read_text().strip()
+        return KafkaConfig(
+            bootstrap=self.bootstrap,
+            client_id=self.client_id,
+            security_protocol=self.security_protocol,
+            sasl_mechanism=self.sasl_mechanism,
+            sasl_username=self.sasl_username,
+            sasl_password=Secret(password) if password is not None else None,
+            ssl_cafile=str(self.ssl_cafile) if self.ssl_cafile else None,
+            ssl_certfile=str(self.ssl_certfile) if self.ssl_certfile else None,
+            ssl_keyfile=str(self.ssl_keyfile) if self.ssl_keyfile else None,
+        )
+
+    def limits(self) -> Limits:
+        return Limits(self.max_message_bytes, self.max_batch, self.max_future_skew_s)
+
+    def topics(self) -> dict[str, str]:
+        return {"inference.latency": self.latency_topic, "gpu.utilization": self.gpu_topic}
+
+
+def _default_identity() -> str:
+    return os.environ.get("POD_NAME") or socket.gethostname()
+
+
+class KubeSettings(_Group):
+    """The cluster, and the Lease replicas elect a leader with."""
+
+    kubeconfig: Path | None = None
+    """Defaults to in-cluster configuration in a pod, else ``$KUBECONFIG`` or ~/.kube/config."""
+    context: str | None = None
+    lease_name: str = "ebbtide-controller"
+    lease_namespace: str = "ebbtide-system"
+    identity: str = Field(default_factory=_default_identity)
+    """This replica's name in the Lease (the pod name in Kubernetes)."""
+    lease_duration_s: int = Field(15, ge=2)
+    renew_deadline_s: float = Field(10.0, gt=1)
+    retry_period_s: float = Field(2.0, ge=1)
+    node_selector: str = ""
+    """Label selector of the nodes to watch (e.g. ``nvidia.com/gpu.present=true``)."""
+
+
+class HttpSettings(_Group):
+    """The metrics and health endpoint."""
+
+    address: str = "0.0.0.0:9108"
+    """``host:port`` for ``/metrics``, ``/healthz`` and ``/readyz``."""
+    ready_max_lag: int = Field(10_000, ge=0)
+    """Ready only while the consumer is at most this many events behind."""
+    ready_max_fetch_age_s: float = Field(30.0, gt=0)
+    """...and has reached the broker within this many seconds."""
+
+
+class WarmStartSettings(_Group):
+    """Fill windows from Prometheus at start so a restarted controller does not act blind."""
+
+    url: str | None = None
+    latency_query: str | None = None
+    """PromQL, e.g. ``sum by (le, service, namespace) (increase(x_bucket[15s]))``."""
+    latency_unit_ms: float = 1000.0
+    gpu_query: str | None = "DCGM_FI_DEV_GPU_UTIL"
+    lookback_s: float = Field(600.0, gt=0)
+    step: str = "15s"
+
+
+class Settings(BaseSettings):
+    """Everything ``ebbtide run`` needs. See the module docstring for where values come from."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="EBBTIDE_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    policies: list[Path] = Field(default_factory=list, min_length=1)
+    """Policy files; several merge into one policy."""
+    cluster: str = "kube"
+    """``kube`` (the Kubernetes API) or ``sim:SCENARIO.yaml`` (a simulated cluster)."""
+    dry_run: bool = False
+    """Decide and report, write nothing (whatever the policy says)."""
+    evaluate_every_s: float = Field(1.0, gt=0)
+    """Evaluate at least this often, so recoveries and idleness are seen without new events."""
+    reload_every_s: float = Field(2.0, gt=0)
+    """How often the policy files are checked for changes (a ConfigMap update)."""
+    shutdown_timeout_s: float = Field(20.0, gt=0)
+    kafka: KafkaSettings = KafkaSettings()
+    kube: KubeSettings = KubeSettings()
+    http: HttpSettings = HttpSettings()
+    warm_start: WarmStartSettings = WarmStartSettings()
+
+    @model_validator(mode="after")
+    def _cluster_mode(self) -> Settings:
+        if self.cluster != "kube" and not self.cluster.startswith("sim:"):
+            raise ValueError(f"cluster must be 'kube' or 'sim:SCENARIO', not {self.cluster!r}")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if settings_cls.model_config.get("yaml_file"):
+            sources.append(YamlConfigSettingsSource(settings_cls))
+        return tuple(sources)
+
+
+def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:
+    """Settings from flags (``None`` values are left to lower layers), the environment and the
+    config file (``config_file``, else ``$EBBTIDE_CONFIG``)."""
+    path = config_file or (Path(p) if (p := os.environ.get("EBBTIDE_CONFIG")) else None)
+    cls: type[Settings] = Settings
+    if path is not None:
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {path} does not exist")
+
+        class FromFile(Settings):
+            model_config = SettingsConfigDict(**{**Settings.model_config, "yaml_file": path})
+
+        cls = FromFile
+    return cls(**{k: v for k, v in flags.items() if v is not None})
