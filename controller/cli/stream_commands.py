@@ -131,11 +131,17 @@ def _record_prometheus(
 @click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=1.0,
               help="Scale inter-arrival times: 10 plays ten times faster.")  # fmt: skip
 @click.option("--as-fast-as-possible", is_flag=True, help="Ignore the recorded timing.")
-def publish(recording: Path, bootstrap: str, speed: float, as_fast_as_possible: bool) -> None:
+@click.option("--retime", is_flag=True,
+              help="Move event times to now (scaled by --speed), for live runs.")  # fmt: skip
+def publish(
+    recording: Path, bootstrap: str, speed: float, as_fast_as_possible: bool, retime: bool
+) -> None:
     """Play a recording back into Kafka, in per-key order, with its timing scaled."""
     config = KafkaConfig(bootstrap)
     result = run_async(
-        publish_recording(config, recording, speed=None if as_fast_as_possible else speed)
+        publish_recording(
+            config, recording, speed=None if as_fast_as_possible else speed, retime=retime
+        )
     )
     click.echo(
         f"published {result.sent} messages in {result.seconds:.1f}s"

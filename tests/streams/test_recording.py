@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -175,3 +176,28 @@ async def test_publish_honours_speed(kafka_config: KafkaConfig, tmp_path: Path) 
             writer.write(RawMessage(topic, 0, i, None, b"{}", (), 1_700_000_000_000 + i * 500))
     result = await publish(kafka_config, path, speed=4.0)
     assert 0.45 <= result.seconds < 1.5
+
+
+@pytest.mark.slow
+async def test_retime_moves_event_times_to_now_at_the_played_pace(
+    kafka_config: KafkaConfig, tmp_path: Path
+) -> None:
+    """--retime: the first event is stamped now and the rest follow at recorded pace / speed;
+    values without a usable ts pass untouched."""
+    topic = f"retime-{uuid.uuid4().hex[:6]}"
+    await ensure_topics(kafka_config, [topic])
+    source = tmp_path / "r.jsonl"
+    with RecordingWriter(source) as writer:
+        for i, ts in enumerate(["2025-01-01T00:00:00Z", 1735689610.0]):
+            event = {"type": "gpu.utilization", "ts": ts, "node": "n", "gpu": 0, "util_pct": 1}
+            writer.write(RawMessage(topic, 0, i, b"n", json.dumps(event).encode(), (), i))
+        writer.write(RawMessage(topic, 0, 2, b"n", b"not json", (), 2))
+    before = time.time()
+    await publish(kafka_config, source, speed=10.0, retime=True)
+    out = tmp_path / "out.jsonl"
+    await record(kafka_config, out, topics=[topic], idle_s=1.0)
+    values = [m.value for m in read_recording(out) if isinstance(m, RecordedMessage)]
+    first, second = (json.loads(v)["ts"] for v in values[:2])
+    assert before <= first <= time.time()
+    assert second - first == pytest.approx(1.0)
+    assert values[2] == b"not json"
