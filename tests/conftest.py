@@ -7,6 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+# Fixtures shared across test directories: the Kubernetes-API test server and friends.
+pytest_plugins = ["support.kube_fixtures"]
+
 
 @pytest.fixture(autouse=True)
 async def _no_pending_tasks() -> AsyncIterator[None]:
