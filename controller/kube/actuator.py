@@ -1,0 +1,364 @@
+"""The Kubernetes actuator: the ``apply`` half of the cluster port.
+
+:class:`KubeActuator` carries out the engine's decisions one at a time, in order, and reports one
+:class:`~controller.cluster.ActionResult` per decision; a single decision's failure never raises.
+Each decision passes the :class:`~controller.safety.SafetyGate` (leader, kill switch, in-flight,
+budget), then the live object is **re-read**, checked against the policy's selectors and
+protections, and only then written — leadership is checked again just before the write.
+
+* **Scale** goes through the ``/scale`` subresource: ``apps/v1`` Deployments and StatefulSets
+  with ``AppsV1Api``, configured custom resources (Kubeflow PyTorchJob by default) with
+  ``CustomObjectsApi`` and a JSON merge patch (kubernetes_asyncio would send a dict as a JSON
+  patch, which a real apiserver refuses). The Scale is read first: at ``to`` already →
+  ``ALREADY_DONE`` and no write; at ``from`` → write ``to`` *conditionally on the read
+  resourceVersion*; anything else → ``REFUSED`` ("changed under us"). A 409 re-reads and
+  decides again.
+* **Evict** posts a ``policy/v1`` Eviction, so PodDisruptionBudgets hold: a 429 from a PDB is
+  ``BLOCKED`` (the engine picks another victim or waits) — never a delete behind the PDB's back.
+  The pod is re-read first (gone or terminating → ``ALREADY_DONE``) and the Eviction carries a
+  ``uid`` precondition and the decision's grace period, so a retry can never evict a pod that a
+  StatefulSet re-created under the same name.
+* **MIG** convert and revert are resumable flows on the node: :mod:`controller.kube.migflow`.
+  Its drain evictions come back through this actuator's eviction path.
+
+Retries: every call goes through :func:`controller.kube.client.call` (jittered exponential
+backoff on 5xx, throttling 429 and timeouts). A write whose answer was lost may have happened, so
+after any uncertain failure the object is re-read: a scale found at ``to``, or a pod found gone,
+after we wrote counts as ours (``APPLIED``, budget spent) and is never written again. Together
+with the conditional writes this makes an API fault unable to cause a duplicate action.
+
+Every result is recorded (:mod:`controller.kube.recorder`): a counter, a log line, and — except
+``ALREADY_DONE`` — an Event on the pod, workload or node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+import structlog
+from kubernetes_asyncio import client
+
+from controller.cluster import ActionResult, Outcome
+from controller.kube.client import Conflict, KubeError, NotFound, TooManyRequests
+from controller.kube.migflow import ApiLimits, MigFlow, MigFlowSettings
+from controller.kube.recorder import ActionStats, ObjectRef, Recorder
+from controller.safety import Permit, SafetyGate, Target, Verdict
+from policies.decisions import Decision, Evict, MigConvert, MigRevert, Scale
+
+__all__ = [
+    "DEFAULT_WORKLOAD_KINDS",
+    "ApiLimits",
+    "KubeActuator",
+    "MigFlowSettings",
+    "WorkloadKind",
+]
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+MERGE_PATCH: Final = "application/merge-patch+json"
+_CONFLICT_RETRIES: Final = 3
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadKind:
+    """A kind Ebbtide may scale through ``/scale``: where it lives in the API."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str, name: str) -> str:
+        """The object's URL path."""
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        return f"{base}/namespaces/{namespace}/{self.plural}/{name}"
+
+    @property
+    def builtin(self) -> bool:
+        return self.group == "apps" and self.plural in _APPS_METHODS
+
+
+DEFAULT_WORKLOAD_KINDS: Final = (
+    WorkloadKind("Deployment", "apps", "v1", "deployments"),
+    WorkloadKind("StatefulSet", "apps", "v1", "statefulsets"),
+    WorkloadKind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs"),
+)
+_APPS_METHODS: Final = {"deployments": "deployment", "statefulsets": "stateful_set"}
+
+
+def _split(key: str) -> tuple[str, str]:
+    namespace, _, name = key.partition("/")
+    return (namespace, name) if name else ("default", namespace)
+
+
+def _meta(obj: dict[str, Any]) -> dict[str, Any]:
+    return dict(obj.get("metadata") or {})
+
+
+class KubeActuator:
+    """Applies decisions to a cluster through the Kubernetes API; see the module docstring."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        gate: SafetyGate,
+        *,
+        workload_kinds: Sequence[WorkloadKind] = DEFAULT_WORKLOAD_KINDS,
+        limits: ApiLimits | None = None,
+        mig: MigFlowSettings | None = None,
+        recorder: Recorder | None = None,
+    ) -> None:
+        self._api = api
+        self._core: Any = client.CoreV1Api(api)  # untyped edges: bodies are plain dicts
+        self._apps: Any = client.AppsV1Api(api)
+        self._custom: Any = client.CustomObjectsApi(api)
+        self.gate = gate
+        self._kinds = {k.kind: k for k in workload_kinds}
+        self._limits = limits or ApiLimits()
+        self.recorder = recorder or Recorder(api, is_leader=gate.leader, clock=gate.now)
+        self.migflow = MigFlow(
+            api, gate, self.recorder, evict=self.evict, settings=mig, limits=self._limits
+        )
+
+    @property
+    def stats(self) -> ActionStats:
+        return self.recorder.stats
+
+    # --- the port ------------------------------------------------------------------------------
+
+    async def apply(self, decisions: Sequence[Decision]) -> list[ActionResult]:
+        """Carry out ``decisions`` in order; one result each, never raising for one failure."""
+        return [await self._apply_one(d) for d in decisions]
+
+    async def resume_all(self) -> list[ActionResult]:
+        """Advance every MIG flow recorded on a node (call on each evaluation tick)."""
+        return await self.migflow.resume_all()
+
+    async def _apply_one(self, decision: Decision) -> ActionResult:
+        try:
+            if isinstance(decision, Scale):
+                return await self.scale(decision)
+            if isinstance(decision, Evict):
+                return await self.evict(decision)
+            if isinstance(decision, MigConvert | MigRevert):
+                return await self.migflow.start(decision)
+            raise TypeError(f"unknown decision {decision!r}")
+        except Exception as exc:  # one decision's bug or API failure must not stop the rest
+            log.exception("ebbtide.action_crashed", target=decision.target)
+            return ActionResult(decision, Outcome.FAILED, f"unexpected error: {exc!r}")
+
+    # --- scale ---------------------------------------------------------------------------------
+
+    async def scale(self, d: Scale) -> ActionResult:
+        """Set a workload's replicas through ``/scale``, conditionally on what was read."""
+        namespace, name = _split(d.workload)
+        kind = self._kinds.get(d.kind)
+        if kind is None:
+            ref = ObjectRef(d.kind, name, namespace)
+            known = ", ".join(sorted(self._kinds))
+            why = f"kind {d.kind} is not a configured scale target ({known})"
+            return await self._done(d, Outcome.REFUSED, why, ref)
+        ref = ObjectRef(kind.kind, name, namespace, kind.api_version)
+        with self.gate.hold(d) as permit:
+            if not (verdict := permit.reserve()).ok:
+                return await self._verdict(d, verdict, ref)
+            try:
+                obj = await self._read_workload(kind, namespace, name)
+            except NotFound:
+                return await self._done(d, Outcome.FAILED, f"{d.workload} not found", ref)
+            except KubeError as exc:
+                return await self._done(d, Outcome.FAILED, f"cannot read: {exc}", ref)
+            meta = _meta(obj)
+            ref = ref.with_uid(meta.get("uid"))
+            live = Target(
+                kind.kind, name, namespace, meta.get("labels") or {}, meta.get("annotations") or {}
+            )
+            if not (verdict := self.gate.check_target(d, live)).ok:
+                return await self._verdict(d, verdict, ref)
+            return await self._scale_loop(d, kind, permit, ref)
+
+    async def _scale_loop(
+        self, d: Scale, kind: WorkloadKind, permit: Permit, ref: ObjectRef
+    ) -> ActionResult:
+        namespace, name = _split(d.workload)
+        maybe_ours = False  # a write of ours may have landed though we saw no answer
+        step = f"{d.from_replicas}→{d.to_replicas}"
+        tries = [0]
+        writing = False
+        try:
+            for _ in range(_CONFLICT_RETRIES):
+                replicas, version = await self._read_scale(kind, namespace, name)
+                if replicas == d.to_replicas:
+                    if maybe_ours:
+                        permit.spend()
+                        return await self._done(d, Outcome.APPLIED, f"scaled {step}", ref)
+                    return await self._done(d, Outcome.ALREADY_DONE, f"already at {replicas}", ref)
+                if replicas != d.from_replicas:
+                    why = f"changed under us: replicas is {replicas}, decided on {step}"
+                    return await self._done(d, Outcome.REFUSED, why, ref)
+                if self.gate.dry_run_for(d):
+                    return await self._done(d, Outcome.DRY_RUN, f"would scale {step}", ref)
+                if not (verdict := self.gate.check_write()).ok:
+                    return await self._verdict(d, verdict, ref)
+                tries[0], writing = 0, True
+                try:
+                    await self._write_scale(kind, namespace, name, d.to_replicas, version, tries)
+                except Conflict:
+                    writing = False
+                    maybe_ours = maybe_ours or tries[0] > 1  # a retry after a lost answer
+                    continue  # re-read and decide again
+                permit.spend()
+                return await self._done(d, Outcome.APPLIED, f"scaled {step}", ref)
+            detail = f"the Scale kept changing under us ({_CONFLICT_RETRIES} conflicts)"
+        except KubeError as exc:
+            detail = f"API error: {exc}"
+            if writing or maybe_ours:  # a write was tried: re-read before calling it failed
+                try:
+                    replicas, _ = await self._read_scale(kind, namespace, name)
+                except KubeError:
+                    replicas = None
+                if replicas == d.to_replicas:
+                    permit.spend()
+                    return await self._done(d, Outcome.APPLIED, f"scaled {step} ({exc})", ref)
+        return await self._done(d, Outcome.FAILED, detail, ref)
+
+    async def _read_workload(self, kind: WorkloadKind, namespace: str, name: str) -> Any:
+        return await self._limits.get(self._api, kind.path(namespace, name))
+
+    async def _read_scale(self, kind: WorkloadKind, namespace: str, name: str) -> tuple[int, str]:
+        scale = await self._limits.get(self._api, kind.path(namespace, name) + "/scale")
+        replicas = int((scale.get("spec") or {}).get("replicas") or 0)
+        return replicas, str(_meta(scale).get("resourceVersion") or "")
+
+    async def _write_scale(
+        self,
+        kind: WorkloadKind,
+        namespace: str,
+        name: str,
+        replicas: int,
+        version: str,
+        tries: list[int],
+    ) -> None:
+        """Merge-patch the Scale conditionally on ``version``; counts tries in ``tries[0]``."""
+        body = {"metadata": {"resourceVersion": version}, "spec": {"replicas": replicas}}
+
+        async def patch() -> Any:
+            tries[0] += 1
+            if kind.builtin:
+                verb = f"patch_namespaced_{_APPS_METHODS[kind.plural]}_scale"
+                method = getattr(self._apps, verb)
+                return await method(name, namespace, body, _content_type=MERGE_PATCH)
+            return await self._custom.patch_namespaced_custom_object_scale(
+                kind.group, kind.version, namespace, kind.plural, name, body,
+                _content_type=MERGE_PATCH,
+            )  # fmt: skip
+
+        await self._run(patch)
+
+    # --- evict ---------------------------------------------------------------------------------
+
+    async def evict(self, d: Evict) -> ActionResult:
+        """Evict a pod through the Eviction API (PDBs hold); used by MIG drains as well."""
+        namespace, name = _split(d.pod)
+        ref = ObjectRef("Pod", name, namespace)
+        with self.gate.hold(d) as permit:
+            if not (verdict := permit.reserve()).ok:
+                return await self._verdict(d, verdict, ref)
+            try:
+                pod = await self._read_pod(namespace, name)
+            except KubeError as exc:
+                return await self._done(d, Outcome.FAILED, f"cannot read: {exc}", ref)
+            if pod is None:
+                return await self._done(d, Outcome.ALREADY_DONE, "the pod is gone", ref)
+            meta = _meta(pod)
+            uid = meta.get("uid")
+            ref = ref.with_uid(uid)
+            if meta.get("deletionTimestamp"):
+                return await self._done(d, Outcome.ALREADY_DONE, "the pod is terminating", ref)
+            live = Target(
+                "Pod", name, namespace, meta.get("labels") or {}, meta.get("annotations") or {}
+            )
+            if not (verdict := self.gate.check_target(d, live)).ok:
+                return await self._verdict(d, verdict, ref)
+            grace = max(0, round(d.grace_s))
+            if self.gate.dry_run_for(d):
+                why = f"would evict (grace {grace}s) from node {d.node or '?'}"
+                return await self._done(d, Outcome.DRY_RUN, why, ref)
+            if not (verdict := self.gate.check_write()).ok:
+                return await self._verdict(d, verdict, ref)
+            return await self._post_eviction(d, permit, ref, uid, grace)
+
+    async def _post_eviction(
+        self, d: Evict, permit: Permit, ref: ObjectRef, uid: str | None, grace: int
+    ) -> ActionResult:
+        namespace, name = _split(d.pod)
+        body: dict[str, Any] = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"gracePeriodSeconds": grace, "preconditions": {"uid": uid}},
+        }
+        tries = 0
+
+        async def post() -> Any:
+            nonlocal tries
+            tries += 1
+            return await self._core.create_namespaced_pod_eviction(name, namespace, body)
+
+        try:
+            await self._run(post)
+        except TooManyRequests as exc:
+            if exc.disruption_budget:
+                return await self._done(d, Outcome.BLOCKED, f"refused by a PDB: {exc}", ref)
+            detail = f"API error: {exc}"
+        except KubeError as exc:  # 404/409 after a lost answer, or retries exhausted
+            detail = f"API error: {exc}"
+            if await self._pod_gone(namespace, name, uid):
+                if tries > 1 or not isinstance(exc, NotFound | Conflict):
+                    permit.spend()  # an earlier try of ours may have evicted it: count it
+                    return await self._done(d, Outcome.APPLIED, f"evicted ({exc})", ref)
+                return await self._done(d, Outcome.ALREADY_DONE, "the pod went away", ref)
+        else:
+            permit.spend()
+            return await self._done(d, Outcome.APPLIED, f"evicted, grace {grace}s", ref)
+        return await self._done(d, Outcome.FAILED, detail, ref)
+
+    async def _read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._limits.get(self._api, f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except NotFound:
+            return None
+
+    async def _pod_gone(self, namespace: str, name: str, uid: str | None) -> bool:
+        """The pod we meant is gone, terminating or replaced by another with its name."""
+        try:
+            pod = await self._read_pod(namespace, name)
+        except KubeError:
+            return False
+        if pod is None:
+            return True
+        meta = _meta(pod)
+        return meta.get("uid") != uid or bool(meta.get("deletionTimestamp"))
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[[], Awaitable[T]]) -> T:
+        return await self._limits.run(fn)
+
+    async def _verdict(self, d: Decision, verdict: Verdict, ref: ObjectRef) -> ActionResult:
+        outcome = verdict.outcome or Outcome.REFUSED
+        if outcome is Outcome.IN_PROGRESS:  # a duplicate of an action in flight
+            return ActionResult(d, outcome, verdict.reason)
+        return await self._done(d, outcome, verdict.reason, ref)
+
+    async def _done(
+        self, d: Decision, outcome: Outcome, detail: str, ref: ObjectRef
+    ) -> ActionResult:
+        return await self.recorder.record(ActionResult(d, outcome, detail), ref)

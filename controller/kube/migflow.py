@@ -1,0 +1,512 @@
+"""MIG conversion (and revert) of a node as a resumable workflow recorded on the node itself.
+
+The NVIDIA MIG manager repartitions a node's GPUs when its ``nvidia.com/mig.config`` label
+changes and reports ``nvidia.com/mig.config.state`` (pending → success | failed); it does not
+drain the node. Whoever changes the label must cordon the node and move its GPU pods off first,
+and must not leave it cordoned when anything goes wrong. That takes minutes, so it cannot be one
+blocking call: it is a small state machine advanced by :meth:`MigFlow.advance` /
+:meth:`MigFlow.resume_all` on each evaluation tick, with its whole state in one JSON annotation
+on the node (``ebbtide.io/mig-flow``, :class:`~controller.kube.migrecord.FlowRecord`).
+
+Convert (whole cards → MIG) and revert (MIG → ``all-disabled``) are the same flow:
+
+1. **start** — one patch, conditional on the node's ``resourceVersion``: cordon and write the
+   record (phase ``draining``). The MIG budget is spent here, once per flow.
+2. **draining** — list the node's GPU pods; if any of them may not be disrupted (protected
+   namespace, ``do-not-disrupt``, not training) roll back before evicting anything; otherwise
+   evict them through the actuator's own eviction path (Eviction API, eviction budget, Events).
+   A PDB 429 or a spent budget just leaves the flow in ``draining`` for the next tick; the drain
+   deadline rolls it back.
+3. **reconfiguring** — one patch once no GPU pod is left: set ``nvidia.com/mig.config`` to the
+   target, delete the stale ``nvidia.com/mig.config.state`` (so an old ``success`` cannot be
+   mistaken for the new one) and record the phase. Then wait for the manager: ``success`` →
+   finish; ``failed``, or no ``success`` before the deadline → roll back.
+4. **finish** — one patch: move the node to the destination pool (its label key/values come from
+   the policy's pool ``nodeSelector``; keys only the source pool uses are removed), uncordon it
+   unless it was cordoned before, and delete the record.
+
+**Rollback** is one patch too: restore the previous config label (when ours is still there),
+uncordon unless it was cordoned before, delete the record; a Warning Event and a MIG-failure count
+go with it. Every transition is a single conditional patch that applies the step *and* records
+it, so a controller that dies anywhere finds either the old phase (and redoes an idempotent
+step) or the new one: it resumes or rolls back, never starts over, never forgets a cordon.
+A 409 means the node moved under us: re-read and decide again. Dry-run, a kill switch or lost
+leadership pause a flow where it stands (they write nothing) until they are lifted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Final, TypeVar
+
+import structlog
+from kubernetes_asyncio import client
+
+from controller.cluster import ActionResult, Outcome
+from controller.kube.client import Conflict, KubeError, NotFound, call
+from controller.kube.migrecord import (
+    CONFIG_LABEL,
+    FLOW_ANNOTATION,
+    STATE_LABEL,
+    Direction,
+    FlowRecord,
+    MigDecision,
+    annotations_of,
+    is_cordoned,
+    labels_of,
+    pod_key,
+    record_of,
+    uses_gpus,
+)
+from controller.kube.recorder import ObjectRef, Recorder
+from controller.safety import SafetyGate, Target, Verdict
+from policies.decisions import Evict, Explanation, MigConvert
+from policies.snapshot import MIG_DISABLED
+
+__all__ = [
+    "CONFIG_LABEL",
+    "FLOW_ANNOTATION",
+    "STATE_LABEL",
+    "ApiLimits",
+    "FlowRecord",
+    "MigFlow",
+    "MigFlowSettings",
+]
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+MERGE_PATCH: Final = "application/merge-patch+json"
+_CONFLICT_RETRIES: Final = 3
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ApiLimits:
+    """How hard one API call is tried (see :func:`controller.kube.client.call`)."""
+
+    timeout_s: float = 10.0
+    """Timeout of one try."""
+    attempts: int = 5
+    """Tries of a call failing transiently (5xx, throttled 429, timeouts)."""
+    deadline_s: float = 30.0
+    """Give up retrying after this long."""
+
+    async def run(self, fn: Callable[[], Awaitable[T]]) -> T:
+        return await call(
+            fn, attempts=self.attempts, deadline_s=self.deadline_s, timeout_s=self.timeout_s
+        )
+
+    async def get(self, api: client.ApiClient, path: str, **query: str) -> Obj:
+        """GET ``path`` as plain JSON: no model classes, whose client-side validation would
+        refuse partial objects, and the same ``dict`` shape for built-in and custom kinds."""
+        out: Obj = await self.run(
+            lambda: api.call_api(
+                path,
+                "GET",
+                query_params=list(query.items()),
+                header_params={"Accept": "application/json"},
+                response_types_map={200: "object"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+            )
+        )
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class MigFlowSettings:
+    """Deadlines of a MIG flow."""
+
+    drain_timeout_s: float = 600.0
+    """Roll back when the node's GPU pods are not gone this long after the flow started."""
+    reconfigure_timeout_s: float = 900.0
+    """Roll back when the MIG manager has not reported ``success`` this long after the
+    label was set."""
+
+
+class MigFlow:
+    """Starts, advances and rolls back MIG flows on nodes; see the module docstring."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        gate: SafetyGate,
+        recorder: Recorder,
+        *,
+        evict: Callable[[Evict], Awaitable[ActionResult]],
+        settings: MigFlowSettings | None = None,
+        limits: ApiLimits | None = None,
+    ) -> None:
+        self._api = api
+        self._core: Any = client.CoreV1Api(api)  # untyped edge: bodies are plain dicts
+        self._gate = gate
+        self._recorder = recorder
+        self._evict = evict
+        self.settings = settings or MigFlowSettings()
+        self._limits = limits or ApiLimits()
+
+    # --- public ----------------------------------------------------------------------------------
+
+    async def start(self, decision: MigDecision) -> ActionResult:
+        """Carry out a MIG decision: start its flow, or advance the one already running."""
+        ref = ObjectRef("Node", decision.node)
+        began = self._gate.now()
+        with self._gate.hold(decision) as permit:
+            if not permit.ok:
+                return await self._verdict(decision, permit.verdict, ref)
+            outcome = await self._settle(
+                lambda: self._start_once(decision, permit.reserve, permit.spend)
+            )
+            if isinstance(outcome, ActionResult):
+                return outcome
+            record = await self._flow_on(decision.node)
+            if record is not None and record.started >= began:  # ours, only the answer was lost
+                permit.spend()
+                detail = f"{outcome}; the flow was started and resumes on the next tick"
+                return ActionResult(decision, Outcome.IN_PROGRESS, detail)
+            return await self._done(decision, Outcome.FAILED, outcome, ref)
+
+    async def advance(self, name: str) -> ActionResult | None:
+        """Move the flow recorded on node ``name`` on by at most one phase; ``None`` when the
+        node has no flow (or cannot be read now). Waiting is never recorded; transitions are."""
+        record = await self._flow_on(name)
+        if record is None:
+            return None
+        decision = record.decision(name)
+        with self._gate.hold(decision) as permit:
+            if not permit.ok:
+                outcome = permit.verdict.outcome or Outcome.REFUSED
+                return ActionResult(decision, outcome, permit.verdict.reason)
+            result = await self._settle(lambda: self._advance_once(decision))
+            if isinstance(result, ActionResult):
+                return result
+            return ActionResult(decision, Outcome.IN_PROGRESS, f"{result}; retrying next tick")
+
+    async def resume_all(self) -> list[ActionResult]:
+        """Advance every flow recorded on any node (after a restart, and on every tick)."""
+        if not self._gate.leader() or self._gate.halted() is not None:
+            return []
+        try:
+            nodes = await self._limits.get(self._api, "/api/v1/nodes")
+        except KubeError as exc:
+            log.warning("ebbtide.mig_resume_failed", error=str(exc))
+            return []
+        names = sorted(
+            node["metadata"]["name"]
+            for node in nodes.get("items") or []
+            if FLOW_ANNOTATION in annotations_of(node)
+        )
+        results: list[ActionResult] = []
+        for name in names:
+            result = await self.advance(name)
+            if result is not None:
+                results.append(result)
+        return results
+
+    # --- steps ---------------------------------------------------------------------------------
+
+    async def _start_once(
+        self,
+        decision: MigDecision,
+        reserve: Callable[[], Verdict],
+        spend: Callable[[], None],
+    ) -> ActionResult:
+        name = decision.node
+        ref = ObjectRef("Node", name)
+        try:
+            node = await self._read_node(name)
+        except NotFound:
+            return await self._done(decision, Outcome.FAILED, f"node {name} not found", ref)
+        ref = ref.with_uid(node["metadata"].get("uid"))
+        direction: Direction = "convert" if isinstance(decision, MigConvert) else "revert"
+        target = decision.profile if direction == "convert" else MIG_DISABLED
+        try:
+            record = record_of(node)
+        except ValueError as exc:
+            return await self._done(decision, Outcome.FAILED, str(exc), ref)
+        if record is not None:
+            if record.direction == direction and record.target == target:
+                return await self._advance_once(decision)
+            detail = f"another MIG flow ({record.direction} to {record.target}) is in progress"
+            return ActionResult(decision, Outcome.IN_PROGRESS, detail)
+        labels = labels_of(node)
+        verdict = self._gate.check_target(
+            decision, Target("Node", name, None, labels, annotations_of(node))
+        )
+        pool = self._pool_move(direction)
+        if self._already_done(node, target, pool):
+            return await self._done(decision, Outcome.ALREADY_DONE, f"{name} is at {target}", ref)
+        if not verdict.ok or not (verdict := reserve()).ok:
+            return await self._verdict(decision, verdict, ref)
+        plan = f"cordon {name}, drain its GPU pods, set {CONFIG_LABEL}={target}"
+        if self._gate.dry_run_for(decision):
+            return await self._done(decision, Outcome.DRY_RUN, f"would {plan}", ref)
+        if not (verdict := self._gate.check_write()).ok:
+            return await self._verdict(decision, verdict, ref)
+        now = self._gate.now()
+        record = FlowRecord(
+            direction=direction,
+            phase="draining",
+            target=target,
+            previous=labels.get(CONFIG_LABEL),
+            pool=pool,
+            previous_pool={k: labels.get(k) for k in pool},
+            was_cordoned=is_cordoned(node),
+            started=now,
+            deadline=now + self.settings.drain_timeout_s,
+            profile=decision.profile,
+            rule=decision.explanation.rule,
+            reason=decision.explanation.reason,
+        )
+        patch: Obj = {
+            "metadata": {"annotations": {FLOW_ANNOTATION: record.to_json()}},
+            "spec": {"unschedulable": True},
+        }
+        await self._patch_node(node, patch)
+        spend()
+        await self._done(decision, Outcome.IN_PROGRESS, f"started: {plan}", ref)
+        return await self._advance_once(decision)
+
+    async def _advance_once(self, decision: MigDecision) -> ActionResult:
+        name = decision.node
+        node = await self._read_node(name)
+        record = record_of(node)
+        if record is None:
+            return ActionResult(decision, Outcome.ALREADY_DONE, "the flow has finished")
+        if self._gate.dry_run_for(decision) or self._gate.halted() is not None:
+            why = self._gate.halted() or "dry-run"
+            return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({why})")
+        if record.phase == "draining":
+            return await self._drain(decision, node, record)
+        return await self._await_manager(decision, node, record)
+
+    async def _drain(self, decision: MigDecision, node: Obj, record: FlowRecord) -> ActionResult:
+        name = decision.node
+        if self._gate.now() >= record.deadline:
+            why = f"GPU pods not drained within {self.settings.drain_timeout_s:g}s"
+            return await self._rollback(decision, node, record, why)
+        pods = await self._gpu_pods(name)
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        evictions = [self._drain_eviction(decision, record, p) for p in live]
+        for pod, eviction in zip(live, evictions, strict=True):
+            meta = pod["metadata"]
+            target = Target(
+                "Pod",
+                meta["name"],
+                meta.get("namespace"),
+                meta.get("labels") or {},
+                meta.get("annotations") or {},
+            )
+            verdict = self._gate.check_target(eviction, target)
+            if not verdict.ok:
+                why = f"GPU pod {pod_key(pod)} may not be disrupted: {verdict.reason}"
+                return await self._rollback(decision, node, record, why)
+        waiting: list[str] = []
+        for eviction in evictions:
+            result = await self._evict(eviction)
+            if result.outcome not in (Outcome.APPLIED, Outcome.ALREADY_DONE):
+                waiting.append(f"{eviction.pod} {result.outcome.value}")
+        if evictions:
+            pods = await self._gpu_pods(name)
+        if pods:
+            more = f" ({'; '.join(waiting)})" if waiting else ""
+            detail = f"draining {name}: {len(pods)} GPU pods left{more}"
+            return ActionResult(decision, Outcome.IN_PROGRESS, detail)
+        node = await self._read_node(name)  # the evictions took a while: write on a fresh read
+        labels = labels_of(node)
+        if labels.get(CONFIG_LABEL) == record.target and labels.get(STATE_LABEL) == "success":
+            return await self._finish(decision, node, record)
+        if not (verdict := self._gate.check_write()).ok:
+            return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({verdict.reason})")
+        now = self._gate.now()
+        nxt = replace(
+            record, phase="reconfiguring", deadline=now + self.settings.reconfigure_timeout_s
+        )
+        patch: Obj = {
+            "metadata": {
+                "labels": {CONFIG_LABEL: record.target, STATE_LABEL: None},
+                "annotations": {FLOW_ANNOTATION: nxt.to_json()},
+            }
+        }
+        await self._patch_node(node, patch)
+        detail = f"drained; set {CONFIG_LABEL}={record.target}, waiting for the MIG manager"
+        await self._done(
+            decision,
+            Outcome.IN_PROGRESS,
+            detail,
+            self._ref(node),
+            reason=("EbbtideMigReconfiguring", "Normal"),
+            count=False,
+        )
+        return ActionResult(decision, Outcome.IN_PROGRESS, detail)
+
+    async def _await_manager(
+        self, decision: MigDecision, node: Obj, record: FlowRecord
+    ) -> ActionResult:
+        labels = labels_of(node)
+        config, state = labels.get(CONFIG_LABEL), labels.get(STATE_LABEL)
+        if config != record.target:
+            why = f"{CONFIG_LABEL} changed under us to {config!r}"
+            return await self._rollback(decision, node, record, why)
+        if state == "success":
+            return await self._finish(decision, node, record)
+        if state == "failed":
+            return await self._rollback(decision, node, record, "the MIG manager reported failed")
+        if self._gate.now() >= record.deadline:
+            why = (
+                f"the MIG manager did not report success within "
+                f"{self.settings.reconfigure_timeout_s:g}s (state {state or 'unset'})"
+            )
+            return await self._rollback(decision, node, record, why)
+        detail = f"waiting for the MIG manager (state {state or 'unset'})"
+        return ActionResult(decision, Outcome.IN_PROGRESS, detail)
+
+    async def _finish(self, decision: MigDecision, node: Obj, record: FlowRecord) -> ActionResult:
+        if not (verdict := self._gate.check_write()).ok:
+            return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({verdict.reason})")
+        patch: Obj = {
+            "metadata": {"labels": dict(record.pool), "annotations": {FLOW_ANNOTATION: None}},
+            "spec": {"unschedulable": True if record.was_cordoned else None},
+        }
+        await self._patch_node(node, patch)
+        pool = ",".join(f"{k}={v}" for k, v in sorted(record.pool.items()) if v is not None)
+        cordon = "left cordoned as it was before" if record.was_cordoned else "uncordoned"
+        detail = f"{decision.node} is at {record.target}, moved to pool {pool}, {cordon}"
+        return await self._done(decision, Outcome.APPLIED, detail, self._ref(node))
+
+    async def _rollback(
+        self, decision: MigDecision, node: Obj, record: FlowRecord, why: str
+    ) -> ActionResult:
+        if not (verdict := self._gate.check_write()).ok:
+            return ActionResult(decision, Outcome.IN_PROGRESS, f"{why}; paused ({verdict.reason})")
+        labels: dict[str, str | None] = {}
+        restored = ""
+        if labels_of(node).get(CONFIG_LABEL) == record.target:
+            labels = {CONFIG_LABEL: record.previous, STATE_LABEL: None}
+            restored = f"; {CONFIG_LABEL} restored to {record.previous or '(none)'}"
+        patch: Obj = {
+            "metadata": {"labels": labels, "annotations": {FLOW_ANNOTATION: None}},
+            "spec": {"unschedulable": True if record.was_cordoned else None},
+        }
+        await self._patch_node(node, patch)
+        cordon = "left cordoned as it was before" if record.was_cordoned else "uncordoned"
+        detail = f"rolled back: {why}{restored}; {cordon}"
+        return await self._done(decision, Outcome.FAILED, detail, self._ref(node))
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _pool_move(self, direction: Direction) -> dict[str, str | None]:
+        """Labels that move a node into the destination pool and out of the source pool."""
+        spec = self._gate.policy.spec
+        if spec.mig is None:
+            return {}
+        src, dst = (spec.mig.from_pool, spec.mig.to_pool)
+        if direction == "revert":
+            src, dst = dst, src
+        pools = spec.pools
+        move: dict[str, str | None] = dict(pools[dst].node_selector) if dst in pools else {}
+        for key in pools[src].node_selector if src in pools else {}:
+            move.setdefault(key, None)
+        return move
+
+    @staticmethod
+    def _already_done(node: Obj, target: str, pool: Mapping[str, str | None]) -> bool:
+        labels = labels_of(node)
+        config = labels.get(CONFIG_LABEL) or MIG_DISABLED
+        in_pool = all(labels.get(k) == v for k, v in pool.items())
+        settled = labels.get(STATE_LABEL) == "success" or (
+            target == MIG_DISABLED and STATE_LABEL not in labels
+        )
+        return config == target and settled and in_pool and not is_cordoned(node)
+
+    def _drain_eviction(self, decision: MigDecision, record: FlowRecord, pod: Obj) -> Evict:
+        training = self._gate.policy.spec.training
+        grace = training.grace_period if training is not None else 30.0
+        return Evict(
+            self._gate.now(),
+            pod_key(pod),
+            decision.node,
+            None,
+            grace,
+            Explanation.of(
+                "mig-drain",
+                f"drain {decision.node} for MIG {record.direction} to {record.target} "
+                f"([{record.rule}] {record.reason})",
+                inputs={"node": decision.node, "target": record.target},
+            ),
+        )
+
+    async def _gpu_pods(self, node: str) -> list[Obj]:
+        pods = await self._limits.get(
+            self._api, "/api/v1/pods", fieldSelector=f"spec.nodeName={node}"
+        )
+        return [
+            p
+            for p in pods.get("items") or []
+            if uses_gpus(p) and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        ]
+
+    async def _flow_on(self, name: str) -> FlowRecord | None:
+        try:
+            return record_of(await self._read_node(name))
+        except KubeError as exc:
+            log.warning("ebbtide.mig_flow_unread", node=name, error=str(exc))
+        except ValueError as exc:
+            log.error("ebbtide.mig_flow_unreadable", node=name, error=str(exc))
+        return None
+
+    @staticmethod
+    async def _settle(step: Callable[[], Awaitable[ActionResult]]) -> ActionResult | str:
+        """Run ``step`` (which re-reads the node), again on a 409; a string says why it gave
+        up."""
+        try:
+            for _ in range(_CONFLICT_RETRIES):
+                try:
+                    return await step()
+                except Conflict:
+                    continue
+            return f"the node kept changing ({_CONFLICT_RETRIES} conflicts)"
+        except KubeError as exc:
+            return f"API error: {exc}"
+
+    async def _read_node(self, name: str) -> Obj:
+        return await self._limits.get(self._api, f"/api/v1/nodes/{name}")
+
+    async def _patch_node(self, node: Obj, patch: Obj) -> None:
+        """Merge-patch ``node`` conditionally on the resourceVersion it was read at (409 if it
+        changed since)."""
+        body = dict(patch)
+        body["metadata"] = {
+            **(patch.get("metadata") or {}),
+            "resourceVersion": node["metadata"]["resourceVersion"],
+        }
+        name = node["metadata"]["name"]
+        await self._limits.run(lambda: self._core.patch_node(name, body, _content_type=MERGE_PATCH))
+
+    @staticmethod
+    def _ref(node: Obj) -> ObjectRef:
+        return ObjectRef("Node", node["metadata"]["name"], uid=node["metadata"].get("uid"))
+
+    async def _verdict(
+        self, decision: MigDecision, verdict: Verdict, ref: ObjectRef
+    ) -> ActionResult:
+        outcome = verdict.outcome or Outcome.REFUSED
+        if outcome is Outcome.IN_PROGRESS:  # a duplicate while in flight: nothing to tell
+            return ActionResult(decision, outcome, verdict.reason)
+        return await self._done(decision, outcome, verdict.reason, ref)
+
+    async def _done(
+        self,
+        decision: MigDecision,
+        outcome: Outcome,
+        detail: str,
+        ref: ObjectRef,
+        *,
+        reason: tuple[str, str] | None = None,
+        count: bool = True,
+    ) -> ActionResult:
+        result = ActionResult(decision, outcome, detail)
+        return await self._recorder.record(result, ref, reason=reason, count=count)

@@ -1,0 +1,130 @@
+"""The record of a MIG flow on its node, and what the flow reads off nodes and pods.
+
+A MIG flow (:mod:`controller.kube.migflow`) keeps its whole state in one JSON annotation on the
+node, ``ebbtide.io/mig-flow``: a :class:`FlowRecord` with the direction, the phase, the target
+and previous ``nvidia.com/mig.config``, the pool labels to write at the end and their previous
+values, whether the node was cordoned before the flow, its start time and the current phase's
+deadline, and the rule and reason of the decision (so Events after a restart still name them).
+The record is the flow's only memory: a restarted controller rebuilds the decision from it
+(:meth:`FlowRecord.decision`) and carries on.
+
+The helpers read plain JSON objects (``dict``) as the API returns them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Final, Literal
+
+from policies.decisions import Explanation, MigConvert, MigRevert
+
+__all__ = [
+    "CONFIG_LABEL",
+    "FLOW_ANNOTATION",
+    "STATE_LABEL",
+    "Direction",
+    "FlowRecord",
+    "MigDecision",
+    "Phase",
+    "annotations_of",
+    "is_cordoned",
+    "labels_of",
+    "pod_key",
+    "record_of",
+    "uses_gpus",
+]
+
+CONFIG_LABEL: Final = "nvidia.com/mig.config"
+STATE_LABEL: Final = "nvidia.com/mig.config.state"
+FLOW_ANNOTATION: Final = "ebbtide.io/mig-flow"
+
+Direction = Literal["convert", "revert"]
+Phase = Literal["draining", "reconfiguring"]
+MigDecision = MigConvert | MigRevert
+Obj = dict[str, Any]
+_KNOWN: Final = {(d, p) for d in ("convert", "revert") for p in ("draining", "reconfiguring")}
+
+
+@dataclass(frozen=True, slots=True)
+class FlowRecord:
+    """The flow's state, kept as JSON in the node's ``ebbtide.io/mig-flow`` annotation."""
+
+    direction: Direction
+    phase: Phase
+    target: str
+    """``nvidia.com/mig.config`` to reach."""
+    previous: str | None
+    """``nvidia.com/mig.config`` before the flow (``None``: no label)."""
+    pool: Mapping[str, str | None]
+    """Labels to write when done (``None`` deletes): the destination pool's selector."""
+    previous_pool: Mapping[str, str | None]
+    """Those labels' values before the flow."""
+    was_cordoned: bool
+    started: float
+    deadline: float
+    profile: str
+    rule: str
+    reason: str
+
+    def to_json(self) -> str:
+        return json.dumps({"v": 1, **asdict(self)}, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> FlowRecord:
+        """Parse the annotation; ``ValueError`` when it is not one of ours."""
+        try:
+            raw = json.loads(text)
+            record = FlowRecord(**{f.name: raw[f.name] for f in fields(FlowRecord)})
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"malformed {FLOW_ANNOTATION}: {exc!r}") from exc
+        if (record.direction, record.phase) not in _KNOWN:
+            raise ValueError(f"unknown MIG flow {record.direction!r}/{record.phase!r}")
+        return record
+
+    def decision(self, node: str) -> MigDecision:
+        """The decision this flow carries out (rebuilt after a restart)."""
+        exp = Explanation.of(self.rule or "mig-flow", self.reason or f"resume MIG {self.direction}")
+        if self.direction == "convert":
+            return MigConvert(self.started, node, self.profile, "", exp)
+        return MigRevert(self.started, node, self.profile, exp)
+
+
+def labels_of(obj: Obj) -> dict[str, str]:
+    """A copy of the object's labels."""
+    return dict((obj.get("metadata") or {}).get("labels") or {})
+
+
+def annotations_of(obj: Obj) -> dict[str, str]:
+    """A copy of the object's annotations."""
+    return dict((obj.get("metadata") or {}).get("annotations") or {})
+
+
+def is_cordoned(node: Obj) -> bool:
+    """``spec.unschedulable`` is set."""
+    return bool((node.get("spec") or {}).get("unschedulable"))
+
+
+def record_of(node: Obj) -> FlowRecord | None:
+    """The node's flow record, ``None`` without one; ``ValueError`` when unreadable."""
+    text = annotations_of(node).get(FLOW_ANNOTATION)
+    return None if text is None else FlowRecord.from_json(text)
+
+
+def uses_gpus(pod: Obj) -> bool:
+    """The pod requests whole GPUs (``nvidia.com/gpu``) or MIG slices (``nvidia.com/mig-*``)."""
+    spec = pod.get("spec") or {}
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        resources = container.get("resources") or {}
+        for section in ("limits", "requests"):
+            for key in resources.get(section) or {}:
+                if key == "nvidia.com/gpu" or key.startswith("nvidia.com/mig-"):
+                    return True
+    return False
+
+
+def pod_key(pod: Obj) -> str:
+    """``namespace/name``."""
+    meta = pod["metadata"]
+    return f"{meta.get('namespace')}/{meta['name']}"

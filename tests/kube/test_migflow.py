@@ -1,0 +1,340 @@
+"""MIG conversion flows over real HTTP with the fake MIG manager: happy path, manager failure,
+manager silence, drain problems, and a controller restarted mid-way that resumes from the node's
+annotation without repeating evictions or relabels."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+from support.kubeapi import KubeAPIServer
+from support.kubeapi_objects import make_node, make_pod
+from support.mig_manager import MigManager
+
+from controller.cluster import ActionResult, Outcome
+from controller.kube.actuator import ApiLimits, KubeActuator, MigFlowSettings
+from controller.kube.migflow import CONFIG_LABEL, FLOW_ANNOTATION, STATE_LABEL
+from controller.safety import SafetyGate
+from policies.decisions import Explanation, MigConvert, MigRevert
+from policies.model import Policy
+
+Obj = dict[str, Any]
+TRAINING = {"ebbtide.io/class": "training"}
+WHOLE = {"ebbtide.io/pool": "whole"}
+MIG = {"ebbtide.io/pool": "mig"}
+TARGET = "all-1g.10gb"
+WHY = Explanation.of(
+    "mig-convert-idle",
+    "whole pool at 3% < 20% for 30m; convert gpu-1",
+    inputs={"pool_util_pct": 3.0},
+    thresholds={"convert_below": "20%"},
+)
+
+
+def policy(**spec: Any) -> Policy:
+    body: dict[str, Any] = {
+        "pools": {
+            "whole": {"nodeSelector": dict(WHOLE)},
+            "mig": {"nodeSelector": dict(MIG), "kind": "mig"},
+        },
+        "training": {"selector": dict(TRAINING), "gracePeriod": "5s"},
+        "mig": {
+            "fromPool": "whole",
+            "toPool": "mig",
+            "convertBelow": "20%",
+            "convertAfter": "10m",
+            "profiles": {"A100-80GB": TARGET},
+            "revertAfter": "2m",
+        },
+        **spec,
+    }
+    meta = {"name": "test"}
+    return Policy.model_validate(
+        {"apiVersion": "ebbtide.io/v1alpha1", "kind": "Policy", "metadata": meta, "spec": body}
+    )
+
+
+def actuator(
+    api: ApiClient, *, dry_run: bool = False, drain_s: float = 30.0, reconfigure_s: float = 30.0
+) -> KubeActuator:
+    """A fresh actuator, as after a controller restart: its own gate, ledger and recorder."""
+    return KubeActuator(
+        api,
+        SafetyGate(policy(), dry_run=dry_run),
+        limits=ApiLimits(timeout_s=1.0, attempts=4, deadline_s=5.0),
+        mig=MigFlowSettings(drain_timeout_s=drain_s, reconfigure_timeout_s=reconfigure_s),
+    )
+
+
+def convert(node: str = "gpu-1") -> MigConvert:
+    return MigConvert(1.0, node, TARGET, "A100-80GB", WHY)
+
+
+async def gpu_node(
+    server: KubeAPIServer, *, labels: Obj | None = None, cordoned: bool = False
+) -> None:
+    mig = {CONFIG_LABEL: "all-disabled", STATE_LABEL: "success"}
+    node = make_node("gpu-1", gpus=8, labels={**WHOLE, **mig, **(labels or {})})
+    if cordoned:
+        node["spec"]["unschedulable"] = True
+    await server.create(node)
+
+
+async def gpu_pod(server: KubeAPIServer, name: str, *, ns: str = "ml", **labels: str) -> None:
+    pod = make_pod(name, namespace=ns, labels={**TRAINING, **labels}, node="gpu-1", gpus=1)
+    await server.create(pod)
+
+
+async def block_with_pdb(server: KubeAPIServer) -> None:
+    await server.create(
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "train", "namespace": "ml"},
+            "spec": {"selector": {"matchLabels": {"app": "train"}}, "minAvailable": 1},
+        }
+    )
+
+
+async def drive(act: KubeActuator, *, within: float = 5.0) -> ActionResult:
+    """Tick ``resume_all`` until a flow finishes (APPLIED) or rolls back (FAILED)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        for result in await act.resume_all():
+            if result.outcome in (Outcome.APPLIED, Outcome.FAILED):
+                return result
+        await asyncio.sleep(0.02)
+    raise AssertionError("the MIG flow did not finish in time")
+
+
+def node_of(server: KubeAPIServer) -> Obj:
+    node = server.get("nodes", None, "gpu-1")
+    assert node is not None
+    return node
+
+
+def reasons(server: KubeAPIServer) -> list[str]:
+    return sorted(e["reason"] for e in server.objects("events"))
+
+
+def config_writes(server: KubeAPIServer, value: str) -> int:
+    """Node patches that set ``nvidia.com/mig.config`` to ``value``."""
+    return sum(
+        1
+        for r in server.requests
+        if r.method == "PATCH"
+        and r.path == "/api/v1/nodes/gpu-1"
+        and r.status == 200
+        and ((r.body or {}).get("metadata") or {}).get("labels", {}).get(CONFIG_LABEL) == value
+    )
+
+
+def evictions(server: KubeAPIServer) -> list[int | None]:
+    return [r.status for r in server.requests if r.path.endswith("/eviction")]
+
+
+def assert_released(node: Obj) -> None:
+    """Uncordoned and without a flow record."""
+    assert not node["spec"].get("unschedulable")
+    assert FLOW_ANNOTATION not in (node["metadata"].get("annotations") or {})
+
+
+async def test_conversion_happy_path(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager
+) -> None:
+    """Cordon, evict the GPU pod, relabel, success: the node is MIG, in the MIG pool, open."""
+    await gpu_node(kubeapi)
+    await gpu_pod(kubeapi, "train-0")
+    await kubeapi.create(make_pod("agent", namespace="kube-system", node="gpu-1"))
+    act = actuator(kube_client)
+    [started] = await act.apply([convert()])
+    assert started.outcome is Outcome.IN_PROGRESS
+    done = await drive(act)
+    assert done.outcome is Outcome.APPLIED
+    node = node_of(kubeapi)
+    labels = node["metadata"]["labels"]
+    assert (labels[CONFIG_LABEL], labels[STATE_LABEL], labels["ebbtide.io/pool"]) == (
+        TARGET,
+        "success",
+        "mig",
+    )
+    assert node["status"]["capacity"]["nvidia.com/mig-1g.10gb"] == "56"
+    assert_released(node)
+    assert kubeapi.get("pods", "ml", "train-0") is None
+    assert kubeapi.get("pods", "kube-system", "agent") is not None  # not a GPU pod: stays
+    assert reasons(kubeapi) == [
+        "EbbtideEvicted",
+        "EbbtideMigConverted",
+        "EbbtideMigConverting",
+        "EbbtideMigReconfiguring",
+    ]
+    now = act.gate.now()
+    assert act.gate.budgets.mig_conversions.used(now) == 1
+    assert act.gate.budgets.evictions.used(now) == 1
+    assert act.stats.total(action="mig_convert", outcome=Outcome.APPLIED) == 1
+
+
+async def test_revert_happy_path(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager
+) -> None:
+    """A MIG node goes back to all-disabled and the whole-card pool."""
+    await gpu_node(kubeapi, labels={**MIG, CONFIG_LABEL: TARGET})
+    act = actuator(kube_client)
+    [started] = await act.apply([MigRevert(1.0, "gpu-1", TARGET, WHY)])
+    assert started.outcome is Outcome.IN_PROGRESS
+    assert (await drive(act)).outcome is Outcome.APPLIED
+    node = node_of(kubeapi)
+    labels = node["metadata"]["labels"]
+    assert (labels[CONFIG_LABEL], labels["ebbtide.io/pool"]) == ("all-disabled", "whole")
+    assert node["status"]["capacity"]["nvidia.com/gpu"] == "8"
+    assert_released(node)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "settings", "why"),
+    [
+        ("failed", {}, "reported failed"),
+        ("never", {"reconfigure_s": 0.3}, "did not report success within 0.3s"),
+    ],
+    ids=["manager-failed", "manager-never-answers"],
+)
+async def test_manager_failure_or_silence_rolls_back(
+    kubeapi: KubeAPIServer,
+    kube_client: ApiClient,
+    mig_manager: MigManager,
+    outcome: Any,
+    settings: Obj,
+    why: str,
+) -> None:
+    """Manager failed or silent past the deadline: config restored, uncordoned, Warning."""
+    mig_manager.script("gpu-1", outcome)
+    await gpu_node(kubeapi)
+    act = actuator(kube_client, **settings)
+    await act.apply([convert()])
+    done = await drive(act)
+    assert done.outcome is Outcome.FAILED
+    assert why in done.detail
+    node = node_of(kubeapi)
+    assert node["metadata"]["labels"][CONFIG_LABEL] == "all-disabled"
+    assert node["metadata"]["labels"]["ebbtide.io/pool"] == "whole"
+    assert_released(node)
+    [warning] = [e for e in kubeapi.objects("events") if e["type"] == "Warning"]
+    assert warning["reason"] == "EbbtideMigFailed"
+    assert "[mig-convert-idle]" in warning["message"]
+    assert act.stats.mig_failures == 1
+
+
+async def test_previously_cordoned_node_stays_cordoned(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager
+) -> None:
+    """A node an operator had cordoned is converted and left cordoned, as it was."""
+    await gpu_node(kubeapi, cordoned=True)
+    act = actuator(kube_client)
+    await act.apply([convert()])
+    assert (await drive(act)).outcome is Outcome.APPLIED
+    node = node_of(kubeapi)
+    assert node["spec"]["unschedulable"] is True
+    assert FLOW_ANNOTATION not in node["metadata"].get("annotations", {})
+
+
+async def test_protected_gpu_pod_rolls_back_before_any_eviction(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager
+) -> None:
+    """A GPU pod that may not be disrupted aborts the drain: no eviction, node released."""
+    await gpu_node(kubeapi)
+    await gpu_pod(kubeapi, "train-0")
+    await gpu_pod(kubeapi, "keep", ns="kube-system")
+    [result] = await actuator(kube_client).apply([convert()])
+    assert result.outcome is Outcome.FAILED
+    assert "kube-system/keep may not be disrupted" in result.detail
+    assert evictions(kubeapi) == []
+    assert_released(node_of(kubeapi))
+    assert node_of(kubeapi)["metadata"]["labels"][CONFIG_LABEL] == "all-disabled"
+
+
+async def test_pdb_blocked_drain_waits_then_times_out(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager
+) -> None:
+    """A PDB keeps the flow draining, never deleted around, until the deadline rolls it back."""
+    await gpu_node(kubeapi)
+    await gpu_pod(kubeapi, "train-0", app="train")
+    await block_with_pdb(kubeapi)
+    act = actuator(kube_client, drain_s=0.3)
+    [started] = await act.apply([convert()])
+    assert started.outcome is Outcome.IN_PROGRESS
+    assert "1 GPU pods left" in started.detail
+    done = await drive(act)
+    assert done.outcome is Outcome.FAILED
+    assert "not drained within" in done.detail
+    assert kubeapi.get("pods", "ml", "train-0") is not None
+    assert set(evictions(kubeapi)) == {429}
+    assert config_writes(kubeapi, TARGET) == 0
+    assert_released(node_of(kubeapi))
+
+
+async def test_restart_while_reconfiguring_resumes_without_repeating(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager
+) -> None:
+    """A new actuator finishes the flow from the annotation: one eviction, one relabel."""
+    mig_manager.script("gpu-1", "success", delay=0.4)
+    await gpu_node(kubeapi)
+    await gpu_pod(kubeapi, "train-0")
+    first = actuator(kube_client)
+    [started] = await first.apply([convert()])
+    assert "waiting for the MIG manager" in started.detail
+    record = json.loads(node_of(kubeapi)["metadata"]["annotations"][FLOW_ANNOTATION])
+    assert (record["phase"], record["target"], record["previous"]) == (
+        "reconfiguring",
+        TARGET,
+        "all-disabled",
+    )
+    assert record["was_cordoned"] is False
+    assert record["previous_pool"] == {"ebbtide.io/pool": "whole"}
+    second = actuator(kube_client)  # the restarted controller
+    done = await drive(second)
+    assert done.outcome is Outcome.APPLIED
+    assert done.decision.explanation.rule == "mig-convert-idle"  # rebuilt from the annotation
+    assert_released(node_of(kubeapi))
+    assert config_writes(kubeapi, TARGET) == 1
+    assert evictions(kubeapi) == [201]
+    assert mig_manager.applied == [("gpu-1", TARGET, "success")]
+    assert second.gate.budgets.mig_conversions.used(second.gate.now()) == 0
+
+
+async def test_restart_while_draining_resumes_the_drain(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager
+) -> None:
+    """Restarted while a PDB held the drain, the new actuator evicts once the PDB allows it."""
+    await gpu_node(kubeapi)
+    await gpu_pod(kubeapi, "train-0", app="train")
+    await block_with_pdb(kubeapi)
+    [started] = await actuator(kube_client).apply([convert()])
+    assert started.outcome is Outcome.IN_PROGRESS
+    await kubeapi.delete("PodDisruptionBudget", "ml", "train")
+    second = actuator(kube_client)
+    assert (await drive(second)).outcome is Outcome.APPLIED
+    assert evictions(kubeapi) == [429, 201]
+    assert config_writes(kubeapi, TARGET) == 1
+    assert_released(node_of(kubeapi))
+
+
+async def test_dry_run_and_already_done_write_nothing_to_the_node(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager
+) -> None:
+    """Dry-run reports "would" on the node; a node already converted is ALREADY_DONE."""
+    await gpu_node(kubeapi)
+    [would] = await actuator(kube_client, dry_run=True).apply([convert()])
+    assert would.outcome is Outcome.DRY_RUN
+    assert "would cordon gpu-1" in would.detail
+    assert reasons(kubeapi) == ["EbbtideWouldConvertMig"]
+    await kubeapi.patch(
+        "nodes", None, "gpu-1", {"metadata": {"labels": {**MIG, CONFIG_LABEL: TARGET}}}
+    )
+    await asyncio.sleep(0.2)  # the manager reconfigures and reports success
+    [done] = await actuator(kube_client).apply([convert()])
+    assert done.outcome is Outcome.ALREADY_DONE
+    assert [r for r in kubeapi.requests if r.method == "PATCH"] == []
