@@ -34,7 +34,6 @@ Every result is recorded (:mod:`controller.kube.recorder`): a counter, a log lin
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import structlog
@@ -44,6 +43,7 @@ from controller.cluster import ActionResult, Outcome
 from controller.kube.client import Conflict, KubeError, NotFound, TooManyRequests
 from controller.kube.migflow import ApiLimits, MigFlow, MigFlowSettings
 from controller.kube.recorder import ActionStats, ObjectRef, Recorder
+from controller.kube.translate import DEPLOYMENT, PYTORCHJOB, STATEFULSET, WorkloadKind
 from controller.safety import Permit, SafetyGate, Target, Verdict
 from policies.decisions import Decision, Evict, MigConvert, MigRevert, Scale
 
@@ -62,35 +62,13 @@ MERGE_PATCH: Final = "application/merge-patch+json"
 _CONFLICT_RETRIES: Final = 3
 
 
-@dataclass(frozen=True, slots=True)
-class WorkloadKind:
-    """A kind Ebbtide may scale through ``/scale``: where it lives in the API."""
-
-    kind: str
-    group: str
-    version: str
-    plural: str
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    def path(self, namespace: str, name: str) -> str:
-        """The object's URL path."""
-        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        return f"{base}/namespaces/{namespace}/{self.plural}/{name}"
-
-    @property
-    def builtin(self) -> bool:
-        return self.group == "apps" and self.plural in _APPS_METHODS
-
-
-DEFAULT_WORKLOAD_KINDS: Final = (
-    WorkloadKind("Deployment", "apps", "v1", "deployments"),
-    WorkloadKind("StatefulSet", "apps", "v1", "statefulsets"),
-    WorkloadKind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs"),
-)
+DEFAULT_WORKLOAD_KINDS: Final = (DEPLOYMENT, STATEFULSET, PYTORCHJOB)
 _APPS_METHODS: Final = {"deployments": "deployment", "statefulsets": "stateful_set"}
+
+
+def _builtin(kind: WorkloadKind) -> bool:
+    """Served by ``AppsV1Api`` (else by ``CustomObjectsApi``)."""
+    return kind.group == "apps" and kind.plural in _APPS_METHODS
 
 
 def _split(key: str) -> tuple[str, str]:
@@ -251,7 +229,7 @@ class KubeActuator:
 
         async def patch() -> Any:
             tries[0] += 1
-            if kind.builtin:
+            if _builtin(kind):
                 verb = f"patch_namespaced_{_APPS_METHODS[kind.plural]}_scale"
                 method = getattr(self._apps, verb)
                 return await method(name, namespace, body, _content_type=MERGE_PATCH)

@@ -139,6 +139,11 @@ class WorkloadKind:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
+    def path(self, namespace: str, name: str) -> str:
+        """The object's URL path on the API server."""
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        return f"{base}/namespaces/{namespace}/{self.plural}/{name}"
+
 
 DEPLOYMENT: Final = WorkloadKind(
     kind="Deployment", group="apps", version="v1", plural="deployments"
