@@ -12,7 +12,7 @@ configured), so each keeps complete, warm windows and a follower can take over a
 
 Shutdown on SIGTERM, in order: stop fetching → let the evaluator finish the action in flight →
 apply what is queued and commit its offsets → stop the cluster runtime → close clients; all
-bounded by ``shutdown_timeout_s``.
+bounded by ``shutdown_timeout_s``. The runtime is closed by whoever built it.
 """
 
 from __future__ import annotations
@@ -63,14 +63,15 @@ class Controller:
         self,
         settings: Settings,
         runtime: ClusterRuntime,
+        policy: Policy,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.runtime = runtime
         self._clock = clock
-        self.policy = load_policy_files(settings)
-        self.engine = Engine(self.policy)
+        self.policy = policy
+        self.engine = Engine(policy)
         self._policy_text = self._read_policy_text()
         self._consumer: EventConsumer | None = None
         self.metrics = Metrics(
@@ -182,7 +183,6 @@ class Controller:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._audits, return_exceptions=True)
-        await self.runtime.close()
         await self.http.close()
         log.info("controller.stopped", seconds=round(time.monotonic() - started, 3))
 
@@ -337,6 +337,7 @@ class Controller:
             log.error("policy.rejected", errors=list(result.errors), kept=self.policy.digest())
             return False
         self.policy = policy
+        self.runtime.reconfigure(policy)
         self.metrics.policy_reloads.labels("accepted").inc()
         self.metrics.set_policy(policy.metadata.name, policy.digest())
         log.info("policy.reloaded", policy=policy.metadata.name, policy_hash=policy.digest())

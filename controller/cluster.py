@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from policies.decisions import Decision
+from policies.model import Policy
 from policies.snapshot import Snapshot
 
 __all__ = ["ActionResult", "Cluster", "ClusterRuntime", "Outcome"]
@@ -72,6 +73,10 @@ class ClusterRuntime(Protocol):
 
     def is_leader(self) -> bool:
         """True while this replica may write to the cluster (checked before every action)."""
+        ...
+
+    def reconfigure(self, policy: Policy) -> None:
+        """A reloaded policy: the actuation-time safety checks follow it."""
         ...
 
     async def run(self) -> None:

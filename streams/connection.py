@@ -94,7 +94,7 @@ async def ensure_topics(
                 )
     except (KafkaError, TimeoutError) as exc:
         raise ConnectionError(
-            f"cannot create topics on Kafka at {config.bootstrap}: {exc!r}"
+            f"cannot reach Kafka at {config.bootstrap} to create topics: {exc}"
         ) from exc
     finally:
         await admin.close()

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
+from controller.kube.client import KubeConfigError
 from streams.broker import BrokerError
 
 __all__ = ["UserError", "run_async"]
@@ -19,7 +20,14 @@ __all__ = ["UserError", "run_async"]
 T = TypeVar("T")
 
 #: Errors a user can act on: an unreachable service, a missing or unreadable file, bad input.
-UserError = (ConnectionError, BrokerError, FileNotFoundError, PermissionError, ValueError)
+UserError = (
+    ConnectionError,
+    BrokerError,
+    FileNotFoundError,
+    PermissionError,
+    ValueError,
+    KubeConfigError,
+)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

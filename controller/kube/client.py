@@ -134,16 +134,19 @@ async def call(
 
 
 async def connect(
-    kubeconfig: Path | None = None, *, context: str | None = None
+    kubeconfig: Path | None = None, *, context: str | None = None, pool_size: int = 256
 ) -> client.ApiClient:
     """An API client: in-cluster when running in a pod (and no kubeconfig is given), else from
-    ``kubeconfig``, ``$KUBECONFIG`` or ``~/.kube/config``."""
+    ``kubeconfig``, ``$KUBECONFIG`` or ``~/.kube/config``. ``pool_size`` bounds concurrent
+    connections: every open watch holds one, so it must exceed the number of watches."""
     if kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
         try:
             config.load_incluster_config()  # type: ignore[no-untyped-call]
         except config.ConfigException as exc:
             raise KubeConfigError(f"in-cluster configuration failed: {exc}") from exc
-        return client.ApiClient()
+        configuration = client.Configuration.get_default_copy()
+        configuration.connection_pool_maxsize = pool_size
+        return client.ApiClient(configuration)
     path = kubeconfig or Path(os.environ.get("KUBECONFIG", "~/.kube/config")).expanduser()  # noqa: ASYNC240 - once, at start-up
     if not path.is_file():
         raise KubeConfigError(
@@ -151,6 +154,7 @@ async def connect(
             "(set --kubeconfig or KUBECONFIG)"
         )
     configuration = client.Configuration()
+    configuration.connection_pool_maxsize = pool_size
     try:
         await config.load_kube_config(
             config_file=str(path), context=context, client_configuration=configuration

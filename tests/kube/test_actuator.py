@@ -12,14 +12,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes_asyncio.client import ApiClient, Configuration
-from support.kubeapi import KubeAPIServer
-from support.kubeapi_objects import make_pod
 
 from controller.cluster import ActionResult, Outcome
 from controller.kube.actuator import ApiLimits, KubeActuator
 from controller.safety import SafetyGate
 from policies.decisions import Decision, Evict, Explanation, Scale
 from policies.model import Policy
+from support.kubeapi import KubeAPIServer
+from support.kubeapi_objects import make_pod
 
 Obj = dict[str, Any]
 TRAINING = {"ebbtide.io/class": "training"}

@@ -19,6 +19,7 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client import ApiClient, ApiException, Configuration
 from kubernetes_asyncio.leaderelection import electionconfig, leaderelection
 from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
+
 from support.kubeapi import KubeAPIServer
 from support.kubeapi_objects import make_node, make_pod
 from support.kubeapi_store import ResourceType

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 from structlog.testing import capture_logs
-from support.kubeapi import KubeAPIServer
-from support.kubeapi_objects import make_node, make_pod
 
 from controller.kube.informer import Backoff, Change, Informer, Resource
+from support.kubeapi import KubeAPIServer
+from support.kubeapi_objects import make_node, make_pod
 
 PODS = Resource(plural="pods")
 NODES = Resource(plural="nodes", namespaced=False)

@@ -8,9 +8,9 @@ import time
 
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
-from support.kubeapi import KubeAPIServer
 
 from controller.kube.leader import LeaderElector, LeaseSettings
+from support.kubeapi import KubeAPIServer
 
 FAST = LeaseSettings(
     name="ebbtide", namespace="ebbtide-system", lease_duration_s=2, renew_deadline_s=1.5,

@@ -11,9 +11,6 @@ from typing import Any
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
-from support.kubeapi import KubeAPIServer
-from support.kubeapi_objects import make_node, make_pod
-from support.mig_manager import MigManager
 
 from controller.cluster import ActionResult, Outcome
 from controller.kube.actuator import ApiLimits, KubeActuator, MigFlowSettings
@@ -21,6 +18,9 @@ from controller.kube.migflow import CONFIG_LABEL, FLOW_ANNOTATION, STATE_LABEL
 from controller.safety import SafetyGate
 from policies.decisions import Explanation, MigConvert, MigRevert
 from policies.model import Policy
+from support.kubeapi import KubeAPIServer
+from support.kubeapi_objects import make_node, make_pod
+from support.mig_manager import MigManager
 
 Obj = dict[str, Any]
 TRAINING = {"ebbtide.io/class": "training"}

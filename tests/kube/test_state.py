@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
-from support.kubeapi import KubeAPIServer
-from support.kubeapi_objects import make_node, make_pod
 
 from controller.kube.informer import Backoff, Informer
 from controller.kube.state import ClusterStateSettings, KubeClusterState
 from controller.kube.translate import DEPLOYMENT, PYTORCHJOB, STATEFULSET, snapshot_from
 from policies.snapshot import Snapshot
+from support.kubeapi import KubeAPIServer
+from support.kubeapi_objects import make_node, make_pod
 
 Obj = dict[str, Any]
 FAST = Backoff(base_s=0.02, max_s=0.2)

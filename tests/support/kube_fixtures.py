@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
+
 from support.kubeapi import KubeAPIServer
 from support.mig_manager import A100_80GB_PROFILES, MigManager
 

@@ -1,0 +1,97 @@
+"""``ebbtide run``: the controller process (see :mod:`controller.app`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from controller.app import Controller, load_policy_files
+from controller.cli.runner import run_async
+from controller.cluster import ClusterRuntime
+from controller.settings import Settings, load_settings
+from policies.model import Policy
+
+__all__ = ["COMMANDS"]
+
+
+async def make_runtime(settings: Settings, policy: Policy) -> ClusterRuntime:
+    """The cluster adapter named by ``settings.cluster``."""
+    if settings.cluster.startswith("sim:"):
+        from controller.sim.runtime import SimRuntime
+
+        return SimRuntime.from_file(Path(settings.cluster.removeprefix("sim:")), policy, settings)
+    from controller.kube.runtime import KubeRuntime
+
+    return await KubeRuntime.connect(settings, policy)
+
+
+@click.command()
+@click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Policy file (repeatable; several merge). Env: EBBTIDE_POLICIES='[...]'.",
+)
+@click.option("--bootstrap", help="Kafka bootstrap servers. Env: EBBTIDE_KAFKA__BOOTSTRAP.")
+@click.option("--cluster", help="kube (default) or sim:SCENARIO.yaml.")
+@click.option("--dry-run/--no-dry-run", default=None, help="Decide and report; write nothing.")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path),
+    help="YAML settings file. Env: EBBTIDE_CONFIG.",
+)
+@click.option("--kubeconfig", type=click.Path(path_type=Path), help="Default: in-cluster.")
+@click.option("--metrics-address", help="host:port for /metrics, /healthz, /readyz.")
+@click.option("--identity", help="This replica's name (Lease holder, consumer group).")
+@click.option("--group-id", help="Kafka consumer group (default ebbtide-<identity>).")
+def run(
+    policies: tuple[Path, ...],
+    bootstrap: str | None,
+    cluster: str | None,
+    dry_run: bool | None,
+    config_file: Path | None,
+    kubeconfig: Path | None,
+    metrics_address: str | None,
+    identity: str | None,
+    group_id: str | None,
+) -> None:
+    """Run the controller: consume events, evaluate the policy, act on the cluster."""
+    kafka: dict[str, Any] = {
+        k: v for k, v in {"bootstrap": bootstrap, "group_id": group_id}.items() if v
+    }
+    kube: dict[str, Any] = {
+        k: v for k, v in {"kubeconfig": kubeconfig, "identity": identity}.items() if v
+    }
+    try:
+        settings = load_settings(
+            config_file,
+            policies=list(policies) or None,
+            cluster=cluster,
+            dry_run=dry_run,
+            kafka=kafka or None,
+            kube=kube or None,
+            http={"address": metrics_address} if metrics_address else None,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise click.UsageError(f"invalid settings: {problems}") from None
+
+    async def main() -> None:
+        policy = load_policy_files(settings)
+        runtime = await make_runtime(settings, policy)
+        try:
+            await Controller(settings, runtime, policy).run()
+        finally:
+            await runtime.close()
+
+    run_async(main())
+
+
+COMMANDS = [run]

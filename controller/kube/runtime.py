@@ -1,0 +1,99 @@
+"""The Kubernetes cluster runtime: watches, actuator and leader election, assembled.
+
+:class:`KubeRuntime` is what ``ebbtide run --cluster kube`` hands the controller: the cluster
+port (a snapshot from :class:`~controller.kube.state.KubeClusterState`, decisions carried out by
+:class:`~controller.kube.actuator.KubeActuator` behind a :class:`~controller.safety.SafetyGate`),
+leadership from a Lease (:class:`~controller.kube.leader.LeaderElector`), and the per-tick
+upkeep that moves MIG conversions along. Every replica watches; only the leader writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from kubernetes_asyncio.client import ApiClient
+
+from controller.cluster import ActionResult, Cluster
+from controller.kube.actuator import KubeActuator
+from controller.kube.client import connect
+from controller.kube.leader import LeaderElector, LeaseSettings
+from controller.kube.state import ClusterStateSettings, KubeClusterState
+from controller.safety import SafetyGate
+from controller.settings import Settings
+from policies.decisions import Decision
+from policies.model import Policy
+from policies.snapshot import Snapshot
+
+__all__ = ["KubeCluster", "KubeRuntime"]
+
+
+class KubeCluster:
+    """The cluster port over the watch cache and the actuator."""
+
+    def __init__(self, state: KubeClusterState, actuator: KubeActuator) -> None:
+        self.state = state
+        self.actuator = actuator
+
+    @property
+    def synced(self) -> bool:
+        return self.state.synced
+
+    def snapshot(self) -> Snapshot:
+        return self.state.snapshot()
+
+    async def apply(self, decisions: Sequence[Decision]) -> list[ActionResult]:
+        return await self.actuator.apply(decisions)
+
+
+class KubeRuntime:
+    """A real cluster through its API. Build with :meth:`connect`."""
+
+    def __init__(self, api: ApiClient, settings: Settings, policy: Policy) -> None:
+        k = settings.kube
+        self._api = api
+        self.elector = LeaderElector(
+            api,
+            identity=k.identity,
+            settings=LeaseSettings(
+                name=k.lease_name,
+                namespace=k.lease_namespace,
+                lease_duration_s=k.lease_duration_s,
+                renew_deadline_s=k.renew_deadline_s,
+                retry_period_s=k.retry_period_s,
+            ),
+        )
+        self.gate = SafetyGate(policy, is_leader=self.is_leader, dry_run=settings.dry_run)
+        self.state = KubeClusterState(
+            api, ClusterStateSettings(node_selector=k.node_selector or None)
+        )
+        self._cluster = KubeCluster(self.state, KubeActuator(api, self.gate))
+
+    @classmethod
+    async def connect(cls, settings: Settings, policy: Policy) -> KubeRuntime:
+        """Connect with in-cluster config or a kubeconfig (``KubeConfigError`` if neither)."""
+        api = await connect(settings.kube.kubeconfig, context=settings.kube.context)
+        return cls(api, settings, policy)
+
+    @property
+    def cluster(self) -> Cluster:
+        return self._cluster
+
+    def is_leader(self) -> bool:
+        return self.elector.is_leader
+
+    def reconfigure(self, policy: Policy) -> None:
+        self.gate.reconfigure(policy)
+
+    async def run(self) -> None:
+        await asyncio.gather(self.state.run(), self.elector.run())
+
+    async def tick(self, now: float) -> list[ActionResult]:
+        """Move MIG conversions along (the leader only: followers never write)."""
+        if not self.is_leader() or not self.state.synced:
+            return []
+        return await self._cluster.actuator.resume_all()
+
+    async def close(self) -> None:
+        self.state.stop()
+        await self._api.close()
