@@ -132,6 +132,7 @@ class Engine:
         self._cooldowns = Cooldowns()
         self._flights = MigFlights()
         self._free_since: dict[str, float] = {}
+        self._held: dict[str, tuple[float, str]] = {}
         self._demand_since: list[float | None] = [None]
         self._gpu_windows: dict[str, UtilizationWindow] = {}
         self._pool_windows: dict[str, UtilizationWindow] = {}
@@ -281,12 +282,14 @@ class Engine:
         spec = self._policy.spec
         if spec.kill_switch:
             return []
+        self._held = {pod: hold for pod, hold in self._held.items() if hold[0] > now}
         rnd = Round(
             now=now,
             policy=self._policy,
             inv=inv,
             budgets=self._budgets,
             cooldowns=self._cooldowns,
+            held={pod: why for pod, (_, why) in self._held.items()},
         )
         for svc in self._ordered:
             if svc.slo.state == "breaching":
@@ -308,6 +311,11 @@ class Engine:
                 breaching=bool(busy_pools),
             )
         return rnd.decisions
+
+    def hold_off(self, pod: str, *, until: float, reason: str) -> None:
+        """The cluster refused to evict ``pod`` (a PodDisruptionBudget answered 429): do not
+        pick it as a victim again before ``until``; the next one in victim order is taken."""
+        self._held[pod] = (until, reason)
 
     # -- state for metrics and reports -------------------------------------------------------
 

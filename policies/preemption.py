@@ -22,7 +22,7 @@ inputs and reads no clock, so the engine, ``policy test`` and a what-if tool sha
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from policies.decisions import Alternative
@@ -99,12 +99,15 @@ def plan_capacity(
     scale_budget: int,
     eviction_budget: int,
     taken: frozenset[str] = frozenset(),
+    held: Mapping[str, str] | None = None,
 ) -> Plan:
     """Free at least ``needed`` whole GPUs in ``pool`` (as many as possible when it cannot).
 
     ``pod_pool`` maps node names to pools; ``taken`` holds workload and pod keys already claimed
-    by an earlier plan in the same evaluation.
+    by an earlier plan in the same evaluation; ``held`` maps pods the cluster recently refused to
+    evict (a PodDisruptionBudget) to the reason, so the next victim in order is taken instead.
     """
+    held = held or {}
     rejected: list[Alternative] = []
 
     def reject(option: str, why: str) -> None:
@@ -169,7 +172,7 @@ def plan_capacity(
                 break
             if pod.key in gone or pod.node is None or pod_pool.get(pod.node) != pool:
                 continue
-            why = _protection(pod, cview, protected_namespaces)
+            why = held.get(pod.key) or _protection(pod, cview, protected_namespaces)
             if why is not None:
                 reject(f"evict {pod.key}", why)
                 continue

@@ -18,7 +18,7 @@ Design:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from policies.budgets import Budgets, Cooldowns
@@ -54,6 +54,8 @@ class Round:
     decisions: list[Decision] = field(default_factory=list)
     claimed: dict[str, int] = field(default_factory=dict)
     taken: set[str] = field(default_factory=set)
+    held: Mapping[str, str] = field(default_factory=dict)
+    """Pods the cluster refused to evict lately, with why: skipped as victims for a while."""
 
     @property
     def dry_run(self) -> bool:
@@ -144,6 +146,7 @@ def respond_to_breach(
                 scale_budget=rnd.budgets.scale_steps.remaining(now) - (1 if spec.scale else 0),
                 eviction_budget=rnd.budgets.evictions.remaining(now),
                 taken=frozenset(rnd.taken),
+                held=rnd.held,
             )
             alternatives.extend(plan.rejected)
     freed = plan.freed if plan is not None else 0

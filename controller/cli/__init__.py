@@ -34,9 +34,9 @@ def cli(log_level: str, log_format: str) -> None:
 
 
 def _register() -> None:
-    from controller.cli import policy, run, stream_commands
+    from controller.cli import policy, run, scenario, stream_commands
 
-    for command in [*stream_commands.COMMANDS, *policy.COMMANDS, *run.COMMANDS]:
+    for command in [*stream_commands.COMMANDS, *policy.COMMANDS, *run.COMMANDS, *scenario.COMMANDS]:
         cli.add_command(command)
 
 

@@ -1,0 +1,165 @@
+"""The scheduler's side of the simulated cluster: node and pod records, and a node index.
+
+Design:
+
+* :class:`NodeRec` keeps a node's whole-GPU and MIG capacity next to what its pods hold, updated
+  incrementally as pods bind and leave, so no placement recounts a node.
+* :class:`NodeIndex` buckets schedulable whole-card nodes by free GPUs (insertion-ordered dicts,
+  so iteration is deterministic) and lists schedulable MIG nodes. Cordoned and reconfiguring
+  nodes are in neither. :meth:`NodeIndex.fit` is best fit: the fitting node with the fewest free
+  GPUs, which packs pods and keeps whole nodes free, in a walk over a few buckets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from controller.kube.translate import mig_slices_per_gpu
+from controller.sim.values import GpuUse
+from policies.inventory import matches
+from policies.snapshot import MIG_DISABLED, Gpu, Node, Pod
+
+__all__ = ["Flight", "NodeIndex", "NodeRec", "PodRec", "gpu_use", "mig_layout"]
+
+
+@dataclass(slots=True)
+class PodRec:
+    """A pod, where it may run, its scheduling order and whether it is terminating."""
+
+    pod: Pod
+    selector: Mapping[str, str]
+    order: tuple[int, float, int]
+    terminating: bool = False
+    gone_at: float = math.inf
+
+
+@dataclass(slots=True)
+class Flight:
+    """A MIG conversion or revert under way on a node."""
+
+    target: str
+    previous: str | None
+    was_cordoned: bool
+    to_pool: str | None
+    phase: Literal["draining", "reconfiguring"] = "draining"
+
+
+@dataclass(slots=True)
+class NodeRec:
+    """A node, its capacity and what its pods hold."""
+
+    node: Node
+    cap: int = 0
+    mig_cap: dict[str, int] = field(default_factory=dict)
+    used: int = 0
+    used_mig: dict[str, int] = field(default_factory=dict)
+    pods: dict[str, None] = field(default_factory=dict)
+    flight: Flight | None = None
+    bucket: int | None = None
+
+    def set_node(self, node: Node) -> None:
+        """Take ``node`` as the current value; recount capacity when its GPUs changed."""
+        if node.gpus is not self.node.gpus or node.mig_config != self.node.mig_config:
+            self.cap = node.whole_gpus
+            self.mig_cap = node.mig_capacity() if node.is_mig else {}
+        self.node = node
+
+    def hold(self, pod: Pod, sign: int) -> None:
+        """Count ``pod``'s GPUs as held here (``sign`` +1) or released (-1)."""
+        if sign > 0:
+            self.pods[pod.key] = None
+        else:
+            self.pods.pop(pod.key, None)
+        self.used += sign * pod.gpus
+        for profile, n in pod.mig.items():
+            self.used_mig[profile] = self.used_mig.get(profile, 0) + sign * n
+
+    @classmethod
+    def of(cls, node: Node) -> NodeRec:
+        mig = node.mig_capacity() if node.is_mig else {}
+        return cls(node, cap=node.whole_gpus, mig_cap=mig)
+
+
+class NodeIndex:
+    """Schedulable nodes: whole-card ones bucketed by free GPUs, MIG ones in a list."""
+
+    __slots__ = ("_free", "_mig")
+
+    def __init__(self) -> None:
+        self._free: dict[int, dict[str, NodeRec]] = {}
+        self._mig: dict[str, NodeRec] = {}
+
+    def update(self, rec: NodeRec) -> None:
+        """Re-file ``rec`` after its capacity, use, cordon or flight changed."""
+        name = rec.node.name
+        if rec.bucket is not None:
+            bucket = self._free[rec.bucket]
+            bucket.pop(name, None)
+            if not bucket:
+                del self._free[rec.bucket]
+            rec.bucket = None
+        self._mig.pop(name, None)
+        if rec.node.cordoned or rec.flight is not None:
+            return
+        if rec.mig_cap:
+            self._mig[name] = rec
+        elif rec.cap > 0 or not rec.node.gpus:
+            rec.bucket = rec.cap - rec.used
+            self._free.setdefault(rec.bucket, {})[name] = rec
+
+    def fit(self, pod: Pod, selector: Mapping[str, str]) -> NodeRec | None:
+        """The node ``pod`` goes to, or ``None`` when none fits."""
+        if pod.mig:
+            for rec in self._mig.values():
+                free = rec.mig_cap
+                used = rec.used_mig
+                if all(free.get(p, 0) - used.get(p, 0) >= n for p, n in pod.mig.items()) and (
+                    matches(selector, rec.node.labels)
+                ):
+                    return rec
+            return None
+        for free_gpus in sorted(f for f in self._free if f >= pod.gpus):
+            for rec in self._free[free_gpus].values():
+                if matches(selector, rec.node.labels):
+                    return rec
+        return None
+
+
+def gpu_use(
+    nodes: Iterable[NodeRec],
+    pods: Mapping[str, PodRec],
+    pools: Mapping[str, str],
+    training: Mapping[str, str],
+) -> dict[str, GpuUse]:
+    """Physical GPUs per pool (``pools``: node name → pool) by use; a whole card held by a pod
+    whose labels match ``training`` is training, by any other pod inference."""
+    acc: dict[str, list[int]] = {}
+    for rec in nodes:
+        row = acc.setdefault(pools[rec.node.name], [0] * 8)
+        gpus = len(rec.node.gpus)
+        row[0] += gpus
+        if rec.flight is not None:
+            row[5] += gpus
+        elif rec.mig_cap:
+            row[4] += gpus
+            row[6] += sum(rec.used_mig.values())
+            row[7] += sum(rec.mig_cap.values())
+        else:
+            held = [pods[k].pod for k in rec.pods]
+            train = sum(p.gpus for p in held if matches(training, p.labels))
+            row[2] += train
+            row[1] += rec.used - train
+            row[3] += gpus - rec.used
+    return {k: GpuUse(*acc[k]) for k in sorted(acc)}
+
+
+def mig_layout(gpus: tuple[Gpu, ...], config: str) -> tuple[Gpu, ...]:
+    """The node's GPUs under MIG ``config`` (``all-1g.10gb``; ``all-disabled``: whole cards)."""
+    if config == MIG_DISABLED:
+        return tuple(Gpu(g.index, g.model) for g in gpus)
+    profile = config.removeprefix("all-")
+    slices = mig_slices_per_gpu(profile)
+    return tuple(Gpu(g.index, g.model, profile, slices) for g in gpus)

@@ -1,0 +1,369 @@
+"""Scenario files: the starting cluster of a simulation, as validated YAML.
+
+A scenario is ``apiVersion: ebbtide.io/v1alpha1``, ``kind: Scenario``, ``metadata`` and a
+``spec`` holding the seed, the :class:`~controller.sim.cluster.SimDelays`, pools, priority
+classes, nodes (or node groups with a ``count``), workloads and standalone pods. See
+``docs/scenarios.md`` for the format with a complete example.
+
+Design:
+
+* The vocabulary is the one of policy case files (:class:`~policies.casetest.SnapshotSpec`):
+  :class:`ScenarioNode`, :class:`ScenarioWorkload` and :class:`ScenarioPod` extend its node,
+  workload and pod models with what a simulation needs (node groups, pools and node selectors,
+  MIG requests, elastic bounds written as the annotations the engine reads). One shape, two uses.
+* Validation is the policies' (:func:`~policies.loader.validate_document`): unknown keys are
+  errors, durations and percentages need units, and every problem is reported together as
+  ``FILE:LINE:COL: path: message``. Cross references (undefined pools, priority classes and
+  nodes, duplicate names) are checked in a model validator that raises errors at the exact
+  path, so they are placed in the file like schema errors.
+* Times in the file are offsets from the simulation's start (``created: 90s``); the cluster is
+  built by :func:`build_cluster`, which a :class:`~policies.model.Policy` may complete with its
+  pools, training selector, elastic annotation names and MIG pools.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from controller.sim.cluster import SimCluster
+from controller.sim.values import EPOCH, PodTemplate, SimDelays
+from policies.casetest import NodeSpec, PodSpec, WorkloadSpec
+from policies.loader import PolicyError, Source, validate_document
+from policies.model import API_VERSION, Duration, Loc, Metadata, Percent, PoolSpec, _Model
+from policies.snapshot import FrozenMap, Snapshot, SnapshotBuilder
+
+if TYPE_CHECKING:
+    from policies.model import Policy
+
+__all__ = [
+    "KIND",
+    "DelaysSpec",
+    "ElasticBounds",
+    "Scenario",
+    "ScenarioLoadError",
+    "ScenarioNode",
+    "ScenarioPod",
+    "ScenarioSpec",
+    "ScenarioWorkload",
+    "build_cluster",
+    "check_scenario",
+    "load_scenario",
+    "load_scenario_text",
+]
+
+KIND: Final = "Scenario"
+_MIN: Final = "ebbtide.io/min-replicas"
+_MAX: Final = "ebbtide.io/max-replicas"
+_GANG: Final = "ebbtide.io/gang-minimum"
+_Count = Annotated[int, Field(ge=0)]
+
+
+class DelaysSpec(_Model):
+    """How long the simulated cluster takes to do things."""
+
+    eviction_grace: Duration = 30.0
+    """Grace of terminations the cluster starts itself (scale-down, MIG drain)."""
+    pod_startup: Duration = 10.0
+    """From a pod's binding to Running."""
+    mig_reconfigure: Duration = 180.0
+    """From setting the MIG layout on a drained node to success or failure."""
+    mig_failure_probability: Percent = 0.0
+    """Chance a MIG reconfiguration fails and rolls back, e.g. 5%."""
+    scale_up_create: Duration = 2.0
+    """From replicas going up (or an eviction) to the new pod existing."""
+
+    def to_delays(self) -> SimDelays:
+        return SimDelays(
+            eviction_grace_s=self.eviction_grace,
+            pod_startup_s=self.pod_startup,
+            mig_reconfigure_s=self.mig_reconfigure,
+            mig_failure_probability=self.mig_failure_probability,
+            scale_up_create_s=self.scale_up_create,
+        )
+
+
+class ScenarioNode(NodeSpec):
+    """A node, or ``count`` identical nodes whose ``name`` contains ``{i}`` (0, 1, …)."""
+
+    gpus: _Count = 8
+    count: Annotated[int, Field(ge=1)] | None = None
+    """Make this many nodes, numbering ``{i}`` in the name from 0."""
+
+    @model_validator(mode="after")
+    def _group(self) -> ScenarioNode:
+        if self.count is not None and "{i}" not in self.name:
+            raise ValueError("a node group (count) needs {i} in its name")
+        if self.count is None and "{i}" in self.name:
+            raise ValueError("{i} in a name needs a count")
+        return self
+
+    def names(self) -> list[str]:
+        if self.count is None:
+            return [self.name]
+        return [self.name.replace("{i}", str(i)) for i in range(self.count)]
+
+
+class ElasticBounds(_Model):
+    """Elastic training bounds, written as the annotations the engine reads."""
+
+    min: _Count
+    """Fewest replicas (``ebbtide.io/min-replicas``)."""
+    max: Annotated[int, Field(ge=1)]
+    """Most replicas (``ebbtide.io/max-replicas``)."""
+    gang_minimum: Annotated[int, Field(ge=1)] | None = None
+    """Fewest pods the job can run with (``ebbtide.io/gang-minimum``)."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ElasticBounds:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is greater than max ({self.max})")
+        return self
+
+
+class ScenarioWorkload(WorkloadSpec):
+    """A workload: its pods are created (and re-created) by the simulated cluster."""
+
+    replicas: _Count = 1
+    gpus_per_replica: _Count = 1
+    pool: str | None = None
+    """Run the pods only on nodes of this pool (its nodeSelector)."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """More labels the pods' nodes must carry."""
+    mig: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
+    """MIG instances per replica by profile (``1g.10gb: 1``); replaces gpusPerReplica."""
+    elastic: ElasticBounds | None = None
+    """Elastic bounds (training)."""
+    pod_annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations of the workload's pods."""
+
+
+class ScenarioPod(PodSpec):
+    """A standalone pod (gone for good once evicted)."""
+
+    gpus: _Count = 0
+    pool: str | None = None
+    """Run the pod only on nodes of this pool."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+
+
+class ScenarioSpec(_Model):
+    seed: int = 0
+    """Seed of the simulation's random choices (MIG failures)."""
+    delays: DelaysSpec = DelaysSpec()
+    """Effect delays."""
+    pools: dict[str, PoolSpec] = Field(default_factory=dict)
+    """Node pools by name, as in a policy (workloads name them; MIG moves relabel with them)."""
+    training_selector: dict[str, str] = Field(
+        default_factory=lambda: {"ebbtide.io/class": "training"}
+    )
+    """Labels marking training pods in reports when no policy is given."""
+    priority_classes: dict[str, int] = Field(default_factory=dict)
+    nodes: list[ScenarioNode] = Field(default_factory=list)
+    workloads: list[ScenarioWorkload] = Field(default_factory=list)
+    pods: list[ScenarioPod] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _references(self) -> ScenarioSpec:
+        errors: list[InitErrorDetails] = []
+
+        def bad(loc: Loc, value: object, message: str) -> None:
+            errors.append(
+                InitErrorDetails(
+                    type=PydanticCustomError("reference", message), loc=loc, input=value
+                )
+            )
+
+        nodes: set[str] = set()
+        for i, node in enumerate(self.nodes):
+            for name in node.names():
+                if name in nodes:
+                    bad(("nodes", i, "name"), node.name, f"duplicate node name {name!r}")
+                nodes.add(name)
+        pools = ", ".join(sorted(self.pools)) or "none"
+        entries: list[tuple[str, int, ScenarioWorkload | ScenarioPod]] = [
+            *(("workloads", i, w) for i, w in enumerate(self.workloads)),
+            *(("pods", i, p) for i, p in enumerate(self.pods)),
+        ]
+        seen: set[str] = set()
+        for section, i, item in entries:
+            key = f"{item.namespace}/{item.name}"
+            if key in seen:
+                bad((section, i, "name"), item.name, f"duplicate {key}")
+            seen.add(key)
+            if item.pool is not None and item.pool not in self.pools:
+                bad((section, i, "pool"), item.pool, f"undefined pool {item.pool!r} ({pools})")
+            cls = item.priority_class
+            if cls is not None and cls not in self.priority_classes:
+                bad((section, i, "priorityClass"), cls, f"undefined priority class {cls!r}")
+            targets = item.nodes if isinstance(item, ScenarioWorkload) else [item.node]
+            for j, target in enumerate(targets):
+                if target is not None and target not in nodes:
+                    loc: Loc = (section, i, "nodes", j) if section == "workloads" else (
+                        section, i, "node")  # fmt: skip
+                    bad(loc, target, f"undefined node {target!r}")
+        if errors:
+            raise ValidationError.from_exception_data("ScenarioSpec", errors)
+        return self
+
+
+class Scenario(_Model):
+    api_version: Literal["ebbtide.io/v1alpha1"]
+    """Always ebbtide.io/v1alpha1."""
+    kind: Literal["Scenario"]
+    """Always Scenario."""
+    metadata: Metadata
+    spec: ScenarioSpec
+
+    def to_snapshot(self, *, start: float = EPOCH, policy: Policy | None = None) -> Snapshot:
+        """The cluster at the start: pods placed by the simulator's scheduler, Running."""
+        return build_cluster(self, start=start, policy=policy).snapshot()
+
+
+class ScenarioLoadError(ValueError):
+    """A scenario was refused; ``errors`` holds every problem, placed in the file."""
+
+    def __init__(self, errors: list[PolicyError]) -> None:
+        self.errors = tuple(errors)
+        super().__init__("\n".join(str(e) for e in self.errors))
+
+
+def check_scenario(source: Source) -> tuple[Scenario | None, list[PolicyError]]:
+    """The scenario (when valid) and every problem as ``FILE:LINE:COL`` errors."""
+    return validate_document(Scenario, source)
+
+
+def load_scenario_text(text: str, name: str = "<scenario>") -> Scenario:
+    """A scenario from YAML text; :class:`ScenarioLoadError` with every problem."""
+    scenario, errors = check_scenario(Source(name, text))
+    if errors or scenario is None:
+        raise ScenarioLoadError(errors)
+    return scenario
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """A scenario from a file; :class:`ScenarioLoadError` with every problem."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioLoadError([PolicyError(str(path), 1, 1, "", f"cannot read: {exc}")]) from exc
+    return load_scenario_text(text, str(path))
+
+
+def build_cluster(
+    scenario: Scenario, *, start: float = EPOCH, policy: Policy | None = None
+) -> SimCluster:
+    """The :class:`SimCluster` of ``scenario`` at ``start``; ``policy`` (optional) adds its pools
+    (its own win on a name clash), training selector, elastic annotation names and MIG pools."""
+    spec = scenario.spec
+    pools = dict(spec.pools)
+    selector: dict[str, str] = dict(spec.training_selector)
+    names = (_MIN, _MAX, _GANG)
+    convert_to = revert_to = None
+    if policy is not None:
+        pools.update(policy.spec.pools)
+        training = policy.spec.training
+        if training is not None:
+            selector = dict(training.selector)
+            elastic = training.elastic
+            names = (
+                elastic.min_replicas_annotation,
+                elastic.max_replicas_annotation,
+                training.gang_minimum_annotation,
+            )
+        if policy.spec.mig is not None:
+            convert_to, revert_to = policy.spec.mig.to_pool, policy.spec.mig.from_pool
+
+    def node_selector(pool: str | None, extra: dict[str, str]) -> FrozenMap[str]:
+        labels = dict(pools[pool].node_selector) if pool in pools else {}
+        return FrozenMap({**labels, **extra})
+
+    b = SnapshotBuilder()
+    for cls, value in sorted(spec.priority_classes.items()):
+        b.priority_class(cls, value)
+    for n in spec.nodes:
+        for name in n.names():
+            b.node(
+                name,
+                gpus=n.gpus,
+                model=n.model,
+                labels=n.labels,
+                annotations=n.annotations,
+                cordoned=n.cordoned,
+                mig_config=n.mig_config,
+                mig_state=n.mig_state,
+            )
+    templates: dict[str, PodTemplate] = {}
+    for w in spec.workloads:
+        annotations = dict(w.annotations)
+        if w.elastic is not None:
+            annotations[names[0]] = str(w.elastic.min)
+            annotations[names[1]] = str(w.elastic.max)
+            if w.elastic.gang_minimum is not None:
+                annotations[names[2]] = str(w.elastic.gang_minimum)
+        key = f"{w.namespace}/{w.name}"
+        tpl = PodTemplate(
+            FrozenMap(w.mig), node_selector(w.pool, w.node_selector), FrozenMap(w.pod_annotations)
+        )
+        templates[key] = tpl
+        common: dict[str, Any] = {
+            "labels": w.labels,
+            "priority": w.priority,
+            "priority_class": w.priority_class,
+            "created": start + w.created,
+        }
+        b.workload(
+            w.namespace,
+            w.name,
+            kind=w.kind,
+            replicas=w.replicas,
+            gpus_per_replica=w.gpus_per_replica,
+            annotations=annotations,
+            **common,
+        )
+        for i in range(w.replicas if w.nodes else 0):
+            b.pod(
+                w.namespace,
+                f"{w.name}-{i}",
+                node=w.nodes[i % len(w.nodes)],
+                gpus=0 if w.mig else w.gpus_per_replica,
+                mig=w.mig,
+                workload=key,
+                annotations=w.pod_annotations,
+                **common,
+            )
+    selectors: dict[str, FrozenMap[str]] = {}
+    for p in spec.pods:
+        b.pod(
+            p.namespace,
+            p.name,
+            node=p.node,
+            phase=p.phase,
+            gpus=p.gpus,
+            mig=p.mig,
+            priority=p.priority,
+            priority_class=p.priority_class,
+            workload=p.workload,
+            labels=p.labels,
+            annotations=p.annotations,
+            created=start + p.created,
+        )
+        selectors[f"{p.namespace}/{p.name}"] = node_selector(p.pool, p.node_selector)
+    return SimCluster(
+        b.build(),
+        delays=spec.delays.to_delays(),
+        seed=spec.seed,
+        start=start,
+        pools=pools,
+        training_selector=selector,
+        templates=templates,
+        pod_selectors=selectors,
+        convert_to=convert_to,
+        revert_to=revert_to,
+    )
+
+
+_ = API_VERSION  # the same apiVersion as policies (kept importable from here)
