@@ -33,7 +33,7 @@ from controller.cluster import ActionResult, ClusterRuntime, Outcome
 from controller.http import HealthServer
 from controller.metrics import Metrics, StateSources
 from controller.settings import Settings
-from policies.decisions import decision_to_dict
+from policies.decisions import Decision, Evict, Scale, decision_to_dict
 from policies.engine import Engine
 from policies.loader import check_policy, read_sources
 from policies.model import Policy
@@ -46,6 +46,10 @@ from streams.producer import DeadLetter, KafkaProducer
 __all__ = ["Controller", "load_policy_files"]
 
 log = structlog.get_logger("ebbtide")
+
+#: How long a pod whose eviction a PodDisruptionBudget refused is skipped as a victim.
+BLOCKED_HOLD_OFF_S = 60.0
+_NOT_DONE = frozenset({Outcome.REFUSED, Outcome.BLOCKED, Outcome.FAILED})
 
 
 def load_policy_files(settings: Settings) -> Policy:
@@ -89,6 +93,7 @@ class Controller:
         self._tasks: list[asyncio.Task[None]] = []
         self._crashed: list[str] = []
         self._audits: set[asyncio.Task[None]] = set()
+        self._producer: KafkaProducer | None = None
         self.http = HealthServer(
             settings.http.address,
             registry=self.metrics.registry,
@@ -252,17 +257,40 @@ class Controller:
             self.metrics.event_to_decision.observe(max(0.0, self._clock() - self._newest_event))
         for d in decisions:
             self.metrics.decisions.labels(d.action, d.explanation.rule).inc()
-        decided = time.perf_counter()
-        if self.runtime.is_leader():
-            applied = await cluster.apply(decisions)
-        else:
-            applied = [ActionResult(d, Outcome.REFUSED, "not the leader") for d in decisions]
-        took = time.perf_counter() - decided
+        applied = await self._carry_out(decisions)
         for result in applied:
-            self.metrics.decision_to_api.labels(result.decision.action).observe(took)
+            if result.outcome in _NOT_DONE:
+                # Budgets count what happened; a PDB's "not now" moves on to the next victim.
+                hold = now + BLOCKED_HOLD_OFF_S if result.outcome is Outcome.BLOCKED else None
+                self.engine.not_done(result.decision, reason=result.detail, hold_until=hold)
         results = [*results, *applied]
         self._account(results)
         return results
+
+    async def _carry_out(self, decisions: list[Decision]) -> list[ActionResult]:
+        """Apply decisions in the engine's order, one by one. The engine frees GPUs for a
+        service before scaling it up; when freeing fails (a PDB, a refusal), the scale-up it
+        was for is not applied, so no inference pod is created without room (the scheduler
+        might otherwise preempt training behind the PDB's back)."""
+        cluster = self.runtime.cluster
+        unfreed: dict[str, str] = {}
+        out: list[ActionResult] = []
+        for d in decisions:
+            if not self.runtime.is_leader():
+                out.append(ActionResult(d, Outcome.REFUSED, "not the leader"))
+                continue
+            if isinstance(d, Scale) and d.role == "inference" and d.cause in unfreed:
+                why = f"the GPUs it needs were not freed: {unfreed[d.cause]}"
+                out.append(ActionResult(d, Outcome.REFUSED, why))
+                continue
+            started = time.perf_counter()
+            (result,) = await cluster.apply([d])
+            self.metrics.decision_to_api.labels(d.action).observe(time.perf_counter() - started)
+            frees = isinstance(d, Evict) or (isinstance(d, Scale) and d.role == "training")
+            if frees and d.cause is not None and result.outcome in _NOT_DONE:
+                unfreed[d.cause] = f"{d.action} {d.target} {result.outcome.value}"
+            out.append(result)
+        return out
 
     def _account(self, results: list[ActionResult]) -> None:
         for r in results:
@@ -280,7 +308,7 @@ class Controller:
 
     def _audit(self, record: dict[str, object]) -> None:
         topic = self.settings.kafka.decisions_topic
-        if topic is None:
+        if topic is None or self._producer is None:
             return
         payload = json.dumps(record, default=str).encode()
         key = str(record["target"]).encode()

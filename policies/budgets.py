@@ -15,6 +15,7 @@ Design:
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from dataclasses import dataclass
 
@@ -66,6 +67,11 @@ class SlidingBudget:
             raise ValueError(f"budget {self.name} exceeded")
         self._spent.extend([now] * units)
 
+    def refund(self, at: float) -> None:
+        """Give back one unit spent at ``at`` (the action did not happen after all)."""
+        with contextlib.suppress(ValueError):  # already out of the window: nothing to give
+            self._spent.remove(at)
+
     def state(self, now: float) -> BudgetState:
         used = self.used(now)
         return BudgetState(self.name, self.max, self.per_s, used, max(0, self.max - used))
@@ -97,6 +103,14 @@ class Budgets:
         self.mig_conversions.reconfigure(
             max=spec.mig_conversions.max, per_s=spec.mig_conversions.per
         )
+
+    def for_action(self, action: str) -> SlidingBudget:
+        """The budget a decision's ``action`` spends from."""
+        if action == "evict":
+            return self.evictions
+        if action == "scale":
+            return self.scale_steps
+        return self.mig_conversions
 
     def states(self, now: float) -> list[BudgetState]:
         """Every budget's state, in a fixed order (for metrics)."""

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from policies.budgets import Budgets, BudgetState, Cooldowns
-from policies.decisions import Decision
+from policies.decisions import Decision, Evict
 from policies.inventory import Inventory
 from policies.loader import Source, check_policy
 from policies.mig import IdleTracker, MigFlights
@@ -312,10 +312,14 @@ class Engine:
             )
         return rnd.decisions
 
-    def hold_off(self, pod: str, *, until: float, reason: str) -> None:
-        """The cluster refused to evict ``pod`` (a PodDisruptionBudget answered 429): do not
-        pick it as a victim again before ``until``; the next one in victim order is taken."""
-        self._held[pod] = (until, reason)
+    def not_done(self, decision: Decision, *, reason: str, hold_until: float | None = None) -> None:
+        """Feedback: ``decision`` was not carried out (refused, blocked, failed). Its budget
+        unit is given back, so budgets count actions that happened. With ``hold_until``, an
+        eviction's pod (a PodDisruptionBudget answered 429) is not picked as a victim again
+        before then: the next one in victim order is taken instead."""
+        self._budgets.for_action(decision.action).refund(decision.at)
+        if hold_until is not None and isinstance(decision, Evict):
+            self._held[decision.pod] = (hold_until, reason)
 
     # -- state for metrics and reports -------------------------------------------------------
 

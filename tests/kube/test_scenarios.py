@@ -1,0 +1,141 @@
+"""Scenarios over the Kubernetes adapter: the real engine, watch cache, safety gate and actuator
+against the HTTP test server, driven through :meth:`Controller.evaluate_once` (no Kafka)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.app import Controller, load_policy_files
+from controller.cluster import Outcome
+from controller.kube.runtime import KubeRuntime
+from controller.settings import load_settings
+from streams.events import InferenceLatency
+from support.e2e import HERE, TRAINING, build_cluster, workload_pod
+from support.kubeapi import KubeAPIServer
+
+pytestmark = pytest.mark.slow
+
+
+class Rig:
+    """A controller without Kafka: feed the engine, evaluate, look at the API server."""
+
+    def __init__(self, controller: Controller, kubeapi: KubeAPIServer) -> None:
+        self.controller = controller
+        self.kubeapi = kubeapi
+
+    def breach(self, latency_ms: float = 900.0) -> None:
+        for _ in range(40):
+            self.controller.engine.observe(
+                InferenceLatency(ts=time.time(), service="chat", namespace="serving",
+                                 samples_ms=[latency_ms] * 20)
+            )  # fmt: skip
+
+    def evictions(self) -> list[str]:
+        return [
+            r.path.split("/")[-2]
+            for r in self.kubeapi.requests
+            if r.method == "POST" and r.path.endswith("/eviction") and r.status == 201
+        ]
+
+    async def run_for(self, seconds: float) -> list[Any]:
+        results = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.breach()
+            results.extend(await self.controller.evaluate_once())
+            await asyncio.sleep(0.2)
+        return results
+
+
+@pytest.fixture
+async def rig(kubeapi: KubeAPIServer, tmp_path: Path) -> AsyncIterator[Rig]:
+    """The full end-to-end cluster (no free GPU) with training pinned at 9..10 replicas, so a
+    breach must evict; a protected-namespace and a do-not-disrupt training pod on gpu-2."""
+    await build_cluster(kubeapi, full=True)
+    await kubeapi.patch(
+        "Deployment", "ml", "train", {"metadata": {"annotations": {"ebbtide.io/min-replicas": "9"}}}
+    )
+    for namespace, name, extra in (
+        ("kube-system", "sys", {}),
+        ("ml", "precious", {"ebbtide.io/do-not-disrupt": "true"}),
+    ):
+        pod = workload_pod(namespace, name, 0, "gpu-2", TRAINING, "training-low")
+        pod["metadata"]["annotations"] = extra
+        pod["metadata"]["ownerReferences"] = []
+        pod["metadata"]["creationTimestamp"] = "2026-12-02T00:00:00Z"  # the newest of all
+        await kubeapi.create(pod)
+    settings = load_settings(
+        policies=[HERE / "policy.yaml"],
+        kube={"kubeconfig": kubeapi.write_kubeconfig(tmp_path / "kubeconfig"),
+              "lease_namespace": "default", "lease_duration_s": 2, "renew_deadline_s": 1.5,
+              "retry_period_s": 1},
+        http={"address": "127.0.0.1:0"},
+    )  # fmt: skip
+    policy = load_policy_files(settings)
+    runtime = await KubeRuntime.connect(settings, policy)
+    task = asyncio.create_task(runtime.run())
+    try:
+        deadline = time.monotonic() + 10
+        while not (runtime.cluster.synced and runtime.is_leader()):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        yield Rig(Controller(settings, runtime, policy), kubeapi)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await runtime.close()
+
+
+async def test_breach_shrinks_then_evicts_never_inference_or_protected(rig: Rig) -> None:
+    """Shrinking to the floor is not enough, so training pods are evicted newest first; the
+    protected-namespace, do-not-disrupt and inference pods are never chosen."""
+    results = await rig.run_for(4)
+    evicted = rig.evictions()
+    assert evicted, [(r.decision.action, r.outcome, r.detail) for r in results]
+    assert all(name.startswith("train-") for name in evicted)
+    assert rig.kubeapi.get("Pod", "kube-system", "sys-5d8f7-0") is not None
+    assert rig.kubeapi.get("Pod", "ml", "precious-5d8f7-0") is not None
+    assert len(rig.kubeapi.objects("Pod", "serving")) == 2
+    shrink = [
+        r for r in results if r.decision.action == "scale" and r.decision.target == "ml/train"
+    ]
+    assert shrink
+    assert shrink[0].decision.to_replicas == 9  # the floor: min-replicas
+
+
+async def test_a_pdb_refusal_moves_on_to_the_next_victim(rig: Rig) -> None:
+    """Every training pod but one is covered by a PodDisruptionBudget that allows no
+    disruption: those evictions are BLOCKED (429, pods kept, never deleted behind the PDB's
+    back) and the engine moves on down the victim order until it evicts the free one."""
+    await rig.kubeapi.create(
+        {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+         "metadata": {"name": "pinned", "namespace": "ml"},
+         "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"pin": "yes"}}}}
+    )  # fmt: skip
+    free = "train-5d8f7-4"
+    for i in range(10):
+        if (name := f"train-5d8f7-{i}") != free:
+            await rig.kubeapi.patch("Pod", "ml", name, {"metadata": {"labels": {"pin": "yes"}}})
+    await asyncio.sleep(0.3)  # the watch cache sees the labels
+    results = await rig.run_for(15)
+    blocked = {r.decision.target for r in results if r.outcome is Outcome.BLOCKED}
+    assert blocked
+    assert f"ml/{free}" not in blocked
+    assert rig.evictions() == [free], "\n".join(
+        f"{r.decision.action} {r.decision.target} {r.outcome} {r.detail[:60]}" for r in results
+    )
+    for target in blocked:
+        assert rig.kubeapi.get("Pod", "ml", target.split("/")[1]) is not None
+
+
+async def test_budgets_cap_evictions_under_a_burst_of_breaches(rig: Rig) -> None:
+    """However long the breach lasts, evictions stay within the policy's budget (4 per minute),
+    counted at the API server."""
+    await rig.run_for(8)
+    assert 1 <= len(rig.evictions()) <= 4
