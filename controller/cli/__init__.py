@@ -34,10 +34,11 @@ def cli(log_level: str, log_format: str) -> None:
 
 
 def _register() -> None:
-    from controller.cli import policy, run, scenario, stream_commands
+    from controller.cli import agent, policy, replay, run, scenario, stream_commands
 
-    for command in [*stream_commands.COMMANDS, *policy.COMMANDS, *run.COMMANDS, *scenario.COMMANDS]:
-        cli.add_command(command)
+    for module in (stream_commands, policy, run, replay, scenario, agent):
+        for command in module.COMMANDS:
+            cli.add_command(command)
 
 
 _register()

@@ -1,0 +1,186 @@
+"""Benchmark ``ebbtide replay``: events/s and peak memory on large generated recordings.
+
+Run: ``python benchmarks/replay.py [--lengths 1000000 5000000] [--runs 3] [--gzip]``. Prints
+figures; asserts nothing. Target (issue 6): >= 200k events/s on one core with memory
+independent of the recording's length.
+
+The scene: 1,000 GPUs (125 nodes of 8 in pool ``whole``) and 200 inference services. Each
+simulated second every GPU reports its utilization and every service one latency event of 4
+requests (1,200 events/s of event time); every tenth service has a 2-minute burst at 10x its
+latency every 20 minutes, so SLOs breach and the engine scales services and shrinks training.
+The cluster is inferred from the recording (that pass is timed apart: ``inventory``). Each
+length runs in a fresh process (so peak RSS is that run's own), ``--runs`` times; the median
+events/s of the replay loop (engine, simulated cluster, accounting, ``decisions.jsonl``) is
+reported, then the report's rendering time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+T0 = 1_767_225_600.0
+NODES, GPUS_PER_NODE, SERVICES = 125, 8, 200
+PER_SECOND = NODES * GPUS_PER_NODE + SERVICES
+
+
+def policy_text() -> str:
+    services = "\n".join(
+        f"    svc-{i:03d}: {{namespace: serving, pool: whole, replicas: {{min: 2, max: 8}}, "
+        f"scale: {{maxStep: 2}}, slo: {{percentile: 99, objectiveMs: 200, window: 60s, "
+        f"resolution: 5s, breachAfter: 30s, minSamples: 20}}}}"
+        for i in range(SERVICES)
+    )
+    return f"""\
+apiVersion: ebbtide.io/v1alpha1
+kind: Policy
+metadata: {{name: bench}}
+spec:
+  pools:
+    whole: {{nodeSelector: {{ebbtide.io/pool: whole}}, kind: whole}}
+    mig: {{nodeSelector: {{ebbtide.io/pool: mig}}, kind: mig}}
+  services:
+{services}
+  training: {{selector: {{ebbtide.io/class: training}}}}
+  mig:
+    fromPool: whole
+    toPool: mig
+    convertBelow: 20%
+    convertAfter: 30m
+    profiles: {{A100-80GB: all-1g.10gb}}
+    revertAfter: 5m
+  budgets:
+    scaleSteps: {{max: 100, per: 10m}}
+"""
+
+
+def generate(path: Path, events: int) -> None:
+    """Write a recording of ``events`` messages (gzip when ``path`` ends in .gz)."""
+    rnd = random.Random(6)
+    lat = [
+        '{"topic":"ebbtide.inference.latency","partition":0,"offset":0,"ts_ms":%d,'
+        f'"key":"serving/svc-{i:03d}","headers":[],"value":{{"type":"inference.latency",'
+        f'"ts":%r,"service":"svc-{i:03d}","namespace":"serving","samples_ms":[%s]}}}}\n'
+        for i in range(SERVICES)
+    ]
+    gpu = [
+        '{"topic":"ebbtide.gpu.utilization","partition":0,"offset":0,"ts_ms":%d,'
+        f'"key":"node-{n:03d}","headers":[],"value":{{"type":"gpu.utilization",'
+        f'"ts":%r,"node":"node-{n:03d}","gpu":{g},"util_pct":%.1f}}}}\n'
+        for n in range(NODES)
+        for g in range(GPUS_PER_NODE)
+    ]
+    base_util = [rnd.uniform(40, 95) if n < 110 else rnd.uniform(0, 3) for n in range(NODES)]
+    written, s = 0, 0
+    gz = path.suffix == ".gz"
+    with gzip.open(path, "wt", compresslevel=1) if gz else open(path, "w") as out:
+        while written < events:
+            ts, ms = T0 + s, int((T0 + s) * 1000)
+            burst = (s % 1200) < 120
+            chunk = []
+            for i, tpl in enumerate(lat):
+                scale = 10.0 if burst and i % 10 == 0 else 1.0
+                v = ",".join(f"{rnd.uniform(20, 150) * scale:.1f}" for _ in range(4))
+                chunk.append(tpl % (ms, ts, v))
+            for k, tpl in enumerate(gpu):
+                u = min(100.0, max(0.0, base_util[k // GPUS_PER_NODE] + rnd.uniform(-5, 5)))
+                chunk.append(tpl % (ms, ts, u))
+            take = min(len(chunk), events - written)
+            out.write("".join(chunk[:take]))
+            written += take
+            s += 1
+
+
+def run_once(path: Path, out: Path) -> dict[str, float]:
+    """One replay in this process; figures as a dict (printed as JSON by the child)."""
+    from controller.replay.inventory import infer_cluster
+    from controller.replay.report import write_outputs
+    from controller.replay.runner import replay
+    from policies.loader import load_policy_text
+
+    policy = load_policy_text(policy_text())
+    t = time.perf_counter()
+    inferred = infer_cluster(path, policy)
+    inventory_s = time.perf_counter() - t
+    t = time.perf_counter()
+    result = replay(path, policy=policy, cluster=inferred.simulate, out_dir=out)
+    replay_s = time.perf_counter() - t
+    t = time.perf_counter()
+    write_outputs(result, out)
+    report_s = time.perf_counter() - t
+    s = result.summary.to_dict()
+    return {
+        "events": s["events"]["total"],
+        "replay_s": replay_s,
+        "inventory_s": inventory_s,
+        "report_s": report_s,
+        "events_per_s": s["events"]["total"] / replay_s,
+        "actions": s["actions"]["total"],
+        "breaches": sum(v["breaches_total"] for v in s["slo"].values()),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1_000_000, 5_000_000])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--gzip", action="store_true", help="gzip the recordings")
+    parser.add_argument("--child", nargs=2, metavar=("RECORDING", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_once(Path(args.child[0]), Path(args.child[1]))))
+        return
+    with tempfile.TemporaryDirectory(prefix="ebbtide-bench-") as tmp:
+        rows = []
+        for n in args.lengths:
+            path = Path(tmp) / f"r{n}.jsonl{'.gz' if args.gzip else ''}"
+            t = time.perf_counter()
+            generate(path, n)
+            print(
+                f"generated {n:,} events ({path.stat().st_size / 2**20:,.0f} MiB) "
+                f"in {time.perf_counter() - t:.1f}s",
+                flush=True,
+            )
+            runs = []
+            for _ in range(args.runs):
+                child = subprocess.run(
+                    [sys.executable, __file__, "--child", str(path), str(Path(tmp) / "out")],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
+                runs.append(json.loads(child.stdout.strip().splitlines()[-1]))
+            rate = statistics.median(r["events_per_s"] for r in runs)
+            first = runs[0]
+            rows.append((n, rate, max(r["peak_rss_mib"] for r in runs), first))
+            print(
+                f"  {n:>10,} events: replay {rate:,.0f} events/s (median of {len(runs)}: "
+                + ", ".join(f"{r['events_per_s']:,.0f}" for r in runs)
+                + f"), peak RSS {rows[-1][2]:,.0f} MiB, inventory pass "
+                f"{first['inventory_s']:.1f}s, report {first['report_s']:.2f}s, "
+                f"{first['actions']:.0f} actions, {first['breaches']:.0f} breaches",
+                flush=True,
+            )
+            path.unlink()
+        if len(rows) > 1:
+            lo, hi = rows[0], rows[-1]
+            print(
+                f"memory: {lo[2]:,.0f} MiB at {lo[0]:,} events, {hi[2]:,.0f} MiB at {hi[0]:,} "
+                f"({hi[0] / lo[0]:.0f}x the events, {hi[2] / lo[2]:.2f}x the memory)"
+            )
+
+
+if __name__ == "__main__":
+    main()

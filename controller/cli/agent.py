@@ -1,0 +1,154 @@
+"""``ebbtide agent``: the node telemetry agent (see :mod:`controller.agent`).
+
+Kafka security settings come from the same environment variables as ``ebbtide run``
+(``EBBTIDE_KAFKA__SECURITY_PROTOCOL``, ``EBBTIDE_KAFKA__SASL_PASSWORD_FILE``, …; the topic from
+``EBBTIDE_KAFKA__GPU_TOPIC``), so one Secret serves the controller and the agents. NVML is
+initialised before anything else: without a driver the command fails at once with one line.
+SIGTERM and SIGINT finish the current round, flush and exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+from typing import Any
+
+import click
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from controller.agent.nvml import NvmlReader, NvmlUnavailable
+from controller.agent.pods import DEFAULT_SOCKET, PodAttribution, PodResourcesClient
+from controller.agent.publisher import Agent, AgentSettings, AgentStats, MigUtil
+from controller.cli.runner import run_async
+from controller.settings import KafkaSettings
+from policies.model import parse_duration
+from streams.connection import KafkaConfig
+from streams.producer import KafkaProducer
+
+__all__ = ["COMMANDS", "agent", "kafka_from_env"]
+
+
+class _KafkaEnv(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="EBBTIDE_", env_nested_delimiter="__", extra="ignore", frozen=True
+    )
+
+    kafka: KafkaSettings = KafkaSettings()
+
+
+def kafka_from_env(bootstrap: str) -> tuple[KafkaConfig, str]:
+    """The connection (``bootstrap`` wins over the environment) and the GPU topic."""
+    try:
+        settings = _KafkaEnv(kafka={"bootstrap": bootstrap, "client_id": "ebbtide-agent"}).kafka
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise click.ClickException(f"invalid Kafka settings: {where}: {first['msg']}") from exc
+    return settings.connection(), settings.gpu_topic
+
+
+def _duration(_ctx: Any, _param: Any, value: str) -> float:
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    if seconds <= 0:
+        raise click.BadParameter("must be longer than 0s")
+    return seconds
+
+
+@click.command()
+@click.option("--bootstrap", envvar="EBBTIDE_KAFKA_BOOTSTRAP", required=True, metavar="HOST:PORT",
+              help="Kafka bootstrap servers (comma-separated).")  # fmt: skip
+@click.option("--node", envvar="NODE_NAME", default=socket.gethostname,
+              show_default="$NODE_NAME or the hostname",
+              help="Node name: the events' key.")  # fmt: skip
+@click.option("--interval", default="5s", callback=_duration, metavar="DURATION",
+              help="Time between samples, e.g. 500ms, 5s, 1m.")  # fmt: skip
+@click.option("--max-rate", type=click.FloatRange(min=0, min_open=True), default=20.0,
+              help="Most events per second, sustained.")  # fmt: skip
+@click.option("--burst", type=click.IntRange(min=1),
+              help="Most events at once [default: max-rate x interval].")  # fmt: skip
+@click.option("--mig-util", type=click.Choice(["memory", "skip"]), default="memory",
+              help="For MIG instances without NVML utilization: publish memory occupancy "
+              "(header ebbtide-util-source: memory) or skip them.")  # fmt: skip
+@click.option("--pod-attribution/--no-pod-attribution", default=True,
+              help="Name the pod using each device (kubelet pod-resources API).")  # fmt: skip
+@click.option("--pod-resources-socket", default=DEFAULT_SOCKET, metavar="PATH",
+              help="The kubelet pod-resources socket.")  # fmt: skip
+def agent(
+    bootstrap: str,
+    node: str,
+    interval: float,
+    max_rate: float,
+    burst: int | None,
+    mig_util: MigUtil,
+    pod_attribution: bool,
+    pod_resources_socket: str,
+) -> None:
+    """Publish GPU and MIG-instance utilization of this node as gpu.utilization events."""
+    config, topic = kafka_from_env(bootstrap)
+    settings = AgentSettings(
+        node=node,
+        interval_s=interval,
+        max_rate=max_rate,
+        burst=burst,
+        mig_util=mig_util,
+        topic=topic,
+    )
+    reader = NvmlReader()
+    try:
+        reader.open()
+    except NvmlUnavailable as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
+        stats = run_async(
+            serve(
+                settings,
+                config,
+                reader=reader,
+                pod_attribution=pod_attribution,
+                socket_path=pod_resources_socket,
+            )
+        )
+    except NvmlUnavailable as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        reader.close()
+    click.echo(
+        f"published {stats.published} events in {stats.rounds} rounds; "
+        f"{stats.device_failures} device failures, {stats.rate_limited} rate-limited, "
+        f"{stats.dropped} dropped",
+        err=True,
+    )
+
+
+async def serve(
+    settings: AgentSettings,
+    config: KafkaConfig,
+    *,
+    reader: NvmlReader,
+    pod_attribution: bool,
+    socket_path: str,
+) -> AgentStats:
+    """Run the agent until SIGTERM or SIGINT."""
+    attribution = PodAttribution(PodResourcesClient(socket_path)) if pod_attribution else None
+    runner = Agent(
+        settings,
+        reader=reader,
+        connect=lambda: KafkaProducer(config, linger_ms=20),
+        attribution=attribution,
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, runner.stop)
+    try:
+        return await runner.run()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+COMMANDS = [agent]

@@ -1,0 +1,149 @@
+"""``ebbtide replay``: what would this policy have done on this recording?
+
+The command wires :mod:`controller.replay` together: load and check the policy, build the
+simulated cluster (from ``--cluster SCENARIO``, or inferred from the recording and the policy,
+see :mod:`controller.replay.inventory`), replay, write ``summary.json``, ``decisions.jsonl`` and
+``report.html`` into ``--out``, and print a short summary. A progress bar (bytes of the file
+read) goes to stderr when it is a terminal. Errors a user can fix (a missing recording, an
+invalid policy or scenario) are one line and exit 1.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from controller.replay.inventory import infer_cluster
+from controller.replay.report import write_outputs
+from controller.replay.runner import ReplayCluster, ReplayResult, ReplaySettings, replay
+from controller.sim import SimCluster, load_scenario
+from policies.loader import PolicyLoadError, check_policy, read_sources
+from policies.model import Policy, format_duration, parse_duration
+
+__all__ = ["COMMANDS", "replay_command"]
+
+
+def _one_line(what: str, errors: list[Any], hint: str = "") -> click.ClickException:
+    more = f" (and {len(errors) - 1} more{hint})" if len(errors) > 1 else ""
+    return click.ClickException(f"{what}: {errors[0]}{more}")
+
+
+def _load_policy(paths: tuple[Path, ...]) -> Policy:
+    try:
+        sources = read_sources(paths)
+    except PolicyLoadError as exc:
+        raise _one_line("cannot read policy", list(exc.errors)) from exc
+    policy, errors = check_policy(sources)
+    if errors or policy is None:
+        files = " ".join(str(p) for p in paths)
+        raise _one_line("invalid policy", errors, f"; see ebbtide policy validate {files}")
+    return policy
+
+
+def _duration(_ctx: click.Context, _param: click.Parameter, value: str) -> float:
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    if seconds <= 0:
+        raise click.BadParameter("must be longer than 0s")
+    return seconds
+
+
+def _print_summary(result: ReplayResult, report: Path) -> None:
+    s = result.summary.to_dict()
+    ev, t = s["events"], s["time"]
+    span = (t["end"] - t["start"]) if t["start"] is not None else 0.0
+    rate = ev["total"] / result.wall_s if result.wall_s > 0 else 0.0
+    click.echo(
+        f"replayed {ev['total']} events ({ev['accepted']} accepted, {ev['rejected']} rejected) "
+        f"covering {format_duration(span)} of event time in {result.wall_s:.1f}s "
+        f"({rate:,.0f} events/s); policy {s['policy']['name']} {s['policy']['digest']}"
+    )
+    for key, v in s["slo"].items():
+        att = "no data" if v["attainment"] is None else f"{100 * v['attainment']:.2f}%"
+        click.echo(
+            f"  {key}: P{v['percentile']:g} <= {v['objective_ms']:g}ms attained {att}; "
+            f"{v['breaches_total']} breaches, {format_duration(v['breach_seconds'])} in breach"
+        )
+    acts = s["actions"]["by_type"]
+    click.echo("  actions: " + ", ".join(f"{a} {n}" for a, n in acts.items()))
+    for name, p in s["pools"].items():
+        util = "-" if p["mean_util_pct"] is None else f"{p['mean_util_pct']:.1f}%"
+        click.echo(f"  pool {name}: mean utilization {util}, {p['idle_gpu_seconds']:g} idle GPU-s")
+    if s["events"]["engine"].get("unknown_service"):
+        click.echo(
+            f"  note: {s['events']['engine']['unknown_service']} latency events were for "
+            "services the policy does not name"
+        )
+    click.echo(f"report: {report}")
+
+
+@click.command("replay")
+@click.argument("recording", type=click.Path(path_type=Path))
+@click.option("--policy", "policies", type=click.Path(path_type=Path), multiple=True,
+              required=True, help="Policy file (repeatable: the files merge).")  # fmt: skip
+@click.option("--cluster", "scenario", type=click.Path(path_type=Path), metavar="SCENARIO",
+              help="Scenario file of the starting cluster (default: inferred).")  # fmt: skip
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory for summary.json, decisions.jsonl and report.html.")  # fmt: skip
+@click.option("--speed", type=click.FloatRange(min=0, min_open=True),
+              help="Pace event time at X times the wall clock (default: no pacing).")  # fmt: skip
+@click.option("--evaluate-every", default="1s", callback=_duration, metavar="DURATION",
+              help="Evaluate the policy every DURATION of event time.")  # fmt: skip
+@click.option("--points", type=click.IntRange(min=2), default=600,
+              help="Most points per time series in the report.")  # fmt: skip
+def replay_command(
+    recording: Path,
+    policies: tuple[Path, ...],
+    scenario: Path | None,
+    out: Path,
+    speed: float | None,
+    evaluate_every: float,
+    points: int,
+) -> None:
+    """Replay RECORDING through the policy against a simulated cluster; write a report."""
+    if not recording.is_file():
+        raise click.ClickException(f"recording not found: {recording}")
+    policy = _load_policy(policies)
+    notes: tuple[str, ...] = ()
+    make: Callable[[float], ReplayCluster]
+    if scenario is not None:
+        try:
+            loaded = load_scenario(scenario)
+        except ValueError as exc:
+            errors = list(getattr(exc, "errors", ())) or [exc]
+            raise _one_line("invalid scenario", errors) from exc
+
+        def make(start: float) -> ReplayCluster:
+            return SimCluster.from_scenario(loaded, start=start, policy=policy)
+    else:
+        inferred = infer_cluster(recording, policy)
+        notes, make = inferred.notes, inferred.simulate
+    settings = ReplaySettings(evaluate_every=evaluate_every, speed=speed, points=points)
+    size = recording.stat().st_size
+    started = time.perf_counter()
+    if sys.stderr.isatty():
+        with click.progressbar(length=size, label="replaying", file=sys.stderr) as bar:
+            done = [0]
+
+            def progress(position: int) -> None:
+                bar.update(position - done[0])
+                done[0] = position
+
+            result = replay(recording, policy=policy, cluster=make, out_dir=out,
+                            settings=settings, progress=progress, notes=notes)  # fmt: skip
+    else:
+        result = replay(recording, policy=policy, cluster=make, out_dir=out,
+                        settings=settings, notes=notes)  # fmt: skip
+    result.wall_s = time.perf_counter() - started
+    _, report = write_outputs(result, out)
+    _print_summary(result, report)
+
+
+COMMANDS = [replay_command]

@@ -1,0 +1,301 @@
+"""The replay's outputs: ``summary.json`` and a self-contained ``report.html``.
+
+Plotting approach: **plotly.js, inlined**. The page embeds ``plotly.min.js`` from the pinned
+``plotly`` Python package (read as a file with :mod:`importlib.resources`; the Python plotting
+API is never imported, so building a report costs milliseconds) and one JSON block,
+``<script type="application/json" id="ebbtide-figures">``, holding every figure as plotly's
+``{data, layout}``. A few lines of script hand each to ``Plotly.newPlot``. Why:
+
+* it opens offline, from a file, with no CDN (the library is in the page, ~4.7 MB);
+* the figures are interactive: a day-long replay needs zoom and hover, which a static image
+  (matplotlib SVG) cannot give, and every figure shares the time axis, so zooming one to an
+  incident and reading the others at the same times is direct;
+* the figure data *is* the JSON block, so tests (and users) check exactly what is drawn by
+  parsing it, with no second copy to drift; plotly.js is widely used and maintained.
+
+Figures (each ``{id, kind, title, data, layout}``; ``kind`` is what tests look for):
+
+* ``latency`` — per service (the worst :data:`MAX_SERVICE_PLOTS` by attainment): the windowed
+  percentile (per timeline bucket, its maximum), the objective, and breach bands (layout shapes);
+* ``utilization`` — per pool, mean GPU utilization;
+* ``gpus-by-use`` — per pool, stacked GPUs that are inference / training / idle / MIG /
+  reconfiguring;
+* ``actions`` — actions per bucket, stacked by type, on the same time axis.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final
+
+from controller.replay.runner import ReplayResult
+from controller.replay.summary import ACTIONS, USES
+
+__all__ = ["FIGURES_ID", "MAX_SERVICE_PLOTS", "render_report", "write_outputs"]
+
+FIGURES_ID: Final = "ebbtide-figures"
+MAX_SERVICE_PLOTS: Final = 24
+_COLORS: Final = {
+    "inference": "#1f77b4",
+    "training": "#2ca02c",
+    "idle": "#c7c7c7",
+    "mig": "#9467bd",
+    "reconfiguring": "#ff7f0e",
+    "evict": "#d62728",
+    "scale": "#1f77b4",
+    "mig_convert": "#9467bd",
+    "mig_revert": "#8c564b",
+}
+
+
+def _plotly_js() -> str:
+    return (resources.files("plotly") / "package_data" / "plotly.min.js").read_text("utf-8")
+
+
+def _ms(times: list[float]) -> list[float]:
+    """Epoch seconds to the epoch milliseconds a plotly date axis reads."""
+    return [t * 1000.0 for t in times]
+
+
+def _layout(title: str, y: str, x_range: list[float], **extra: Any) -> dict[str, Any]:
+    return {
+        "title": {"text": title},
+        "height": 320,
+        "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
+        "xaxis": {"type": "date", "range": x_range, "title": {"text": "event time (UTC)"}},
+        "yaxis": {"title": {"text": y}, "rangemode": "tozero"},
+        "legend": {"orientation": "h"},
+        **extra,
+    }
+
+
+def build_figures(result: ReplayResult) -> list[dict[str, Any]]:
+    """Every figure of the report as plotly ``data``/``layout`` (see the module docstring)."""
+    tl = result.timeline
+    summary = result.summary.to_dict()
+    series = tl.series()
+    x = _ms(tl.times())
+    start, end = summary["time"]["start"], summary["time"]["end"]
+    x_range = [start * 1000.0, end * 1000.0] if start is not None else []
+    figures: list[dict[str, Any]] = []
+
+    slo = summary["slo"]
+    worst = sorted(slo, key=lambda k: (slo[k]["attainment"] is None, slo[k]["attainment"], k))
+    for i, key in enumerate(worst[:MAX_SERVICE_PLOTS]):
+        s = slo[key]
+        bands = [
+            {
+                "type": "rect",
+                "xref": "x",
+                "yref": "paper",
+                "x0": b["start"] * 1000.0,
+                "x1": b["end"] * 1000.0,
+                "y0": 0,
+                "y1": 1,
+                "fillcolor": "#d62728",
+                "opacity": 0.15,
+                "line": {"width": 0},
+                "layer": "below",
+            }
+            for b in s["breaches"]
+        ]
+        pct = f"P{s['percentile']:g}"
+        figures.append(
+            {
+                "id": f"latency-{i}",
+                "kind": "latency",
+                "service": key,
+                "title": f"{key}: windowed {pct} vs objective",
+                "data": [
+                    {
+                        "type": "scatter",
+                        "mode": "lines",
+                        "name": f"windowed {pct}",
+                        "x": x,
+                        "y": series.get(f"p:{key}", []),
+                        "connectgaps": False,
+                    },
+                    {
+                        "type": "scatter",
+                        "mode": "lines",
+                        "name": "objective",
+                        "x": x_range,
+                        "y": [s["objective_ms"]] * len(x_range),
+                        "line": {"dash": "dash", "color": "#d62728"},
+                    },
+                ],
+                "layout": _layout(
+                    f"{key}: windowed {pct} vs objective", "ms", x_range, shapes=bands
+                ),
+            }
+        )
+    pools = sorted(summary["pools"])
+    figures.append(
+        {
+            "id": "utilization",
+            "kind": "utilization",
+            "title": "GPU utilization per pool",
+            "data": [
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "name": p,
+                    "x": x,
+                    "y": series.get(f"util:{p}", []),
+                }
+                for p in pools
+            ],
+            "layout": _layout("GPU utilization per pool", "%", x_range),
+        }
+    )
+    for p in pools:
+        figures.append(
+            {
+                "id": f"gpus-by-use-{p}",
+                "kind": "gpus-by-use",
+                "pool": p,
+                "title": f"GPUs by use: pool {p}",
+                "data": [
+                    {
+                        "type": "scatter",
+                        "mode": "lines",
+                        "stackgroup": "use",
+                        "name": u,
+                        "x": x,
+                        "y": series.get(f"use:{p}:{u}", []),
+                        "line": {"color": _COLORS[u]},
+                    }
+                    for u in USES
+                ],
+                "layout": _layout(f"GPUs by use: pool {p}", "GPUs", x_range),
+            }
+        )
+    figures.append(
+        {
+            "id": "actions",
+            "kind": "actions",
+            "title": "Actions",
+            "data": [
+                {
+                    "type": "bar",
+                    "name": a,
+                    "x": x,
+                    "marker": {"color": _COLORS[a]},
+                    "y": series.get(f"actions:{a}", [0.0] * len(x)),
+                }
+                for a in ACTIONS
+            ],
+            "layout": _layout("Actions per interval", "actions", x_range, barmode="stack"),
+        }
+    )
+    return figures
+
+
+def _iso(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _json_script(element_id: str, value: Any) -> str:
+    text = json.dumps(value, separators=(",", ":")).replace("</", "<\\/")
+    return f'<script type="application/json" id="{element_id}">{text}</script>'
+
+
+def render_report(result: ReplayResult) -> str:
+    """The whole page: summary tables, every figure, plotly.js inlined."""
+    s = result.summary.to_dict()
+    figures = build_figures(result)
+    e = html.escape
+    slo_rows = [
+        [
+            e(key),
+            f"P{v['percentile']:g} ≤ {v['objective_ms']:g} ms",
+            "-" if v["attainment"] is None else f"{100 * v['attainment']:.2f}%",
+            f"{v['breach_seconds']:g}",
+            str(v["breaches_total"]),
+        ]
+        for key, v in s["slo"].items()
+    ]
+    pool_rows = [
+        [
+            e(name),
+            e(v["kind"]),
+            "-" if v["mean_util_pct"] is None else f"{v['mean_util_pct']:.1f}%",
+            f"{v['idle_gpu_seconds']:g}",
+        ]
+        for name, v in s["pools"].items()
+    ]
+    acts = s["actions"]
+    action_rows = [
+        [
+            e(a),
+            str(n),
+            e(", ".join(f"{o}: {k}" for o, k in acts["by_type_and_outcome"].get(a, {}).items())),
+        ]
+        for a, n in acts["by_type"].items()
+    ]
+    ev = s["events"]
+    rejected = ", ".join(f"{c}: {n}" for c, n in ev["rejected_by_code"].items()) or "none"
+    divs = "\n".join(
+        f'<h3>{e(f["title"])}</h3><div id="{f["id"]}" class="fig"></div>' for f in figures
+    )
+    notes = "".join(f"<li>{e(n)}</li>" for n in s["inventory"])
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>Ebbtide replay: {e(s["policy"]["name"])}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; }}
+th, td {{ border: 1px solid #ccc; padding: 0.3em 0.8em; text-align: left; }}
+.fig {{ width: 100%; min-height: 320px; }}
+</style>
+<script>{_plotly_js()}</script>
+</head>
+<body>
+<h1>Ebbtide replay</h1>
+<p>Policy <b>{e(s["policy"]["name"])}</b> (sha256 <code>{e(s["policy"]["sha256"])}</code>),
+{_iso(s["time"]["start"])} to {_iso(s["time"]["end"])}, evaluated every
+{s["time"]["evaluate_every_s"]:g}s ({s["time"]["ticks"]} ticks).
+Events: {ev["total"]} total, {ev["accepted"]} accepted, {ev["rejected"]} rejected ({e(rejected)}).
+</p>
+<h2>SLOs</h2>
+{_table(["service", "objective", "attainment", "breach seconds", "breaches"], slo_rows)}
+<h2>Actions</h2>
+{_table(["action", "count", "outcomes"], action_rows)}
+<h2>Pools</h2>
+{_table(["pool", "kind", "mean utilization", "idle GPU-seconds"], pool_rows)}
+<h2>Inventory</h2>
+<ul>{notes or "<li>from the scenario</li>"}</ul>
+<h2>Over time</h2>
+{divs}
+{_json_script(FIGURES_ID, figures)}
+<script>
+for (const f of JSON.parse(document.getElementById("{FIGURES_ID}").textContent)) {{
+  Plotly.newPlot(f.id, f.data, f.layout, {{responsive: true, displaylogo: false}});
+}}
+</script>
+</body>
+</html>
+"""
+
+
+def write_outputs(result: ReplayResult, out_dir: Path) -> tuple[Path, Path]:
+    """Write ``summary.json`` and ``report.html`` into ``out_dir``; return their paths."""
+    summary = out_dir / "summary.json"
+    summary.write_text(json.dumps(result.summary.to_dict(), indent=2) + "\n", encoding="utf-8")
+    report = out_dir / "report.html"
+    report.write_text(render_report(result), encoding="utf-8")
+    return summary, report

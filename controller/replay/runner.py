@@ -1,0 +1,348 @@
+"""Open-loop replay: a recording through the real engine and a simulated cluster, in event time.
+
+Design:
+
+* **Time is event time.** Ticks fall every ``evaluate_every`` seconds at ``T_k = T_0 + k dt``,
+  ``T_0`` being the first accepted event's time rounded up to a multiple of ``dt``. Events are
+  observed in file order; before observing one later than the next tick, every tick before it is
+  run. A tick is: ``cluster.advance(T)`` (grace periods, pod start-ups, MIG reconfigurations due
+  by then), ``engine.evaluate(T, cluster.snapshot())``, ``cluster.apply(decisions)`` (each
+  decision and its outcome go to ``decisions.jsonl`` at once), then the accounting of
+  :mod:`controller.replay.summary` and the report's :class:`~controller.replay.timeline.Timeline`.
+  After the last event one final tick covers it. Events arriving after their tick are observed
+  late, as the live controller would see them.
+* **Open loop.** Latency and utilization come from the recording whatever the decisions were;
+  only the simulated cluster's allocation follows the decisions (``simulate`` closes the loop).
+* **Synchronous.** Reading the file blocks anyway, so the loop is plain code; the port's
+  ``async apply`` runs on a private :class:`asyncio.Runner`, only on ticks with decisions.
+* **As fast as possible**, or paced: with ``speed`` the tick at ``T`` waits until
+  ``(T - T_0) / speed`` wall seconds have passed since the start.
+* **Memory independent of the recording's length**: events are streamed a batch at a time
+  (:mod:`controller.replay.source`), the engine's windows and the accounting are bounded by the
+  policy's services and the cluster's GPUs, decisions are written as they happen, the time
+  series are downsampled to a fixed number of points, and breaches listed are capped.
+* **The hot loop** does per event: a type check, a comparison with the next tick, the engine's
+  ``observe`` and, for utilization, one dict lookup and two float updates (a pool's running sum
+  of its devices' last utilization). Per-tick work is O(services + pools) plus windowed
+  percentiles, which merge a sketch (~90 µs each), so they are rationed: for the plot, on the
+  first tick of a timeline bucket, at most :data:`READS_PER_SAMPLE` services (staggered, so
+  with many services each is drawn every few buckets); for a breach's peak, once per window
+  slot while the service is above its objective.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Final, Protocol
+
+import msgspec
+
+from controller.cluster import Cluster, Outcome
+from controller.replay.source import read_event_batches
+from controller.replay.summary import USES, Summary
+from controller.replay.timeline import Timeline
+from controller.sim import GpuUse
+from policies.decisions import decision_to_dict
+from policies.engine import Engine
+from policies.inventory import matches
+from policies.model import Policy
+from policies.snapshot import Snapshot
+from streams.events import EventDecoder, GpuUtilization, Rejection
+
+__all__ = [
+    "DECISIONS_FILE",
+    "ReplayCluster",
+    "ReplayResult",
+    "ReplaySettings",
+    "policy_sha256",
+    "replay",
+]
+
+DECISIONS_FILE: Final = "decisions.jsonl"
+#: Decisions drawn one by one (with hover text) on the report's action plot.
+MAX_MARKERS: Final = 2000
+
+_DONE: Final = frozenset({Outcome.APPLIED, Outcome.IN_PROGRESS})
+#: Windowed percentiles read for the plot per sampled tick (a read merges a sketch: ~90 µs).
+READS_PER_SAMPLE: Final = 16
+
+
+class ReplayCluster(Cluster, Protocol):
+    """The cluster port plus the simulator's clock and GPU-use view."""
+
+    def advance(self, now: float) -> None: ...
+
+    def gpus_by_use(self) -> Mapping[str, GpuUse]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaySettings:
+    evaluate_every: float = 1.0
+    """Seconds of event time between evaluations."""
+    speed: float | None = None
+    """Event seconds per wall second; ``None``: as fast as possible."""
+    points: int = 600
+    """Most points per time series in the report."""
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    summary: Summary
+    timeline: Timeline
+    markers: list[dict[str, object]] = field(default_factory=list)
+    """The first :data:`MAX_MARKERS` decisions: ``{ts, action, target, outcome}``."""
+    wall_s: float = 0.0
+
+
+def policy_sha256(policy: Policy) -> str:
+    """sha256 of the canonical policy (its JSON by alias): the same for the same policy."""
+    canonical = policy.model_dump_json(by_alias=True, exclude_none=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class _Replay:
+    def __init__(
+        self,
+        policy: Policy,
+        cluster: Callable[[float], ReplayCluster],
+        *,
+        decisions: IO[bytes],
+        settings: ReplaySettings,
+        runner: asyncio.Runner,
+    ) -> None:
+        s = settings
+        self.runner = runner
+        self.engine = Engine(policy)
+        self.make_cluster = cluster
+        self.cluster: ReplayCluster | None = None
+        self.dt = s.evaluate_every
+        self.speed = s.speed
+        self.points = s.points
+        self.summary = Summary.for_policy(policy, policy_sha256(policy), self.dt)
+        self.timeline: Timeline | None = None
+        self.markers: list[dict[str, object]] = []
+        self.out = decisions
+        self.encode = msgspec.json.Encoder().encode
+        self.t0 = 0.0
+        self.k = 0
+        self.next_tick = -math.inf
+        self.wall0 = time.perf_counter()
+        pools = policy.spec.pools
+        self.pool_names = sorted(pools)
+        self.selectors = [pools[p].node_selector for p in self.pool_names]
+        self.node_pool: dict[str, int] = {}
+        self.devices: dict[tuple[str, int | str, int | None], list[float]] = {}
+        self.util_sum = [0.0] * len(self.pool_names)
+        self.util_n = [0] * len(self.pool_names)
+        self.snap: Snapshot | None = None
+        self.services = [
+            (key, acc, policy.spec.services[key.split("/", 1)[1]].slo.percentile / 100.0)
+            for key, acc in self.summary.services.items()
+        ]
+        self.resolution = {
+            f"{spec.namespace}/{name}": spec.slo.resolution
+            for name, spec in policy.spec.services.items()
+        }
+        self.peak_slot: dict[str, int] = {}
+        #: Service i is sampled for the plot in buckets b with b % plot_every == i % plot_every.
+        self.plot_every = max(1, math.ceil(len(self.services) / READS_PER_SAMPLE))
+
+    # -- accounting helpers -----------------------------------------------------------------
+
+    def _refresh_pools(self, snap: Snapshot) -> None:
+        """A new snapshot: nodes may have changed pools (MIG conversion); recount the sums."""
+        self.snap = snap
+        self.node_pool = {}
+        for n in snap.nodes:
+            self.node_pool[n.name] = next(
+                (i for i, sel in enumerate(self.selectors) if matches(sel, n.labels)), -1
+            )
+        sums = [0.0] * len(self.pool_names)
+        counts = [0] * len(self.pool_names)
+        for (node, _, _), cell in self.devices.items():
+            i = self.node_pool.get(node, -1)
+            cell[0] = i
+            if i >= 0:
+                sums[i] += cell[1]
+                counts[i] += 1
+        self.util_sum, self.util_n = sums, counts
+
+    def _quantile(self, key: str, q: float, now: float) -> float | None:
+        # TODO(engine API): Engine.quantile(service_key, now) would avoid reaching inside.
+        return self.engine._services[key].latency.quantile(now, q)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _tick(self, now: float) -> None:
+        if self.speed is not None:
+            delay = self.wall0 + (now - self.t0) / self.speed - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+        cluster, engine, summary = self.cluster, self.engine, self.summary
+        assert cluster is not None
+        cluster.advance(now)
+        snap = cluster.snapshot()
+        if snap is not self.snap:
+            self._refresh_pools(snap)
+        tl = self.timeline
+        assert tl is not None
+        b = tl.bucket(self.k)
+        decisions = engine.evaluate(now, snap)
+        if decisions:
+            for result in self.runner.run(cluster.apply(decisions)):
+                d = result.decision
+                line = decision_to_dict(d)
+                line["applied"] = result.outcome in _DONE
+                line["outcome"] = result.outcome.value
+                line["detail"] = result.detail
+                self.out.write(self.encode(line) + b"\n")
+                summary.action(d.action, result.outcome.value)
+                tl.channel(f"actions:{d.action}", "sum")
+                tl.add(f"actions:{d.action}", b, 1.0)
+                if len(self.markers) < MAX_MARKERS:
+                    self.markers.append(
+                        {
+                            "ts": d.at,
+                            "action": d.action,
+                            "target": d.target,
+                            "outcome": result.outcome.value,
+                        }
+                    )
+            snap = cluster.snapshot()
+            if snap is not self.snap:
+                self._refresh_pools(snap)
+        sample = tl.is_sample_tick(self.k)
+        every = self.plot_every
+        for i, (key, acc, q) in enumerate(self.services):
+            level = engine.slo_state(key).last_level
+            p = None
+            read = sample and level != "none" and b % every == i % every
+            if level == "above":
+                slot = int(now // self.resolution[key])
+                if not acc.in_breach or self.peak_slot.get(key) != slot:
+                    self.peak_slot[key] = slot
+                    read = True
+            if read:
+                p = self._quantile(key, q, now)
+                if p is not None:
+                    tl.add(f"p:{key}", b, p)
+            acc.tick(now, level, p)
+        usage = cluster.gpus_by_use()
+        for i, name in enumerate(self.pool_names):
+            n = self.util_n[i]
+            util = self.util_sum[i] / n if n else None
+            if util is not None:
+                tl.add(f"util:{name}", b, util)
+            use = usage.get(name, GpuUse())
+            uses = {u: getattr(use, u) for u in USES}
+            for u, v in uses.items():
+                tl.add(f"use:{name}:{u}", b, v)
+            summary.pools[name].tick(util, uses)
+        if summary.first_tick is None:
+            summary.first_tick = now
+        summary.last_tick = now
+        summary.ticks += 1
+        self.k += 1
+        self.next_tick = self.t0 + self.k * self.dt
+
+    def _start(self, ts: float) -> None:
+        dt = self.dt
+        self.t0 = self.next_tick = math.ceil(ts / dt) * dt
+        self.cluster = self.make_cluster(self.t0)
+        self.wall0 = time.perf_counter()
+        tl = self.timeline = Timeline(start=self.t0, dt=dt, capacity=self.points)
+        for key, _, _ in self.services:
+            tl.channel(f"p:{key}", "max")
+        for name in self.pool_names:
+            tl.channel(f"util:{name}", "mean")
+            for u in USES:
+                tl.channel(f"use:{name}:{u}", "mean")
+
+    def _until(self, ts: float) -> None:
+        while self.next_tick < ts:
+            self._tick(self.next_tick)
+
+    def run(
+        self, path: Path, decoder: EventDecoder, progress: Callable[[int], None] | None
+    ) -> None:
+        observe = self.engine.observe
+        rejected = self.summary.rejected
+        devices, node_pool = self.devices, self.node_pool
+        accepted = 0
+        for batch in read_event_batches(path, decoder, progress=progress):
+            for item in batch:
+                cls = type(item)
+                if cls is Rejection:
+                    rejected[item.code] += 1  # type: ignore[union-attr]
+                    continue
+                accepted += 1
+                ts: float = item.ts  # type: ignore[union-attr,assignment]
+                if ts > self.next_tick:
+                    if self.timeline is None:
+                        self._start(ts)
+                    if ts > self.next_tick:
+                        self._until(ts)
+                        devices, node_pool = self.devices, self.node_pool
+                observe(item)  # type: ignore[arg-type]
+                if cls is GpuUtilization:
+                    ev: GpuUtilization = item  # type: ignore[assignment]
+                    key = (ev.node, ev.gpu, ev.mig_instance)
+                    cell = devices.get(key)
+                    util = ev.util_pct
+                    if cell is None:
+                        i = node_pool.get(ev.node, -1)
+                        devices[key] = [float(i), util]
+                        if i >= 0:
+                            self.util_sum[i] += util
+                            self.util_n[i] += 1
+                    else:
+                        i = int(cell[0])
+                        if i >= 0:
+                            self.util_sum[i] += util - cell[1]
+                        cell[1] = util
+        self.summary.accepted = accepted
+        if self.timeline is not None:  # every event is at or before next_tick: one more covers them
+            self._tick(self.next_tick)
+            end = self.t0 + self.k * self.dt
+            for _, acc, _ in self.services:
+                acc.close(end)
+        engine = self.engine
+        self.summary.engine = {
+            "observed": engine.observed,
+            "late": engine.late,
+            "unknown_service": engine.unknown,
+        }
+
+
+def replay(
+    path: Path,
+    *,
+    policy: Policy,
+    cluster: Callable[[float], ReplayCluster],
+    out_dir: Path,
+    settings: ReplaySettings | None = None,
+    decoder: EventDecoder | None = None,
+    progress: Callable[[int], None] | None = None,
+    notes: tuple[str, ...] = (),
+) -> ReplayResult:
+    """Replay ``path`` under ``policy``; writes ``out_dir/decisions.jsonl`` as it goes and
+    returns the accounting (see :func:`controller.replay.report.write_outputs`). ``cluster`` makes
+    the simulated cluster given the replay's start ``T_0`` (known at the first event).
+    ``progress`` is called with the bytes of the file read so far after each batch."""
+    settings = settings or ReplaySettings()
+    if not (settings.evaluate_every > 0 and math.isfinite(settings.evaluate_every)):
+        raise ValueError(f"evaluate_every must be positive; got {settings.evaluate_every}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with open(out_dir / DECISIONS_FILE, "wb") as decisions, asyncio.Runner() as runner:
+        run = _Replay(policy, cluster, decisions=decisions, settings=settings, runner=runner)
+        run.summary.notes = notes
+        run.run(path, decoder or EventDecoder(), progress)
+    timeline = run.timeline or Timeline(start=0.0, dt=settings.evaluate_every)
+    return ReplayResult(run.summary, timeline, run.markers, time.perf_counter() - started)

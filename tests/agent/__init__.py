@@ -1,0 +1,1 @@
+"""Tests of the node telemetry agent (``ebbtide agent``) and its fake NVML."""

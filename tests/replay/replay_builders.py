@@ -1,0 +1,93 @@
+"""Builders for replay tests: a small policy, recordings written from events, a cluster."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from controller.sim import SimCluster
+from policies.loader import load_policy_text
+from policies.model import Policy
+from policies.snapshot import SnapshotBuilder
+from streams.events import Event, GpuUtilization, InferenceLatency, encode_event
+
+T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+WHOLE = {"ebbtide.io/pool": "whole"}
+
+POLICY = """\
+apiVersion: ebbtide.io/v1alpha1
+kind: Policy
+metadata: {name: replay-test}
+spec:
+  pools:
+    whole: {nodeSelector: {ebbtide.io/pool: whole}, kind: whole}
+  services:
+    chat:
+      namespace: serving
+      pool: whole
+      replicas: {min: 1, max: 8}
+      cooldown: 60s
+      slo:
+        percentile: 99
+        objectiveMs: 100
+        window: 10s
+        resolution: 1s
+        breachAfter: 5s
+        recoverBelow: 80%
+        recoverAfter: 5s
+        minSamples: 10
+      scale: {tolerance: 10%}
+"""
+
+
+def policy(text: str = POLICY) -> Policy:
+    return load_policy_text(text)
+
+
+def chat_events(
+    seconds: int, *, burst: tuple[int, int], high_ms: float = 390.0, low_ms: float = 50.0
+) -> list[Event]:
+    """Each second: 20 chat requests (``high_ms`` during ``burst`` [start, end)) and a reading
+    of 50% from each GPU of node ``n0``."""
+    out: list[Event] = []
+    for s in range(seconds):
+        value = high_ms if burst[0] <= s < burst[1] else low_ms
+        out.append(
+            InferenceLatency(
+                ts=T0 + s, service="chat", namespace="serving", samples_ms=[value] * 20
+            )
+        )
+        out += [GpuUtilization(ts=T0 + s, node="n0", gpu=g, util_pct=50.0) for g in range(8)]
+    return out
+
+
+def write_recording(path: Path, events: Iterable[Event], *, extra: Iterable[str] = ()) -> Path:
+    """A recording of ``events`` (as ``record`` writes them), then the ``extra`` raw lines."""
+    lines = [json.dumps({"ebbtide_recording": 1, "source": "test"})]
+    for i, event in enumerate(events):
+        record: dict[str, Any] = {
+            "topic": "ebbtide.events",
+            "partition": 0,
+            "offset": i,
+            "ts_ms": int(event.time * 1000),
+            "key": event.key,
+            "headers": [],
+            "value": json.loads(encode_event(event)),
+        }
+        lines.append(json.dumps(record))
+    lines += list(extra)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def one_node_cluster(start: float) -> SimCluster:
+    """Node ``n0`` (8 GPUs, pool whole) running one replica of ``serving/chat``."""
+    snap = (
+        SnapshotBuilder()
+        .node("n0", gpus=8, labels=WHOLE)
+        .workload("serving", "chat", replicas=1, nodes=["n0"])
+        .build()
+    )
+    return SimCluster(snap, start=start, pools=policy().spec.pools)
