@@ -18,6 +18,7 @@ from controller.settings import load_settings
 from streams.events import InferenceLatency
 from support.e2e import HERE, TRAINING, build_cluster, workload_pod
 from support.kubeapi import KubeAPIServer
+from support.rbac_check import rbac_violations
 
 pytestmark = pytest.mark.slow
 
@@ -90,6 +91,7 @@ async def rig(kubeapi: KubeAPIServer, tmp_path: Path) -> AsyncIterator[Rig]:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await runtime.close()
+    assert rbac_violations(kubeapi.requests) == [], "the controller used undeclared permissions"
 
 
 async def test_breach_shrinks_then_evicts_never_inference_or_protected(rig: Rig) -> None:

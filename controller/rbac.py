@@ -1,0 +1,65 @@
+"""The exact Kubernetes permissions the controller uses: the single source of truth.
+
+The Helm chart's ClusterRole and Role are rendered from this list (a test renders the chart and
+compares), and the end-to-end tests check every request the controller made against it, so the
+list, the code and the chart cannot drift apart. No wildcards: each verb is here because some
+code path needs it.
+
+Verbs per resource, and who needs them:
+
+* nodes — get/list/watch (cluster state, MIG flow), patch (cordon, MIG labels, flow annotation);
+* pods — get/list/watch (cluster state, drain); pods/eviction — create (preemption, drain);
+* events — create (an Event for every action and refusal);
+* priorityclasses, poddisruptionbudgets — list/watch (victim order, PDB-aware planning);
+* deployments, statefulsets and the configured custom kinds — get/list/watch, and their
+  ``/scale`` subresource — get/patch (elastic shrink and grow);
+* leases (in the controller's own namespace only: a Role) — get/create/update (leader election).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["CLUSTER_RULES", "LEASE_RULES", "Rule", "allowed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One PolicyRule: API group, resources (``sub/resource`` for subresources), verbs."""
+
+    group: str
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+
+    def as_manifest(self) -> dict[str, list[str]]:
+        return {
+            "apiGroups": [self.group],
+            "resources": list(self.resources),
+            "verbs": list(self.verbs),
+        }
+
+
+#: The ClusterRole: everything the controller reads and changes across the cluster.
+CLUSTER_RULES: tuple[Rule, ...] = (
+    Rule("", ("nodes",), ("get", "list", "watch", "patch")),
+    Rule("", ("pods",), ("get", "list", "watch")),
+    Rule("", ("pods/eviction",), ("create",)),
+    Rule("", ("events",), ("create",)),
+    Rule("scheduling.k8s.io", ("priorityclasses",), ("list", "watch")),
+    Rule("policy", ("poddisruptionbudgets",), ("list", "watch")),
+    Rule("apps", ("deployments", "statefulsets"), ("get", "list", "watch")),
+    Rule("apps", ("deployments/scale", "statefulsets/scale"), ("get", "patch")),
+    Rule("kubeflow.org", ("pytorchjobs",), ("get", "list", "watch")),
+    Rule("kubeflow.org", ("pytorchjobs/scale",), ("get", "patch")),
+)
+
+#: The Role in the controller's namespace: its leader-election Lease.
+LEASE_RULES: tuple[Rule, ...] = (
+    Rule("coordination.k8s.io", ("leases",), ("get", "create", "update")),
+)
+
+
+def allowed(rules: Iterable[Rule], group: str, resource: str, verb: str) -> bool:
+    """Whether ``rules`` grant ``verb`` on ``resource`` (``pods/eviction`` form) in ``group``."""
+    return any(r.group == group and resource in r.resources and verb in r.verbs for r in rules)

@@ -1,0 +1,46 @@
+"""The RBAC list: what the request check allows and refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from support.kubeapi import LoggedRequest
+from support.rbac_check import rbac_violations
+
+
+def req(method: str, path: str, **query: str) -> LoggedRequest:
+    return LoggedRequest(method, path, dict(query), None, "application/json")
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        req("GET", "/api/v1/nodes", watch="true"),
+        req("PATCH", "/api/v1/nodes/gpu-0"),
+        req("POST", "/api/v1/namespaces/ml/pods/p-0/eviction"),
+        req("GET", "/apis/apps/v1/namespaces/ml/deployments/train/scale"),
+        req("PATCH", "/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs/j/scale"),
+        req("PUT", "/apis/coordination.k8s.io/v1/namespaces/ebbtide/leases/ebbtide"),
+        req("POST", "/api/v1/namespaces/default/events"),
+    ],
+    ids=lambda r: f"{r.method} {r.path}",
+)
+def test_what_the_controller_does_is_allowed(request_: LoggedRequest) -> None:
+    """Each kind of request the controller makes is covered by the declared rules."""
+    assert rbac_violations([request_]) == []
+
+
+@pytest.mark.parametrize(
+    ("request_", "why"),
+    [
+        (req("DELETE", "/api/v1/namespaces/ml/pods/p-0"), "core pods delete"),
+        (req("PATCH", "/apis/apps/v1/namespaces/ml/deployments/train"), "apps deployments patch"),
+        (req("GET", "/api/v1/secrets"), "core secrets list"),
+        (req("POST", "/api/v1/nodes"), "core nodes create"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else f"{x.method} {x.path}",
+)
+def test_anything_else_is_a_violation(request_: LoggedRequest, why: str) -> None:
+    """Deleting pods behind a PDB's back, patching workloads, reading secrets: refused."""
+    (violation,) = rbac_violations([request_])
+    assert why in violation
