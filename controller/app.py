@@ -38,6 +38,7 @@ from policies.engine import Engine
 from policies.loader import check_policy, read_sources
 from policies.model import Policy
 from streams import prometheus as prom
+from streams.capture import read_since
 from streams.connection import ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer
 from streams.events import EventDecoder
@@ -50,6 +51,7 @@ log = structlog.get_logger("ebbtide")
 #: How long a pod whose eviction a PodDisruptionBudget refused is skipped as a victim.
 BLOCKED_HOLD_OFF_S = 60.0
 _NOT_DONE = frozenset({Outcome.REFUSED, Outcome.BLOCKED, Outcome.FAILED})
+_DONE_OUTCOMES = frozenset({Outcome.APPLIED.value, Outcome.IN_PROGRESS.value})
 
 
 def load_policy_files(settings: Settings) -> Policy:
@@ -118,6 +120,7 @@ class Controller:
             kafka, topics + ([s.kafka.decisions_topic] if s.kafka.decisions_topic else [])
         )
         await self._warm_start()
+        await self._restore_actions()
         async with KafkaProducer(kafka, linger_ms=20) as producer:
             self._producer = producer
             self._consumer = EventConsumer(
@@ -225,6 +228,34 @@ class Controller:
         for event in result.events:
             self.engine.observe(event)
         log.info("warm_start.done", events=len(result.events), skipped=dict(result.skipped))
+
+    async def _restore_actions(self) -> None:
+        """Read back the actions of the last hours from the decisions log, so budgets and
+        cooldowns hold across a restart or a change of leader: no action is repeated because
+        the replica that took it is gone."""
+        topic = self.settings.kafka.decisions_topic
+        if topic is None:
+            return
+        spec = self.policy.spec
+        horizon = max(
+            spec.budgets.evictions.per,
+            spec.budgets.scale_steps.per,
+            spec.budgets.mig_conversions.per,
+            spec.cooldowns.service,
+            *(s.cooldown or 0.0 for s in spec.services.values()),
+        )
+        values = await read_since(self.settings.kafka.connection(), topic, self._clock() - horizon)
+        done: list[tuple[float, str, str | None]] = []
+        for value in values:
+            try:
+                record = json.loads(value)
+                if record["outcome"] in _DONE_OUTCOMES and not record.get("dry_run"):
+                    done.append((float(record["ts"]), record["action"], record.get("cause")))
+            except (ValueError, KeyError, TypeError):
+                log.warning("restore.bad_record", record=value[:200])
+        for at, action, cause in sorted(done, key=lambda d: d[0]):
+            self.engine.remember(action=action, at=at, cause=cause)
+        log.info("restore.done", actions=len(done), records=len(values), horizon_s=horizon)
 
     # -- evaluation -----------------------------------------------------------------------------
 

@@ -312,6 +312,18 @@ class Engine:
             )
         return rnd.decisions
 
+    def remember(self, *, action: str, at: float, cause: str | None) -> None:
+        """An action carried out before this engine started (read back from the decisions log
+        at start-up, by this replica before a restart or by a previous leader): it counts
+        against its budget, and its service's cooldown runs from ``at``. Feed in time order."""
+        budget = self._budgets.for_action(action)
+        if budget.allows(at):
+            budget.spend(at)
+        if cause is not None:
+            last = self._cooldowns.last(cause)
+            if last is None or at > last:
+                self._cooldowns.mark(cause, at)
+
     def not_done(self, decision: Decision, *, reason: str, hold_until: float | None = None) -> None:
         """Feedback: ``decision`` was not carried out (refused, blocked, failed). Its budget
         unit is given back, so budgets count actions that happened. With ``hold_until``, an

@@ -24,7 +24,7 @@ from streams.connection import KafkaConfig
 from streams.producer import KafkaProducer, RawMessage
 from streams.recording import BadLine, RecordingWriter, read_recording
 
-__all__ = ["PublishResult", "publish", "record"]
+__all__ = ["PublishResult", "publish", "read_since", "record"]
 
 log = structlog.get_logger(__name__)
 
@@ -102,6 +102,50 @@ async def _partitions_of(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
         await consumer.topics()  # refreshes the cluster metadata
         await asyncio.sleep(0.05)
     return set(partitions)
+
+
+async def read_since(
+    config: KafkaConfig, topic: str, since_s: float, *, timeout_s: float = 15.0
+) -> list[bytes]:
+    """Every message value on ``topic`` from ``since_s`` (epoch seconds) to now, in partition
+    order — a bounded catch-up read, e.g. of the controller's own decisions log at start-up.
+
+    Ends when each partition is read up to its high watermark as of the read (``highwater`` is
+    what this broker reports right; ``end_offsets`` is not), or after ``timeout_s``.
+    """
+    consumer = AIOKafkaConsumer(**config.client_kwargs(), group_id=None, enable_auto_commit=False)
+    try:
+        await consumer.start()
+    except KafkaError as exc:
+        await consumer.stop()
+        raise ConnectionError(f"cannot reach Kafka: {exc}") from exc
+    values: list[bytes] = []
+    try:
+        partitions = [
+            TopicPartition(topic, p) for p in sorted(await _partitions_of(consumer, topic))
+        ]
+        consumer.assign(partitions)
+        starts = await consumer.offsets_for_times({tp: int(since_s * 1000) for tp in partitions})
+        pending = set()
+        for tp in partitions:
+            found = starts.get(tp)
+            if found is None:
+                await consumer.seek_to_end(tp)
+            else:
+                consumer.seek(tp, found.offset)
+                pending.add(tp)
+        deadline = time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            batches = await consumer.getmany(*pending, timeout_ms=200)
+            for messages in batches.values():
+                values.extend(m.value for m in messages if m.value is not None)
+            for tp in list(pending):
+                highwater = consumer.highwater(tp)
+                if highwater is not None and await consumer.position(tp) >= highwater:
+                    pending.discard(tp)
+        return values
+    finally:
+        await consumer.stop()
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,8 @@ class ConsumerSettings:
     """Initial and maximum delay between retries of a failing fetch, handler or dead-letter."""
     drain_timeout_s: float = 10.0
     """On stop, how long queued batches may still be applied before they are abandoned."""
+    probe_every_s: float = 2.0
+    """How often an idle consumer asks the broker for metadata to know it is still reachable."""
 
 
 @dataclass(slots=True)
@@ -93,7 +95,8 @@ class ConsumerStats:
     fetch_failures: int = 0
     handler_failures: int = 0
     last_fetch_ok: float | None = None
-    """``time.monotonic()`` of the last fetch that reached the broker."""
+    """``time.monotonic()`` when the broker last answered (a fetch with data, or the periodic
+    metadata probe: an empty ``getmany`` says nothing, aiokafka returns one while disconnected)."""
     lag: dict[tuple[str, int], int] = field(default_factory=dict)
     """Per (topic, partition): the broker's high watermark minus the applied offset."""
 
@@ -190,9 +193,22 @@ class EventConsumer:
 
     # -- fetch side -----------------------------------------------------------------------------
 
+    async def _probe(self) -> None:
+        """Ask the broker for metadata; note when it answers (readiness reads that)."""
+        try:
+            await asyncio.wait_for(self._consumer.topics(), self.settings.probe_every_s * 2)
+        except (KafkaError, TimeoutError) as exc:
+            log.warning("ingest.broker_unreachable", error=repr(exc))
+            return
+        self.stats.last_fetch_ok = time.monotonic()
+
     async def _fetch_loop(self) -> None:
         backoff = _Backoff(*self.settings.retry_backoff_s)
+        last_probe = 0.0
         while not self._stopping.is_set():
+            if time.monotonic() - last_probe >= self.settings.probe_every_s:
+                last_probe = time.monotonic()
+                await self._probe()
             try:
                 records = await self._consumer.getmany(
                     timeout_ms=self.settings.fetch_timeout_ms,
@@ -204,9 +220,9 @@ class EventConsumer:
                 await backoff.wait()
                 continue
             backoff.reset()
-            self.stats.last_fetch_ok = time.monotonic()
             self._update_lag()
             if records:
+                self.stats.last_fetch_ok = time.monotonic()
                 batch = await self._decode(records)
                 if batch is None or not await self._enqueue(batch):
                     return  # stopped first: nothing of this batch is committed

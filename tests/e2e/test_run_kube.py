@@ -2,40 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from streams.broker import free_port
-from support.e2e import HERE, ControllerProcess, World
+from support.e2e import HERE, World, eventually, ready
 
 pytestmark = pytest.mark.slow
-
-
-async def eventually(
-    predicate: Callable[[], bool], within: float, tick: Callable[[], None] | None = None
-) -> None:
-    """Poll ``predicate`` (calling ``tick`` between polls, e.g. to keep producing events)."""
-    deadline = time.monotonic() + within
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        if tick is not None:
-            tick()
-        await asyncio.sleep(0.4)
-
-
-async def ready(process: ControllerProcess, within: float = 40) -> None:
-    def ok() -> bool:
-        assert process.process.poll() is None, process.log.read_text()[-3000:]
-        return process.get("/readyz")[0] == 200
-
-    await eventually(ok, within)
 
 
 async def delete_surplus_pods(world: World, namespace: str, deploy: str) -> None:

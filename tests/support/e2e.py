@@ -12,6 +12,7 @@ test. The cluster:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,6 +121,8 @@ class World:
     kubeconfig: Path
     tmp: Path
     processes: list[ControllerProcess] = field(default_factory=list)
+    sent: dict[str, int] = field(default_factory=dict)
+    """Messages produced per topic."""
 
     def start(self, *extra: str, identity: str = "e2e", env: dict[str, str] | None = None,
               policy: Path = HERE / "policy.yaml") -> ControllerProcess:  # fmt: skip
@@ -131,6 +135,7 @@ class World:
         for event in events:
             producer.produce(topic, json.dumps(event).encode(), key=key.encode())
         assert producer.flush(10) == 0
+        self.sent[topic] = self.sent.get(topic, 0) + len(events)
 
     def latency(self, latency_ms: float, *, count: int = 50) -> None:
         now = time.time()
@@ -224,3 +229,23 @@ class ControllerProcess:
         if self.process.poll() is None:
             self.process.send_signal(sig)
         return self.process.wait(timeout)
+
+
+async def eventually(
+    predicate: Callable[[], bool], within: float, tick: Callable[[], None] | None = None
+) -> None:
+    """Poll ``predicate`` (calling ``tick`` between polls, e.g. to keep producing events)."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        if tick is not None:
+            tick()
+        await asyncio.sleep(0.4)
+
+
+async def ready(process: ControllerProcess, within: float = 40) -> None:
+    def ok() -> bool:
+        assert process.process.poll() is None, process.log.read_text()[-3000:]
+        return process.get("/readyz")[0] == 200
+
+    await eventually(ok, within)
