@@ -119,7 +119,7 @@ class Controller:
         await ensure_topics(
             kafka, topics + ([s.kafka.decisions_topic] if s.kafka.decisions_topic else [])
         )
-        await self._warm_start()
+        await self.warm_start()
         await self._restore_actions()
         async with KafkaProducer(kafka, linger_ms=20) as producer:
             self._producer = producer
@@ -207,7 +207,8 @@ class Controller:
         self._newest_event = newest
         self._wake.set()
 
-    async def _warm_start(self) -> None:
+    async def warm_start(self) -> None:
+        """Fill windows from Prometheus history (``warm_start`` settings), if configured."""
         w = self.settings.warm_start
         if w.url is None:
             return

@@ -7,10 +7,12 @@ it (``.ci/run``); it is never silently skipped.
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from types import TracebackType
@@ -69,6 +71,13 @@ class PrometheusServer:
                 self.stop()
                 raise RuntimeError(f"prometheus did not start; see {workdir / 'prometheus.log'}")
             time.sleep(0.1)
+
+    def samples(self, selector: str, window: str = "1m") -> int:
+        """How many samples of ``selector`` the server holds over the last ``window``."""
+        query = urllib.parse.urlencode({"query": f"max(count_over_time({selector}[{window}]))"})
+        with urllib.request.urlopen(f"{self.url}/api/v1/query?{query}", timeout=5) as response:
+            result = json.load(response)["data"]["result"]
+        return int(float(result[0]["value"][1])) if result else 0
 
     def stop(self) -> None:
         self._process.terminate()
