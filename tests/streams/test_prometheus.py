@@ -196,12 +196,14 @@ async def test_record_from_a_real_prometheus(exporter: Any, tmp_path: Path) -> N
     target, chat = exporter
     with PrometheusServer(tmp_path, [target]) as prometheus:
         start = time.time()
-        while time.time() - start < 6:  # 90% fast (20 ms), 10% slow (300 ms)
-            for _ in range(9):
-                chat.observe(0.02)
-            chat.observe(0.3)
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(1.5)  # one more scrape
+        # 90% fast (20 ms), 10% slow (300 ms), until Prometheus holds enough scrapes of it.
+        while prometheus.samples("inference_latency_seconds_count", "1m") < 6:
+            assert time.time() - start < 40, "Prometheus did not scrape the exporter"
+            for _ in range(20):
+                for _ in range(9):
+                    chat.observe(0.02)
+                chat.observe(0.3)
+                await asyncio.sleep(0.05)
         queries = [PromQuery("latency", LATENCY_QUERY), PromQuery("gpu", "DCGM_FI_DEV_GPU_UTIL")]
         window = {
             "start": datetime.fromtimestamp(start, UTC),
