@@ -70,6 +70,8 @@ class ConsumerSettings:
     commit_interval_s: float = 1.0
     """Applied offsets are committed at most this often (and on revoke and stop)."""
     fetch_timeout_ms: int = 200
+    fetch_max_wait_ms: int = 50
+    """How long the broker may hold a fetch waiting for data: a bound on reaction time."""
     auto_offset_reset: str = "earliest"
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 3_000
@@ -143,6 +145,7 @@ class EventConsumer:
             session_timeout_ms=self.settings.session_timeout_ms,
             heartbeat_interval_ms=self.settings.heartbeat_interval_ms,
             max_partition_fetch_bytes=self.settings.max_partition_fetch_bytes,
+            fetch_max_wait_ms=self.settings.fetch_max_wait_ms,
         )
         self._queue: asyncio.Queue[Batch | None] = asyncio.Queue(self.settings.queue_batches)
         self._applied: dict[TopicPartition, int] = {}
