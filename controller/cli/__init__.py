@@ -34,9 +34,9 @@ def cli(log_level: str, log_format: str) -> None:
 
 
 def _register() -> None:
-    from controller.cli import agent, policy, replay, run, scenario, stream_commands
+    from controller.cli import agent, policy, replay, run, scenario, simulate, stream_commands
 
-    for module in (stream_commands, policy, run, replay, scenario, agent):
+    for module in (stream_commands, policy, run, replay, simulate, scenario, agent):
         for command in module.COMMANDS:
             cli.add_command(command)
 

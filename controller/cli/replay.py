@@ -14,45 +14,17 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 
+from controller.cli.options import duration_option, load_policy_files, one_line
 from controller.replay.inventory import infer_cluster
 from controller.replay.report import write_outputs
 from controller.replay.runner import ReplayCluster, ReplayResult, ReplaySettings, replay
 from controller.sim import SimCluster, load_scenario
-from policies.loader import PolicyLoadError, check_policy, read_sources
-from policies.model import Policy, format_duration, parse_duration
+from policies.model import format_duration
 
 __all__ = ["COMMANDS", "replay_command"]
-
-
-def _one_line(what: str, errors: list[Any], hint: str = "") -> click.ClickException:
-    more = f" (and {len(errors) - 1} more{hint})" if len(errors) > 1 else ""
-    return click.ClickException(f"{what}: {errors[0]}{more}")
-
-
-def _load_policy(paths: tuple[Path, ...]) -> Policy:
-    try:
-        sources = read_sources(paths)
-    except PolicyLoadError as exc:
-        raise _one_line("cannot read policy", list(exc.errors)) from exc
-    policy, errors = check_policy(sources)
-    if errors or policy is None:
-        files = " ".join(str(p) for p in paths)
-        raise _one_line("invalid policy", errors, f"; see ebbtide policy validate {files}")
-    return policy
-
-
-def _duration(_ctx: click.Context, _param: click.Parameter, value: str) -> float:
-    try:
-        seconds = parse_duration(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
-    if seconds <= 0:
-        raise click.BadParameter("must be longer than 0s")
-    return seconds
 
 
 def _print_summary(result: ReplayResult, report: Path) -> None:
@@ -94,7 +66,7 @@ def _print_summary(result: ReplayResult, report: Path) -> None:
               help="Directory for summary.json, decisions.jsonl and report.html.")  # fmt: skip
 @click.option("--speed", type=click.FloatRange(min=0, min_open=True),
               help="Pace event time at X times the wall clock (default: no pacing).")  # fmt: skip
-@click.option("--evaluate-every", default="1s", callback=_duration, metavar="DURATION",
+@click.option("--evaluate-every", default="1s", callback=duration_option, metavar="DURATION",
               help="Evaluate the policy every DURATION of event time.")  # fmt: skip
 @click.option("--points", type=click.IntRange(min=2), default=600,
               help="Most points per time series in the report.")  # fmt: skip
@@ -110,7 +82,7 @@ def replay_command(
     """Replay RECORDING through the policy against a simulated cluster; write a report."""
     if not recording.is_file():
         raise click.ClickException(f"recording not found: {recording}")
-    policy = _load_policy(policies)
+    policy = load_policy_files(policies)
     notes: tuple[str, ...] = ()
     make: Callable[[float], ReplayCluster]
     if scenario is not None:
@@ -118,7 +90,7 @@ def replay_command(
             loaded = load_scenario(scenario)
         except ValueError as exc:
             errors = list(getattr(exc, "errors", ())) or [exc]
-            raise _one_line("invalid scenario", errors) from exc
+            raise one_line("invalid scenario", errors) from exc
 
         def make(start: float) -> ReplayCluster:
             return SimCluster.from_scenario(loaded, start=start, policy=policy)

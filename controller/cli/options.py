@@ -1,0 +1,44 @@
+"""Option helpers shared by the commands that take policies and durations (replay, simulate)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from policies.loader import PolicyLoadError, check_policy, read_sources
+from policies.model import Policy, parse_duration
+
+__all__ = ["duration_option", "load_policy_files", "one_line"]
+
+
+def one_line(what: str, errors: Sequence[Any], hint: str = "") -> click.ClickException:
+    """The first error, and how many more: a CLI error stays one line."""
+    more = f" (and {len(errors) - 1} more{hint})" if len(errors) > 1 else ""
+    return click.ClickException(f"{what}: {errors[0]}{more}")
+
+
+def load_policy_files(paths: tuple[Path, ...]) -> Policy:
+    """The merged policy, or a one-line error pointing at ``ebbtide policy validate``."""
+    try:
+        sources = read_sources(paths)
+    except PolicyLoadError as exc:
+        raise one_line("cannot read policy", list(exc.errors)) from exc
+    policy, errors = check_policy(sources)
+    if errors or policy is None:
+        files = " ".join(str(p) for p in paths)
+        raise one_line("invalid policy", errors, f"; see ebbtide policy validate {files}")
+    return policy
+
+
+def duration_option(_ctx: click.Context, _param: click.Parameter, value: str) -> float:
+    """A click callback: ``30s``/``10m``/``1h30m`` to seconds, > 0."""
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    if seconds <= 0:
+        raise click.BadParameter("must be longer than 0s")
+    return seconds

@@ -1,0 +1,40 @@
+"""Closed-loop simulation: ``ebbtide simulate``.
+
+A load generator (:mod:`.load`) offers requests to the policy's inference services; a queueing
+model (:mod:`.latency`) turns load and the replicas Running in the simulated cluster into request
+latencies; :mod:`.telemetry` turns what runs on each GPU into utilization readings; the events go
+to a controller — Ebbtide's engine, or a baseline from :mod:`.baselines` — whose decisions change
+the simulated cluster and so the next latencies (:mod:`.runner`). The outputs are replay's.
+"""
+
+from controller.simulate.baselines import PollingAutoscaler, StaticPlan, static_partition
+from controller.simulate.latency import ServiceModel, ServiceQueue, default_model, latency_samples
+from controller.simulate.load import AzureTrace, Burst, Diurnal, LoadShape, parse_burst, poisson
+from controller.simulate.runner import (
+    CONTROLLERS,
+    Bench,
+    RunFigures,
+    SimulateSettings,
+    run_controller,
+)
+
+__all__ = [
+    "CONTROLLERS",
+    "AzureTrace",
+    "Bench",
+    "Burst",
+    "Diurnal",
+    "LoadShape",
+    "PollingAutoscaler",
+    "RunFigures",
+    "ServiceModel",
+    "ServiceQueue",
+    "SimulateSettings",
+    "StaticPlan",
+    "default_model",
+    "latency_samples",
+    "parse_burst",
+    "poisson",
+    "run_controller",
+    "static_partition",
+]

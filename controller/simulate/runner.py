@@ -1,0 +1,451 @@
+"""Closed-loop simulation: generated load, a queueing model, the engine, the simulated cluster.
+
+Design:
+
+* **The loop.** Ticks fall every ``dt`` (1 s) at ``T_k = T_0 + k dt`` from ``T_0 = EPOCH +
+  start`` (the time of day the run starts) for ``duration``. Tick ``k``: (1) each policy
+  service is offered ``peak_rps * shape(T_k)`` requests/s (:mod:`.load`); a Poisson count of
+  them arrive; their latencies come from the queueing model (:mod:`.latency`) with the capacity
+  of the service's Running replicas *in the simulated cluster now*, and go out as one
+  :class:`~streams.events.InferenceLatency` event stamped ``T_k``; (2) every ``util_every_s``
+  each GPU and MIG instance reports its utilization from what runs on it (:mod:`.telemetry`);
+  (3) the controller observes the events; (4) ``cluster.advance(T_k)``, ``evaluate(T_k,
+  snapshot)``, ``apply``; (5) the accounting. Decisions change the replicas, the replicas change
+  the next tick's latency: the loop is closed.
+* **Same as replay.** The event order per tick (events stamped ``T_k`` observed, then the
+  evaluation at ``T_k``) is exactly what ``ebbtide replay`` does with a recording of these
+  events, and the accounting reuses :mod:`controller.replay.summary`, ``.timeline`` and
+  ``.report``: ``summary.json``, ``decisions.jsonl`` and ``report.html`` have the same keys and
+  meaning. Replaying a ``--record``-ed run under the same policy and scenario reproduces its
+  decisions and figures.
+* **Controllers.** ``ebbtide``: the real :class:`~policies.engine.Engine`, every decision through
+  :class:`~controller.sim.runtime.GatedSimCluster` (the SafetyGate, on the simulated clock), as
+  live. Baselines (:mod:`.baselines`): ``static`` (a plan applied before ``T_0``, then nothing)
+  and ``polling`` (HPA on a 30 s-old P99 every 30 s), applied to the simulated cluster directly.
+  A baseline's SLO is measured by an engine for the same policy with its kill switch on, so all
+  three are judged by the same windows and thresholds.
+* **Deterministic for a seed.** Arrivals come from one ``random.Random`` per service seeded by
+  ``(seed, service)``, latency noise from another, utilization noise from a third; arrivals and
+  latency draws do not depend on the cluster, so every controller sees the same requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Final, Literal
+
+import msgspec
+
+from controller.cluster import ActionResult, Outcome
+from controller.replay.runner import DECISIONS_FILE, MAX_MARKERS, ReplayResult, policy_sha256
+from controller.replay.summary import USES, Summary
+from controller.replay.timeline import Timeline
+from controller.safety import SafetyGate
+from controller.sim import EPOCH, Scenario, SimCluster
+from controller.sim.runtime import GatedSimCluster
+from controller.simulate.baselines import PollingAutoscaler, static_partition
+from controller.simulate.latency import ServiceModel, ServiceQueue, default_model
+from controller.simulate.load import LoadShape, peak_factor, poisson
+from controller.simulate.telemetry import PoolMeter, Telemetry, running_replicas
+from policies.decisions import Decision, decision_to_dict
+from policies.engine import Engine
+from policies.inventory import Inventory
+from policies.model import Policy
+from policies.snapshot import Snapshot
+from streams.events import DEFAULT_TOPICS, Event, InferenceLatency, encode_event, event_type
+from streams.producer import RawMessage
+from streams.recording import RecordingWriter
+
+__all__ = ["CONTROLLERS", "Bench", "RunFigures", "SimulateSettings", "run_controller"]
+
+Controller = Literal["ebbtide", "polling", "static"]
+CONTROLLERS: Final[tuple[Controller, ...]] = ("ebbtide", "polling", "static")
+#: Simulated seconds static partitioning's plan gets to settle before ``T_0``.
+SETTLE_S: Final = 120.0
+_DONE: Final = frozenset({Outcome.APPLIED, Outcome.IN_PROGRESS})
+_BASELINE_NAMES: Final = {"polling": "polling-autoscaler", "static": "static-partitioning"}
+
+
+@dataclass(frozen=True, slots=True)
+class SimulateSettings:
+    duration_s: float
+    """Simulated seconds to run."""
+    seed: int = 0
+    start_of_day_s: float = 2 * 3600.0
+    """Time of day (UTC) of ``T_0``, on ``EPOCH``'s day."""
+    evaluate_every: float = 1.0
+    util_every_s: float = 15.0
+    points: int = 600
+
+
+@dataclass(frozen=True, slots=True)
+class Bench:
+    """What every controller of a comparison shares: cluster, policy, load, services."""
+
+    scenario: Scenario
+    policy: Policy
+    shape: LoadShape
+    settings: SimulateSettings
+    models: Mapping[str, ServiceModel]
+    workloads: Mapping[str, str]
+    """Workload key -> policy service key, for services with a model."""
+
+    @property
+    def start(self) -> float:
+        return EPOCH + self.settings.start_of_day_s
+
+    @classmethod
+    def of(
+        cls,
+        scenario: Scenario,
+        policy: Policy,
+        make_shape: Callable[[float], LoadShape],
+        settings: SimulateSettings,
+    ) -> Bench:
+        """Default service models (:func:`~.latency.default_model`) for every policy service
+        whose workload the scenario has; ``make_shape`` gets the run's start."""
+        start = EPOCH + settings.start_of_day_s
+        snap = SimCluster.from_scenario(scenario, start=start, policy=policy).snapshot()
+        inv = Inventory(snap, policy)
+        models: dict[str, ServiceModel] = {}
+        workloads: dict[str, str] = {}
+        for name, svc in sorted(policy.spec.services.items()):
+            key = f"{svc.namespace}/{name}"
+            wl = inv.service_workload.get(key)
+            if wl is None:
+                continue
+            models[key] = default_model(
+                key, objective_ms=svc.slo.objective_ms, initial_replicas=wl.replicas
+            )
+            workloads[wl.key] = key
+        return cls(scenario, policy, make_shape(start), settings, models, workloads)
+
+
+@dataclass(frozen=True, slots=True)
+class RunFigures:
+    """One row of ``--compare``."""
+
+    controller: str
+    policy: str
+    slo_attainment: float | None
+    """Ticks within objective / evaluated ticks, over every service."""
+    mean_gpu_util_pct: float | None
+    """Mean over ticks of the mean utilization of every physical GPU."""
+    training_gpu_hours: float
+    evictions: int
+    mig_conversions: int
+    scale_actions: int
+    events: int
+    wall_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "controller": self.controller,
+            "policy": self.policy,
+            "slo_attainment": self.slo_attainment,
+            "mean_gpu_util_pct": _r(self.mean_gpu_util_pct),
+            "training_gpu_hours": round(self.training_gpu_hours, 3),
+            "evictions": self.evictions,
+            "mig_conversions": self.mig_conversions,
+            "scale_actions": self.scale_actions,
+            "events": self.events,
+            "wall_s": round(self.wall_s, 2),
+        }
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+def _renamed(policy: Policy, name: str) -> Policy:
+    """``policy`` with its kill switch on, named ``name``: the SLO meter of a baseline."""
+    meta = policy.metadata.model_copy(update={"name": name})
+    spec = policy.spec.model_copy(update={"kill_switch": True})
+    return policy.model_copy(update={"metadata": meta, "spec": spec})
+
+
+class _Loop:
+    """One controller's run (see the module docstring)."""
+
+    def __init__(
+        self,
+        bench: Bench,
+        controller: Controller,
+        *,
+        decisions: IO[bytes],
+        recorder: RecordingWriter | None,
+        runner: asyncio.Runner,
+    ) -> None:
+        s = bench.settings
+        self.bench, self.controller, self.runner = bench, controller, runner
+        self.dt = s.evaluate_every
+        self.t0 = bench.start
+        self.ticks = max(1, round(s.duration_s / self.dt))
+        self.util_every = max(1, round(s.util_every_s / self.dt))
+        self.out, self.recorder = decisions, recorder
+        self.encode = msgspec.json.Encoder().encode
+        policy = bench.policy
+        start = self.t0 - SETTLE_S if controller == "static" else self.t0
+        self.sim = SimCluster.from_scenario(bench.scenario, start=start, policy=policy)
+        self.apply: Callable[[Sequence[Decision]], Coroutine[Any, Any, list[ActionResult]]]
+        self.polling: PollingAutoscaler | None = None
+        if controller == "ebbtide":
+            self.meter = Engine(policy)
+            gate = SafetyGate(policy, clock=lambda: self.sim.now)
+            self.apply = GatedSimCluster(self.sim, gate).apply
+            summary_policy = policy
+        else:
+            summary_policy = _renamed(policy, _BASELINE_NAMES[controller])
+            self.meter = Engine(summary_policy)
+            self.apply = self.sim.apply
+            if controller == "polling":
+                self.polling = PollingAutoscaler(policy, start=self.t0)
+        self.summary = Summary.for_policy(summary_policy, policy_sha256(summary_policy), self.dt)
+        self.services = [
+            (key, acc, policy.spec.services[key.split("/", 1)[1]].slo.percentile / 100.0)
+            for key, acc in self.summary.services.items()
+        ]
+        self.resolution = {
+            f"{v.namespace}/{n}": v.slo.resolution for n, v in policy.spec.services.items()
+        }
+        self.peak_slot: dict[str, int] = {}
+        self.timeline = Timeline(start=self.t0, dt=self.dt, capacity=s.points)
+        self.markers: list[dict[str, object]] = []
+        pools = sorted(policy.spec.pools.items())
+        self.pool_meter = PoolMeter([(n, p.node_selector) for n, p in pools])
+        selector = policy.spec.training.selector if policy.spec.training else None
+        seed = s.seed
+        self.telemetry = Telemetry(
+            services=bench.workloads,
+            training_selector=selector or self.sim.training_selector,
+            rng=random.Random(f"{seed}/telemetry"),
+        )
+        self.queues = {
+            key: (
+                ServiceQueue(m, random.Random(f"{seed}/latency/{key}")),
+                random.Random(f"{seed}/arrivals/{key}"),
+            )
+            for key, m in sorted(bench.models.items())
+        }
+        self.snap: Snapshot | None = None
+        self.replicas: dict[str, int] = {}
+        self.cluster_util: float | None = None
+        self.util_sum = 0.0
+        self.util_ticks = 0
+        self.training_gpu_s = 0.0
+        self.events = 0
+        for key, _, _ in self.services:
+            self.timeline.channel(f"p:{key}", "max")
+        for name, _ in pools:
+            self.timeline.channel(f"util:{name}", "mean")
+            for u in USES:
+                self.timeline.channel(f"use:{name}:{u}", "mean")
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _write(self, results: Sequence[ActionResult], *, count: bool, bucket: int) -> None:
+        for result in results:
+            d = result.decision
+            line = decision_to_dict(d)
+            line["applied"] = result.outcome in _DONE
+            line["outcome"] = result.outcome.value
+            line["detail"] = result.detail
+            line["controller"] = self.controller
+            self.out.write(self.encode(line) + b"\n")
+            if not count:
+                continue
+            self.summary.action(d.action, result.outcome.value)
+            self.timeline.channel(f"actions:{d.action}", "sum")
+            self.timeline.add(f"actions:{d.action}", bucket, 1.0)
+            if len(self.markers) < MAX_MARKERS:
+                self.markers.append(
+                    {
+                        "ts": d.at,
+                        "action": d.action,
+                        "target": d.target,
+                        "outcome": result.outcome.value,
+                    }
+                )
+
+    def _emit(self, ev: Event) -> None:
+        self.events += 1
+        if self.controller == "ebbtide" or type(ev) is InferenceLatency:
+            self.meter.observe(ev)
+        if self.polling is not None:
+            self.polling.observe(ev)
+        if self.recorder is not None:
+            ts_ms = round(ev.time * 1000)
+            self.recorder.write(
+                RawMessage(
+                    DEFAULT_TOPICS[event_type(ev)],
+                    0,
+                    self.events - 1,
+                    ev.key.encode(),
+                    encode_event(ev),
+                    (),
+                    ts_ms,
+                )
+            )
+
+    def _quantile(self, key: str, now: float) -> float | None:
+        status = next(s for s in self.meter.service_status(now) if s.key == key)
+        return status.quantile_ms
+
+    def _refresh(self) -> Snapshot:
+        snap = self.sim.snapshot()
+        if snap is not self.snap:
+            self.snap = snap
+            self.pool_meter.refresh(snap)
+            self.replicas = running_replicas(snap, self.bench.workloads)
+        return snap
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Static partitioning: apply the plan before ``T_0`` and let the cluster settle."""
+        if self.controller != "static":
+            return
+        b = self.bench
+        plan = static_partition(
+            self.sim.snapshot(),
+            b.policy,
+            b.models,
+            peak_factor=peak_factor(b.shape, self.t0, b.settings.duration_s),
+            at=self.sim.now,
+        )
+        results = self.runner.run(self.sim.apply(plan.decisions))
+        self._write(results, count=False, bucket=0)
+        self.sim.advance(self.t0)
+
+    def tick(self, k: int) -> None:
+        now = self.t0 + k * self.dt
+        dt, b = self.dt, self.bench
+        factor = b.shape.factor(now)
+        snap = self._refresh()
+        rho: dict[str, float] = {}
+        for key, (queue, arrivals) in self.queues.items():
+            offered = b.models[key].peak_rps * factor
+            n = poisson(arrivals, offered * dt)
+            samples = queue.step(
+                offered_rps=offered, replicas=self.replicas.get(key, 0), arrivals=n, dt=dt
+            )
+            rho[key] = queue.rho
+            if samples:
+                ns, _, name = key.partition("/")
+                self._emit(InferenceLatency(ts=now, service=name, namespace=ns, samples_ms=samples))
+        if k % self.util_every == 0:
+            self.telemetry.refresh(snap)
+            readings = self.telemetry.readings(now, rho=rho, other_load=factor)
+            for ev in readings:
+                self._emit(ev)
+                self.pool_meter.report(ev)
+            self.cluster_util = PoolMeter.physical_mean(readings)
+        tl = self.timeline
+        bucket = tl.bucket(k)
+        self.sim.advance(now)
+        snap = self._refresh()
+        decisions = self.meter.evaluate(now, snap)
+        if self.polling is not None:
+            decisions = self.polling.evaluate(now, snap)
+        if decisions:
+            self._write(self.runner.run(self.apply(decisions)), count=True, bucket=bucket)
+            self._refresh()
+        self._account(k, now, bucket)
+
+    def _account(self, k: int, now: float, bucket: int) -> None:
+        tl, summary = self.timeline, self.summary
+        sample = tl.is_sample_tick(k)
+        for key, acc, _ in self.services:
+            level = self.meter.slo_state(key).last_level
+            read = sample and level != "none"
+            if level == "above":
+                slot = int(now // self.resolution[key])
+                if not acc.in_breach or self.peak_slot.get(key) != slot:
+                    self.peak_slot[key] = slot
+                    read = True
+            p = self._quantile(key, now) if read else None
+            if p is not None:
+                tl.add(f"p:{key}", bucket, p)
+            acc.tick(now, level, p)
+        usage = self.sim.gpus_by_use()
+        meter = self.pool_meter
+        for i, name in enumerate(meter.names):
+            util = meter.pool_util(i)
+            if util is not None:
+                tl.add(f"util:{name}", bucket, util)
+            use = usage.get(name)
+            uses = {u: getattr(use, u) if use is not None else 0 for u in USES}
+            for u, v in uses.items():
+                tl.add(f"use:{name}:{u}", bucket, v)
+            summary.pools[name].tick(util, uses)
+        self.training_gpu_s += sum(u.training for u in usage.values()) * self.dt
+        if self.cluster_util is not None:
+            self.util_sum += self.cluster_util
+            self.util_ticks += 1
+        if summary.first_tick is None:
+            summary.first_tick = now
+        summary.last_tick = now
+        summary.ticks += 1
+
+    def run(self) -> None:
+        self.setup()
+        for k in range(self.ticks):
+            self.tick(k)
+        end = self.t0 + self.ticks * self.dt
+        for _, acc, _ in self.services:
+            acc.close(end)
+        self.summary.accepted = self.events
+        m = self.meter
+        self.summary.engine = {"observed": m.observed, "late": m.late, "unknown_service": m.unknown}
+
+    def figures(self, wall_s: float) -> RunFigures:
+        accs = self.summary.services.values()
+        evaluated = sum(a.evaluated for a in accs)
+        by = self.summary.by_action_outcome
+        return RunFigures(
+            controller=self.controller,
+            policy=self.summary.policy.metadata.name,
+            slo_attainment=sum(a.within for a in accs) / evaluated if evaluated else None,
+            mean_gpu_util_pct=self.util_sum / self.util_ticks if self.util_ticks else None,
+            training_gpu_hours=self.training_gpu_s / 3600.0,
+            evictions=by["evict", Outcome.APPLIED.value],
+            mig_conversions=sum(by["mig_convert", o.value] for o in _DONE),
+            scale_actions=by["scale", Outcome.APPLIED.value],
+            events=self.events,
+            wall_s=wall_s,
+        )
+
+
+def run_controller(
+    bench: Bench,
+    controller: Controller,
+    out_dir: Path,
+    *,
+    record: Path | None = None,
+    record_header: Mapping[str, Any] | None = None,
+) -> tuple[ReplayResult, RunFigures]:
+    """Run ``controller`` on ``bench``; write ``decisions.jsonl`` into ``out_dir`` (the caller
+    writes ``summary.json`` and ``report.html`` with
+    :func:`controller.replay.report.write_outputs`) and, with ``record``, every generated event
+    as a recording ``ebbtide replay`` and ``publish`` accept."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    recorder = None
+    if record is not None:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        recorder = RecordingWriter(record, source="ebbtide simulate", **(record_header or {}))
+    try:
+        with open(out_dir / DECISIONS_FILE, "wb") as out, asyncio.Runner() as runner:
+            loop = _Loop(bench, controller, decisions=out, recorder=recorder, runner=runner)
+            loop.run()
+    finally:
+        if recorder is not None:
+            recorder.close()
+    wall = time.perf_counter() - started
+    result = ReplayResult(loop.summary, loop.timeline, loop.markers, wall)
+    return result, loop.figures(wall)
