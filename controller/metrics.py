@@ -179,6 +179,9 @@ class Metrics:
             registry=r,
         )  # fmt: skip
         r.register(_StateCollector(sources))
+        # Series exist from the start at 0, so rate() sees the first failure of each action.
+        for action in ("scale", "evict", "mig_convert", "mig_revert"):
+            self.actions.labels(action, "failed")
 
     def set_policy(self, name: str, digest: str) -> None:
         self.policy_info.clear()
