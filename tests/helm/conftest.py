@@ -11,22 +11,12 @@ import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+# The dev extra installs the real Helm engine; a missing one fails here, never skips.
+import helm_python as helm
 import pytest
 from ruamel.yaml import YAML
-
-helm: ModuleType | None
-try:
-    import helm_python
-
-    helm = helm_python
-except ImportError:  # pragma: no cover - the dev extra installs it
-    helm = None
-
-#: For tests that call the Helm engine without the ``chart`` fixture.
-requires_helm = pytest.mark.skipif(helm is None, reason="helm-python-sdk is not installed")
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "ebbtide"
 VALUES_DIR = Path(__file__).parent / "values"
@@ -110,8 +100,6 @@ def parse(name: str, values: dict[str, Any], out: dict[str, str]) -> Rendered:
 @pytest.fixture(scope="session")
 def chart() -> Iterator[Any]:
     """The chart, loaded once."""
-    if helm is None:
-        pytest.skip("helm-python-sdk is not installed (pip install helm-python-sdk==0.2.2)")
     loaded = helm.Chart.load(CHART)
     yield loaded
     loaded.close()

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import kubernetes_validate
 import pytest
 
-from .conftest import CHART, NAMESPACE, VALUE_SETS, Rendered, helm, requires_helm, values_for
-
-kubernetes_validate = pytest.importorskip("kubernetes_validate")
+from .conftest import CHART, NAMESPACE, VALUE_SETS, Rendered, helm, values_for
 
 KUBE_VERSION = "1.30.0"
 #: Kinds without a schema in kubernetes-validate: checked for shape only.
 CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 
-@requires_helm
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_lint_is_clean(name: str) -> None:
     """`helm lint --strict` reports no error or warning for each values set."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import CHART, helm, render, requires_helm
+from .conftest import CHART, helm, render
 from .policy_schema import SCHEMA_PATH, synced
 
 _POLICY = "/policies/balanced.yaml"
@@ -114,7 +114,6 @@ def test_schema_holds_the_policy_model_schema() -> None:
     assert current == synced(current)
 
 
-@requires_helm
 def test_every_default_value_is_described_by_the_schema() -> None:
     """Every key in values.yaml has a schema entry (so none escapes type checking)."""
     assert helm is not None
