@@ -147,3 +147,33 @@ async def test_policy_hot_reload_swaps_valid_and_refuses_invalid(
     assert any('name="e2e-v2"' in ln for ln in active())
     assert "policy.rejected" in controller.log.read_text()
     assert controller.stop() == 0
+
+
+@pytest.mark.full_cluster
+async def test_two_replicas_one_leader_and_failover(world: World) -> None:
+    """Two replicas consume the same events; only the leader's decisions reach the cluster
+    (the follower's are refused as "not the leader"); when the leader is killed mid-incident,
+    the follower takes over within the lease and carries the response on."""
+    a = world.start(identity="replica-a")
+    await ready(a)
+    await eventually(lambda: a.metric("ebbtide_leader") == 1, 10)
+    b = world.start(identity="replica-b")
+    await ready(b)
+    assert b.metric("ebbtide_leader") == 0
+    await eventually(
+        lambda: any(d["outcome"] == "applied" for d in a.decisions()),
+        20,
+        lambda: world.latency(900),
+    )
+    a.process.send_signal(signal.SIGKILL)
+    a.process.wait(10)
+    killed = time.monotonic()
+    assert [d for d in b.decisions() if d["outcome"] != "refused"] == []
+    await eventually(lambda: b.metric("ebbtide_leader") == 1, 15, lambda: world.latency(900))
+    assert time.monotonic() - killed < 2 + 2 * 1 + 1.5  # lease + two retry periods + slack
+    await eventually(
+        lambda: any(d["outcome"] == "applied" for d in b.decisions()),
+        30,
+        lambda: world.latency(900),
+    )
+    assert b.stop() == 0
