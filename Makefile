@@ -1,0 +1,18 @@
+# Developer shortcuts. Everything assumes the virtual environment from the README is active.
+.PHONY: test lint bench
+
+test:
+	pytest
+
+lint:
+	ruff format --check . && ruff check . && mypy && lint-imports
+
+# Every benchmark, one after the other, printing its figures (about 10 minutes on 2 cores).
+bench:
+	python benchmarks/ingest.py --events 200000 --runs 3
+	python benchmarks/engine.py
+	python benchmarks/replay.py --lengths 1000000 5000000 --runs 3
+	python benchmarks/latency.py --rates 1000 10000 50000 --trials 20
+	python benchmarks/scale.py --seconds 90
+	ebbtide simulate examples/scenario-small.yaml --policy policies/library/balanced.yaml \
+		--duration 1h --burst 30m:15m:6 --seed 1 --out out/compare --compare
