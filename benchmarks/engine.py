@@ -127,6 +127,11 @@ def bench_observe(engine: Engine, n: int) -> None:
         engine.observe(e)
     dt = time.perf_counter() - start
     print(f"observe single     : {n / dt:>12,.0f} events/s  ({n / dt:,.0f} samples/s)")
+    fresh = Engine(engine.policy)
+    start = time.perf_counter()
+    fresh.observe_many(singles)
+    dt = time.perf_counter() - start
+    print(f"observe_many single: {n / dt:>12,.0f} events/s")
 
     batches = [
         InferenceLatency(

@@ -27,7 +27,7 @@ Design:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -85,13 +85,16 @@ class ReloadResult:
 
 
 class _Service:
-    __slots__ = ("exceed", "key", "latency", "name", "slo", "spec")
+    __slots__ = ("exceed", "key", "latency", "min_samples", "name", "namespace", "q", "slo", "spec")
 
     def __init__(self, name: str, spec: ServiceSpec) -> None:
         self.name = name
+        self.namespace = spec.namespace
         self.key = f"{spec.namespace}/{name}"
         self.spec = spec
         s = spec.slo
+        self.q = s.percentile / 100.0
+        self.min_samples = s.min_samples
         self.latency = LatencyWindow(window_s=s.window, interval_s=s.resolution)
         self.exceed = self._counters(spec)
         self.slo = SloState()
@@ -116,6 +119,25 @@ class _Service:
         elif (old.objective_ms, old.recover_below) != (new.objective_ms, new.recover_below):
             self.exceed = self._counters(spec)
         self.spec = spec
+        self.q = new.percentile / 100.0
+        self.min_samples = new.min_samples
+
+
+class _Device:
+    """What one GPU (or MIG instance) reading updates: its window, its pool's window (from the
+    last snapshot), and whether (and as which GPU) the idle tracker follows it."""
+
+    __slots__ = ("gpu", "node", "pool", "whole", "window")
+
+    def __init__(
+        self,
+        window: UtilizationWindow,
+        pool: UtilizationWindow | None,
+        node: str,
+        gpu: str,
+        whole: bool,
+    ) -> None:
+        self.window, self.pool, self.node, self.gpu, self.whole = window, pool, node, gpu, whole
 
 
 class Engine:
@@ -127,7 +149,11 @@ class Engine:
             raise ValueError("; ".join(f"{format_loc(p.loc)}: {p.message}" for p in problems))
         self._policy = policy
         self._services: dict[str, _Service] = {}
+        self._by_name: dict[str, _Service] = {}
         self._ordered: list[_Service] = []
+        #: (node, gpu[, mig instance]) as the event spells it -> what a reading updates; rebuilt
+        #: lazily whenever the windows or the node -> pool map change.
+        self._devices: dict[tuple[str, int | str, int | None] | tuple[str, int | str], _Device] = {}
         self._budgets = Budgets(policy.spec.budgets)
         self._cooldowns = Cooldowns()
         self._flights = MigFlights()
@@ -180,7 +206,9 @@ class Engine:
             else:
                 services[key] = _Service(name, svc_spec)
         self._services = services
+        self._by_name = {svc.name: svc for svc in services.values()}
         self._ordered = [services[k] for k in sorted(services)]
+        self._devices = {}
         self._budgets.reconfigure(spec.budgets)
         keep = set(services) | {f"pool:{p}" for p in spec.pools}
         self._cooldowns.forget(keep)
@@ -209,48 +237,76 @@ class Engine:
 
     def observe(self, event: Event) -> bool:
         """Feed one event; ``False`` when it was late or names no known service."""
-        if type(event) is InferenceLatency:
-            svc = self._services.get(f"{event.namespace}/{event.service}")
-            if svc is None:
-                self.unknown += 1
+        if type(event) is GpuUtilization:
+            ev = event
+            dev = self._devices.get(
+                (ev.node, ev.gpu) if ev.mig_profile is None else (ev.node, ev.gpu, ev.mig_instance)
+            )
+            if dev is None:
+                dev = self._device(ev)
+            ts = cast(float, ev.ts)
+            util = ev.util_pct
+            if not dev.window.add(ts, util):
+                self.late += 1
                 return False
-            ts = cast(float, event.ts)
-            value = event.latency_ms
-            if value is not None:
-                if not svc.latency.add(ts, value):
-                    self.late += 1
-                    return False
-                svc.exceed.add(ts, value)
-            elif event.samples_ms is not None:
-                if not svc.latency.add_many(ts, event.samples_ms):
-                    self.late += 1
-                    return False
-                svc.exceed.add_many(ts, event.samples_ms)
-            elif event.histogram is not None:
-                h = event.histogram
-                if not svc.latency.add_histogram(ts, h.bounds_ms, h.counts):
-                    self.late += 1
-                    return False
-                svc.exceed.add_histogram(ts, h.bounds_ms, h.counts)
+            if dev.whole:
+                self._idle.add(dev.node, dev.gpu, ts, util)
+            if dev.pool is not None:
+                dev.pool.add(ts, util)
             self.observed += 1
             return True
-        ev = cast(GpuUtilization, event)
-        ts = cast(float, ev.ts)
+        return self._observe_latency(cast(InferenceLatency, event))
+
+    def observe_many(self, events: Iterable[Event]) -> int:
+        """Feed events in order, as :meth:`observe` one by one would; returns how many were
+        taken (neither late nor for an unknown service)."""
+        observe = self.observe
+        taken = 0
+        for event in events:
+            if observe(event):
+                taken += 1
+        return taken
+
+    def _observe_latency(self, event: InferenceLatency) -> bool:
+        svc = self._by_name.get(event.service)
+        if svc is None or svc.namespace != event.namespace:
+            self.unknown += 1
+            return False
+        ts = cast(float, event.ts)
+        value = event.latency_ms
+        if value is not None:
+            if not svc.latency.add(ts, value):
+                self.late += 1
+                return False
+            svc.exceed.add(ts, value)
+        elif event.samples_ms is not None:
+            if not svc.latency.add_many(ts, event.samples_ms):
+                self.late += 1
+                return False
+            svc.exceed.add_many(ts, event.samples_ms)
+        elif event.histogram is not None:
+            h = event.histogram
+            if not svc.latency.add_histogram(ts, h.bounds_ms, h.counts):
+                self.late += 1
+                return False
+            svc.exceed.add_histogram(ts, h.bounds_ms, h.counts)
+        self.observed += 1
+        return True
+
+    def _device(self, ev: GpuUtilization) -> _Device:
+        """Resolve (and cache) what a reading of this GPU or MIG instance updates."""
         gpu = str(ev.gpu)
-        key = f"{ev.node}/{gpu}" if ev.mig_profile is None else f"{ev.node}/{gpu}/{ev.mig_instance}"
+        whole = ev.mig_profile is None
+        key = f"{ev.node}/{gpu}" if whole else f"{ev.node}/{gpu}/{ev.mig_instance}"
         window = self._gpu_windows.get(key)
         if window is None:
             window = self._gpu_windows[key] = self._util_window()
-        if not window.add(ts, ev.util_pct):
-            self.late += 1
-            return False
-        if ev.mig_profile is None:
-            self._idle.add(ev.node, gpu, ts, ev.util_pct)
         pool = self._node_pool.get(ev.node)
-        if pool is not None:
-            self._pool_windows[pool].add(ts, ev.util_pct)
-        self.observed += 1
-        return True
+        dev = _Device(
+            window, self._pool_windows[pool] if pool is not None else None, ev.node, gpu, whole
+        )
+        self._devices[(ev.node, ev.gpu) if whole else (ev.node, ev.gpu, ev.mig_instance)] = dev
+        return dev
 
     # -- decisions ---------------------------------------------------------------------------
 
@@ -266,6 +322,7 @@ class Engine:
         inv = Inventory(snapshot, self._policy)
         self._inventory, self._inventory_for = inv, (snapshot, self._policy)
         self._node_pool = inv.node_pool
+        self._devices = {}
         self._idle.forget(inv.nodes)
         gone = [k for k in self._gpu_windows if k.split("/", 1)[0] not in inv.nodes]
         for k in gone:
@@ -276,9 +333,8 @@ class Engine:
         """Tick every SLO and return this round's decisions, in the order they were taken."""
         inv = self._index(snapshot)
         for svc in self._ordered:
-            slo = svc.spec.slo
-            level, _ = svc.exceed.level(now, slo.percentile / 100.0, slo.min_samples)
-            svc.slo = step(svc.slo, level, now, slo)
+            level, _ = svc.exceed.level(now, svc.q, svc.min_samples)
+            svc.slo = step(svc.slo, level, now, svc.spec.slo)
         spec = self._policy.spec
         if spec.kill_switch:
             return []
@@ -356,6 +412,13 @@ class Engine:
                 )
             )
         return out
+
+    def quantile(self, service_key: str, now: float) -> float | None:
+        """The windowed percentile of ``namespace/service`` at ``now`` (its SLO's percentile),
+        within the sketch's relative accuracy; ``None`` when its window is empty. Merges the
+        window's intervals incrementally: cheap to call once per tick, not free."""
+        svc = self._services[service_key]
+        return svc.latency.quantile(now, svc.q)
 
     def slo_state(self, service_key: str) -> SloState:
         """The SLO state of ``namespace/service``."""

@@ -28,7 +28,9 @@ reads and makes two method calls per value (~0.45 µs per value on the dev box, 
 for the same loop below, inlined). :meth:`LatencyWindow.add` computes the key with the mapping's
 own formula (``ceil(log2(v) * multiplier)``, reading the mapping's ``_multiplier``: ddsketch is
 pinned) and, when the key falls inside the store's current range, increments the bin as
-``DenseStore.add`` does; any other key goes through ``store.add`` (growth, collapsing). The tests
+``DenseStore.add`` does; a key just outside that range but inside the bins already allocated
+widens the range in place (:func:`_widen`: ddsketch would re-centre the bins, a list copy, for
+every new lowest key); any other key goes through ``store.add`` (growth, collapsing). The tests
 check that this yields exactly the quantiles ``DDSketch.add`` does. Histogram bounds are keyed once
 per distinct set of bounds, since a producer sends the same bounds every time.
 
@@ -52,6 +54,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from itertools import pairwise
+from operator import add as _add
+from operator import sub as _sub
 from typing import Final
 
 from ddsketch.ddsketch import BaseDDSketch
@@ -63,6 +67,44 @@ from streams.events import InferenceLatency
 __all__ = ["LatencyWindow", "UtilizationWindow"]
 
 _log, _ceil = math.log, math.ceil
+_INF = math.inf
+
+#: Returned by the running-sum read when the merge must decide (collapsed stores); never a
+#: quantile, latencies being non-negative.
+_NO_FAST: Final = -1.0
+
+
+def _by_slot(cell: _Interval) -> int:
+    return cell.slot
+
+
+def _grow(store: CollapsingLowestDenseStore, key: int) -> None:
+    """``store.add(key)`` for a key outside the bins allocated. An empty store whose bins were
+    laid out in advance is first put back as ddsketch made it (no bins), so its growth is
+    ddsketch's own (re-centring a laid-out empty store on a far key would grow the bins past
+    ``bin_limit``)."""
+    if not store.count and store.bins:
+        store.bins, store.offset = [], 0
+    store.add(key)
+
+
+def _widen(store: CollapsingLowestDenseStore, key: int) -> None:
+    """``store.add(key)`` for a key outside ``[min_key, max_key]`` but inside the bins already
+    allocated, in a store that has not collapsed: the range widens to the key (or starts at it
+    in an empty store whose bins were laid out in advance), as ``DenseStore._extend_range``
+    would, without re-centring the bins (a list copy per new lowest key). Only the bins'
+    placement differs, never a key's count, ``min_key``, ``max_key`` or when the store
+    collapses: its range exceeding ``bin_limit``, as a store's length is at least
+    ``min(range, bin_limit)`` whatever its placement."""
+    if not store.count:
+        store.min_key = store.max_key = key
+    elif key < store.min_key:
+        store.min_key = key
+    else:
+        store.max_key = key
+    store.bins[key - store.offset] += 1.0
+    store.count += 1.0
+
 
 #: A slot number no real event time maps to: marks a ring cell that has never been written.
 _NO_SLOT: Final = -(1 << 62)
@@ -134,6 +176,11 @@ class LatencyWindow(_Ring):
     """Quantiles of request latency (ms) over a sliding window of event time."""
 
     __slots__ = (
+        "_agg",
+        "_agg_cells",
+        "_agg_count",
+        "_agg_off",
+        "_agg_zeros",
         "_answers",
         "_bin_limit",
         "_cells",
@@ -149,6 +196,7 @@ class LatencyWindow(_Ring):
         "_mapping",
         "_max_value",
         "_min_value",
+        "_read_key",
         "_scale",
     )
 
@@ -181,6 +229,14 @@ class LatencyWindow(_Ring):
         self._hist_bounds: list[float] | None = None  # the bounds _hist_keys were made for
         self._hist_keys: list[int | None] = []
         self._full_key: tuple[tuple[int, float, int], ...] = ()
+        self._read_key: tuple[tuple[int, float, int], ...] = ()
+        # The running sum of the older live intervals' bins (see _fast_quantile): bins from key
+        # _agg_off, their total, the zeros, and slot -> (interval, count, zeros) when folded.
+        self._agg: list[float] = []
+        self._agg_off = 0
+        self._agg_count = 0.0
+        self._agg_zeros = 0
+        self._agg_cells: dict[int, tuple[_Interval, float, int]] = {}
 
     # -- writes -------------------------------------------------------------------------------
 
@@ -216,8 +272,12 @@ class LatencyWindow(_Ring):
             if store.min_key <= key <= store.max_key:
                 store.bins[key - store.offset] += 1.0
                 store.count += 1.0
+            elif (
+                store.count and not store.is_collapsed and 0 <= key - store.offset < len(store.bins)
+            ):
+                _widen(store, key)
             else:
-                store.add(key)
+                _grow(store, key)
         elif 0.0 <= value_ms <= self._min_value:
             cell.zeros += 1
         else:
@@ -230,27 +290,46 @@ class LatencyWindow(_Ring):
         A bad value raises ``ValueError`` after the values before it were recorded: the
         decoder range-checks events, so that is a caller's bug, not data.
         """
-        cell = self._cell(_slot_of(ts, self._interval_s))
-        if cell is None:
-            return False
+        try:
+            slot = int(ts // self._interval_s)
+        except (ValueError, OverflowError) as exc:
+            raise ValueError(f"ts must be finite; got {ts}") from exc
+        if slot == self._last_slot:
+            cell = self._last_cell
+        else:
+            found = self._cell(slot)
+            if found is None:
+                return False
+            cell = found
         store = cell.store
         scale, lo, hi = self._scale, self._min_value, self._max_value
         log, ceil = _log, _ceil
+        # The store's fields in locals, its count added once: counts are whole numbers, so the
+        # sum is the same; both are refreshed around anything that reads or moves them.
+        bins, off, first, last = store.bins, store.offset, store.min_key, store.max_key
         zeros = 0
+        added = 0.0
         try:
             for value in values_ms:
                 if lo < value <= hi:
                     key = ceil(log(value, 2) * scale)
-                    if store.min_key <= key <= store.max_key:
-                        store.bins[key - store.offset] += 1.0
-                        store.count += 1.0
+                    if first <= key <= last:
+                        bins[key - off] += 1.0
+                        added += 1.0
+                        continue
+                    store.count += added
+                    added = 0.0
+                    if not store.is_collapsed and 0 <= key - store.offset < len(store.bins):
+                        _widen(store, key)
                     else:
-                        store.add(key)
+                        _grow(store, key)
+                    bins, off, first, last = store.bins, store.offset, store.min_key, store.max_key
                 elif 0.0 <= value <= lo:
                     zeros += 1
                 else:
                     raise ValueError(f"latency must be finite and non-negative; got {value}")
         finally:
+            store.count += added
             cell.zeros += zeros
         return True
 
@@ -273,6 +352,8 @@ class LatencyWindow(_Ring):
         if cell is None:
             return False
         store = cell.store
+        if not store.count and store.bins:
+            store.bins, store.offset = [], 0  # see _grow
         for key, n in zip(keys, counts, strict=True):
             if n:
                 if key is None:
@@ -313,6 +394,12 @@ class LatencyWindow(_Ring):
         cell = self._cells[index]
         if cell.slot != slot:
             cell = self._cells[index] = _Interval(slot, self._bin_limit)
+            # Lay the new store's bins out as the last one written (the previous interval,
+            # usually): its values mostly fall inside, so few writes need ddsketch's growth.
+            prev = self._last_cell.store
+            if prev.bins and not prev.is_collapsed:
+                cell.store.bins = [0.0] * len(prev.bins)
+                cell.store.offset = prev.offset
         self._last_slot, self._last_cell = slot, cell
         return cell
 
@@ -323,14 +410,23 @@ class LatencyWindow(_Ring):
         the window holds none."""
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"q must be within [0, 1]; got {q}")
-        sketch = self._sketch(now)
-        if sketch is None:
+        live = self._live(now)
+        if not live:
             return None
+        key = tuple([(c.slot, c.store.count, c.zeros) for c in live])
+        if key != self._read_key:
+            self._read_key = key
+            self._answers = {}
         answers = self._answers
-        if q not in answers:
-            value = sketch.get_quantile_value(q)
-            answers[q] = None if value is None else float(value)
-        return answers[q]
+        if q in answers:
+            return answers[q]
+        value = self._fast_quantile(live, q)
+        if value == _NO_FAST:
+            sketch = self._sketch(live, key)
+            got = sketch.get_quantile_value(q)
+            value = None if got is None else float(got)
+        answers[q] = value
+        return value
 
     def count(self, now: float) -> int:
         """How many latencies the window holds at ``now``."""
@@ -344,24 +440,154 @@ class LatencyWindow(_Ring):
 
     @property
     def allocated_bins(self) -> int:
-        """Sketch bins held by the ring and its read cache: at most
-        ``(intervals + 2) * bin_limit``, whatever was observed."""
-        cache = self._cold[0].length() + self._full_store.length()
+        """Sketch bins held by the ring and its read caches: at most
+        ``(intervals + 2) * bin_limit``, whatever was observed (the running sum holds at most
+        ``bin_limit`` bins and the merge caches are dropped while it is in use, and the other
+        way round)."""
+        cache = self._cold[0].length() + self._full_store.length() + len(self._agg)
         return sum(c.store.length() for c in self._cells) + cache
 
     def _live(self, now: float) -> list[_Interval]:
         """Non-empty intervals covered by a read at ``now``, oldest first."""
         first, last = self._span(now)
         live = [c for c in self._cells if first <= c.slot <= last and (c.store.count or c.zeros)]
-        live.sort(key=lambda c: c.slot)
+        live.sort(key=_by_slot)
         return live
 
-    def _sketch(self, now: float) -> BaseDDSketch | None:
+    # -- reads: the running sum of the older intervals ----------------------------------------
+
+    def _drop_merges(self) -> None:
+        empty = CollapsingLowestDenseStore(self._bin_limit)
+        self._cold, self._cold_key = (empty, 0), ()
+        self._full, self._full_store, self._full_key = None, empty, ()
+
+    def _drop_sum(self) -> None:
+        self._agg, self._agg_off, self._agg_count, self._agg_zeros = [], 0, 0.0, 0
+        self._agg_cells = {}
+
+    def _fast_quantile(self, live: list[_Interval], q: float) -> float | None:
+        """The quantile from the running sum of the older intervals plus the newest one, or
+        :data:`_NO_FAST` when a store collapsed or the intervals span more than ``bin_limit``
+        keys (then the merge of :meth:`_sketch` is what defines the answer)."""
+        lo, hi = _INF, -_INF
+        collapsed = False
+        for c in live:
+            store = c.store
+            if store.is_collapsed:
+                collapsed = True
+                break
+            if store.count:
+                if store.min_key < lo:
+                    lo = store.min_key
+                if store.max_key > hi:
+                    hi = store.max_key
+        if collapsed or (hi >= lo and hi - lo + 1 > self._bin_limit):
+            if self._agg:
+                self._drop_sum()
+            return _NO_FAST
+        if self._full is not None or self._cold_key:
+            self._drop_merges()
+        *older, newest = live
+        self._sync(older, lo, hi)
+        zeros = float(self._agg_zeros + newest.zeros)
+        store = newest.store
+        total = self._agg_count + store.count
+        # As BaseDDSketch.get_quantile_value on the merged store (no negative values).
+        rank = q * (zeros + total - 1)
+        if rank < zeros:
+            return 0.0
+        r = rank - zeros
+        if not total:
+            return None  # unreachable: a live interval holds a value
+        bins, off = self._agg, self._agg_off
+        if store.count:
+            bins = bins[:]
+            a = store.min_key - off
+            b = store.max_key + 1 - off
+            bins[a:b] = map(
+                _add, bins[a:b], store.bins[a + off - store.offset : b + off - store.offset]
+            )
+        # The smallest key whose cumulative count exceeds r (DenseStore.key_at_rank); counts are
+        # whole numbers, so summing from either end gives the same exact comparisons.
+        if q >= 0.5:
+            cum = total
+            i = int(hi) - off
+            while True:
+                n = bins[i]
+                if n and cum - n <= r:
+                    break
+                cum -= n
+                i -= 1
+        else:
+            cum = 0.0
+            i = int(lo) - off
+            while True:
+                cum += bins[i]
+                if cum > r:
+                    break
+                i += 1
+        return float(self._mapping.value(i + off))
+
+    def _sync(self, older: list[_Interval], lo: float, hi: float) -> None:
+        """Make the running sum hold exactly ``older``: subtract intervals that left (or were
+        recycled), add those that joined; rebuild when a folded interval was written again.
+        Bin counts are whole numbers, so adding and subtracting them is exact."""
+        folded = self._agg_cells
+        want = {c.slot: c for c in older}
+        for slot, (cell, count, zeros) in list(folded.items()):
+            if cell.store.count != count or cell.zeros != zeros:
+                self._drop_sum()  # written since it was folded: its old bins are unknown
+                folded = self._agg_cells
+                break
+            if want.get(slot) is not cell:
+                self._fold(cell, -1)
+                del folded[slot]
+        if not folded and self._agg:
+            self._drop_sum()
+            folded = self._agg_cells
+        if hi >= lo:
+            bins, off = self._agg, self._agg_off
+            if not bins or lo < off or hi >= off + len(bins):
+                self._layout(int(lo), int(hi))
+        for slot, cell in want.items():
+            if slot not in folded:
+                self._fold(cell, 1)
+                folded[slot] = (cell, cell.store.count, cell.zeros)
+
+    def _layout(self, lo: int, hi: int) -> None:
+        """Re-lay the running sum over keys ``[lo, hi]`` plus some room (``bin_limit`` at most);
+        its non-zero bins all lie in ``[lo, hi]``."""
+        room = min(64, (self._bin_limit - (hi - lo + 1)) // 2)
+        new_off = lo - room
+        new = [0.0] * (hi - lo + 1 + 2 * room)
+        old, off = self._agg, self._agg_off
+        a, b = max(off, new_off), min(off + len(old), new_off + len(new))
+        if a < b:
+            new[a - new_off : b - new_off] = old[a - off : b - off]
+        self._agg, self._agg_off = new, new_off
+
+    def _fold(self, cell: _Interval, sign: int) -> None:
+        store = cell.store
+        if sign > 0:
+            self._agg_zeros += cell.zeros
+        else:
+            self._agg_zeros -= cell.zeros
+        if not store.count:
+            return
+        bins, off = self._agg, self._agg_off
+        a, b = store.min_key - off, store.max_key + 1 - off
+        src = store.bins[a + off - store.offset : b + off - store.offset]
+        if sign > 0:
+            bins[a:b] = map(_add, bins[a:b], src)
+            self._agg_count += store.count
+        else:
+            bins[a:b] = map(_sub, bins[a:b], src)
+            self._agg_count -= store.count
+
+    def _sketch(
+        self, live: list[_Interval], key: tuple[tuple[int, float, int], ...]
+    ) -> BaseDDSketch:
         """The merge of the live intervals, from cache when they have not changed."""
-        live = self._live(now)
-        if not live:
-            return None
-        key = tuple((c.slot, c.store.count, c.zeros) for c in live)
         if key == self._full_key and self._full is not None:
             return self._full
         *older, newest = live
@@ -383,7 +609,6 @@ class LatencyWindow(_Ring):
             zero_count=float(cold_zeros + newest.zeros),
         )
         self._full_key = key
-        self._answers = {}
         return self._full
 
 
@@ -404,7 +629,10 @@ class UtilizationWindow(_Ring):
         ring."""
         if not 0.0 <= util_pct <= 100.0:
             raise ValueError(f"util_pct must be within [0, 100]; got {util_pct}")
-        slot = _slot_of(ts, self._interval_s)
+        try:
+            slot = int(ts // self._interval_s)
+        except (ValueError, OverflowError) as exc:
+            raise ValueError(f"ts must be finite; got {ts}") from exc
         if slot > self._head:
             self._head = slot
         elif slot <= self._head - self._length:

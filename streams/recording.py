@@ -36,6 +36,7 @@ __all__ = [
     "BadLine",
     "RecordedMessage",
     "RecordingWriter",
+    "parse_line",
     "read_events",
     "read_header",
     "read_recording",
@@ -108,10 +109,12 @@ def read_recording(path: Path) -> Iterator[RecordedMessage | BadLine]:
                 continue
             if not line.strip():
                 continue
-            yield _parse(number, line)
+            yield parse_line(number, line)
 
 
-def _parse(number: int, line: bytes) -> RecordedMessage | BadLine:
+def parse_line(number: int, line: bytes) -> RecordedMessage | BadLine:
+    """One line of a recording (``number`` counts from 1) as its message, or as a
+    :class:`BadLine` saying why it is not one; never raises for bad input."""
     try:
         record = _line_decoder.decode(line)
         value = bytes(record.value)

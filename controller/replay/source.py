@@ -14,7 +14,7 @@ Design:
   refuses is refused here too.
 * Only the common case takes the fast path: a line no longer than the size cap (so its value is
   not either), not ``raw``. Anything that fails to decode, or fails a check, is handed to the
-  slow path (:func:`streams.recording` line parser + :class:`~streams.events.EventDecoder`)
+  slow path (:func:`streams.recording.parse_line` + :class:`~streams.events.EventDecoder`)
   which produces the exact rejection; rare lines pay twice, common ones once.
 * Lines are read ``BATCH_BYTES`` at a time and yielded as lists, so the replay loop pays one
   generator step per batch, not per event. Memory is one batch, whatever the file's length.
@@ -31,8 +31,7 @@ from typing import IO
 import msgspec
 
 from streams.events import Event, EventDecoder, Rejection
-from streams.recording import BadLine
-from streams.recording import _parse as parse_line  # the slow path, for exact rejections
+from streams.recording import BadLine, parse_line  # the slow path, for exact rejections
 
 __all__ = ["BATCH_BYTES", "read_event_batches"]
 

@@ -209,3 +209,64 @@ def test_pool_status_and_gpu_utilization() -> None:
     assert pools["whole"].free_gpus == 0
     assert pools["whole"].util_pct == 40.0
     assert engine.gpu_utilization(T0 + 1)["w0/0"] == 50.0
+
+
+def test_quantile_reads_the_service_percentile() -> None:
+    """Engine.quantile is the windowed percentile service_status reports; None when empty."""
+    engine = Engine(make_policy())
+    assert engine.quantile("serving/chat", T0) is None
+    for k in range(200):
+        engine.observe(latency(T0 + k / 100, 10.0 + k))
+    now = T0 + 2.5
+    want = engine.service_status(now)[0].quantile_ms
+    assert want is not None
+    assert engine.quantile("serving/chat", now) == want
+
+
+def test_observe_many_matches_observe_one_by_one() -> None:
+    """observe_many leaves the engine as observing each event in turn does, snapshots and MIG
+    instances included."""
+    from policy_fixtures import util
+
+    from streams.events import GpuUtilization
+
+    def events(t: float) -> list[object]:
+        return [
+            latency(t, 120.0),
+            latency(t, 5.0, service="nope"),
+            util(t, "w0", 0, 80.0),
+            util(t, "w1", 3, 10.0),
+            GpuUtilization(
+                ts=t, node="w1", gpu=2, util_pct=40.0, mig_profile="1g.10gb", mig_instance=1
+            ),
+            latency(t - 500.0, 1.0),
+        ]
+
+    one, many = Engine(make_policy()), Engine(make_policy())
+    snap = breach_cluster()
+    taken = []
+    for t in (T0, T0 + 1):
+        for e in events(t):
+            one.observe(e)  # type: ignore[arg-type]
+        taken.append(many.observe_many(events(t)))  # type: ignore[arg-type]
+        one.evaluate(t + 0.5, snap)
+        many.evaluate(t + 0.5, snap)
+    assert taken == [4, 4]
+    now = T0 + 1.5
+    assert (one.observed, one.late, one.unknown) == (many.observed, many.late, many.unknown)
+    assert one.gpu_utilization(now) == many.gpu_utilization(now)
+    assert "w1/2/1" in many.gpu_utilization(now)
+    assert one.pool_status(now) == many.pool_status(now)
+    assert one.service_status(now) == many.service_status(now)
+
+
+def test_gpu_readings_follow_the_snapshot_pools() -> None:
+    """A reading counts toward its node's pool once a snapshot placed the node in one."""
+    from policy_fixtures import util
+
+    engine = Engine(make_policy())
+    engine.observe(util(T0, "w0", 0, 50.0))
+    assert {p.name: p.util_pct for p in engine.pool_status(T0 + 1)}["whole"] is None
+    engine.evaluate(T0, breach_cluster())
+    engine.observe(util(T0 + 1, "w0", 0, 70.0))
+    assert {p.name: p.util_pct for p in engine.pool_status(T0 + 1)}["whole"] == 70.0

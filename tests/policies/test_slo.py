@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -114,3 +115,43 @@ def test_exceedance_slides_like_latency_window() -> None:
         ew.add(float(t), 60.0)
         for now in (t + 0.5, t + 3.0, t + 12.0):
             assert ew.counts(now)[0] == lw.count(now)
+
+
+def step_reference(state: SloState, level: Level, now: float, spec: SloSpec) -> SloState:
+    """The state machine as first written (with ``dataclasses.replace``), to compare against."""
+    s = replace(state, last_level=level)
+    if s.state == "ok":
+        if level != "above":
+            return replace(s, pending_since=None)
+        start = s.pending_since if s.pending_since is not None else now
+        if now - start >= spec.breach_after:
+            return SloState("breaching", now, None, s.breaches + 1, level)
+        return replace(s, pending_since=start)
+    if s.state == "breaching":
+        if level == "below":
+            if spec.recover_after <= 0:
+                return SloState("ok", now, None, s.breaches, level)
+            return replace(s, state="recovering", since=now, pending_since=now)
+        return s
+    if level in ("above", "between"):
+        return replace(s, state="breaching", since=now, pending_since=None)
+    start = s.pending_since if s.pending_since is not None else now
+    if now - start >= spec.recover_after:
+        return SloState("ok", now, None, s.breaches, level)
+    return s
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    levels=st.lists(st.sampled_from(["above", "between", "below", "none"]), max_size=80),
+    recover_after=st.sampled_from(["0s", "3s", "20s"]),
+)
+def test_step_matches_reference(levels: list[Level], recover_after: str) -> None:
+    """The allocation-free step gives the same state as the reference at every tick."""
+    spec = SloSpec.model_validate(
+        {"percentile": 99, "objectiveMs": 100, "breachAfter": "3s", "recoverAfter": recover_after}
+    )
+    got = want = SloState()
+    for i, level in enumerate(levels):
+        got, want = step(got, level, float(i), spec), step_reference(want, level, float(i), spec)
+        assert got == want

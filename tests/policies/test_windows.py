@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 from ddsketch import LogCollapsingLowestDenseDDSketch
+from ddsketch.ddsketch import BaseDDSketch
+from ddsketch.mapping import LogarithmicMapping
+from ddsketch.store import CollapsingLowestDenseStore
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +23,7 @@ from streams.events import InferenceLatency, LatencyHistogram
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z, a whole number of seconds
 ALPHA = 0.01
 EPS = 1e-12  # float rounding on top of the sketch's bound
+QS = (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0)
 
 # -- builders ----------------------------------------------------------------------------------
 
@@ -294,6 +298,90 @@ def test_sliding_matches_reference_model(ops: list[tuple[str, float, float]]) ->
         want = ref.get_quantile_value(0.5)
         assert w.quantile(T0 + dt, 0.5) == (None if want is None else float(want))
     assert w.late == late
+
+
+def merged_reference(
+    per_slot: dict[int, tuple[Any, int]], first: int, last: int, bin_limit: int
+) -> BaseDDSketch:
+    """What merging the covered intervals' stores oldest first gives (the defining read)."""
+    store = CollapsingLowestDenseStore(bin_limit)
+    zeros = 0
+    for slot in sorted(per_slot):
+        if first <= slot <= last:
+            sketch, z = per_slot[slot]
+            store.merge(sketch._store)
+            zeros += z
+    return BaseDDSketch(
+        mapping=LogarithmicMapping(ALPHA),
+        store=store,
+        negative_store=CollapsingLowestDenseStore(bin_limit),
+        zero_count=float(zeros),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    bin_limit=st.sampled_from([16, 64, 2048]),
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.floats(0.0, 40.0), LATENCIES),
+            st.tuples(
+                st.just("add"), st.floats(0.0, 40.0), st.sampled_from([0.0, 1.0, 10.0, 50.0, 1e5])
+            ),
+            st.tuples(st.just("read"), st.floats(0.0, 45.0), st.sampled_from(QS)),
+        ),
+        max_size=120,
+    ),
+)
+def test_running_sum_reads_match_merged_intervals(
+    bin_limit: int, ops: list[tuple[str, float, float]]
+) -> None:
+    """Reads from the running sum of older intervals give exactly the quantile of merging the
+    covered intervals' stores, as writes move the head, recycle, and collapse stores."""
+    w = window(window_s=8.0, bin_limit=bin_limit)
+    per_slot: dict[int, tuple[Any, int]] = {}
+    head: int | None = None
+    for op, dt, value in ops:
+        slot = math.floor(T0 + dt)
+        if op == "add":
+            if not w.add(T0 + dt, value):
+                continue
+            if head is None or slot > head:
+                head = slot
+                per_slot = {s: v for s, v in per_slot.items() if s > head - 8}
+            sketch, zeros = per_slot.get(slot, (None, 0))
+            if sketch is None:
+                sketch = LogCollapsingLowestDenseDDSketch(ALPHA, bin_limit)
+            if value > sketch._mapping.min_possible:
+                sketch.add(value)
+            else:
+                zeros += 1
+            per_slot[slot] = (sketch, zeros)
+            continue
+        if head is None:
+            assert w.quantile(T0 + dt, value) is None
+            continue
+        last = min(slot, head)
+        ref = merged_reference(per_slot, max(slot, head) - 7, last, bin_limit)
+        want = ref.get_quantile_value(value) if ref.count else None
+        got = w.quantile(T0 + dt, value)
+        assert got == (None if want is None else float(want))
+        assert w.allocated_bins <= (8 + 2) * bin_limit
+
+
+def test_expired_intervals_leave_the_running_sum() -> None:
+    """A value read once and then expired no longer counts, even between the live values."""
+    w = window(window_s=3.0)
+    w.add(T0 + 0.5, 50.0)
+    for t in range(1, 3):
+        w.add(T0 + t + 0.5, 10.0)
+        w.add(T0 + t + 0.5, 100.0)
+        assert w.quantile(T0 + t + 0.6, 0.5) == pytest.approx(50.0, rel=ALPHA)
+    for t in range(3, 6):
+        w.add(T0 + t + 0.5, 10.0)
+        w.add(T0 + t + 0.5, 100.0)
+        assert w.quantile(T0 + t + 0.6, 0.5) == pytest.approx(10.0, rel=ALPHA)
+        assert w.quantile(T0 + t + 0.6, 0.2) == pytest.approx(10.0, rel=ALPHA)
 
 
 # -- memory ------------------------------------------------------------------------------------
