@@ -198,13 +198,12 @@ class Controller:
 
     async def observe(self, batch: Batch) -> None:
         """The consumer's handler: the engine ingests the batch; then it counts as applied."""
-        observe = self.engine.observe
-        newest = self._newest_event
-        for event in batch.events:
-            observe(event)
-            if newest is None or event.time > newest:
-                newest = event.time
-        self._newest_event = newest
+        events = batch.events
+        self.engine.observe_many(events)
+        if events:
+            newest = max(e.time for e in events)
+            if self._newest_event is None or newest > self._newest_event:
+                self._newest_event = newest
         self._wake.set()
 
     async def warm_start(self) -> None:
