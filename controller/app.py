@@ -38,7 +38,7 @@ from policies.engine import Engine
 from policies.loader import check_policy, read_sources
 from policies.model import Policy
 from streams import prometheus as prom
-from streams.capture import read_since
+from streams.capture import TopicReader
 from streams.connection import ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer
 from streams.events import EventDecoder
@@ -51,7 +51,9 @@ log = structlog.get_logger("ebbtide")
 #: How long a pod whose eviction a PodDisruptionBudget refused is skipped as a victim.
 BLOCKED_HOLD_OFF_S = 60.0
 _NOT_DONE = frozenset({Outcome.REFUSED, Outcome.BLOCKED, Outcome.FAILED})
+NOT_LEADER = "not the leader"
 _DONE_OUTCOMES = frozenset({Outcome.APPLIED.value, Outcome.IN_PROGRESS.value})
+_NOT_DONE_OUTCOMES = frozenset(o.value for o in _NOT_DONE)
 
 
 def load_policy_files(settings: Settings) -> Policy:
@@ -96,6 +98,8 @@ class Controller:
         self._crashed: list[str] = []
         self._audits: set[asyncio.Task[None]] = set()
         self._producer: KafkaProducer | None = None
+        self._decisions_log: TopicReader | None = None
+        self._remembered: set[tuple[float, str]] = set()
         self.http = HealthServer(
             settings.http.address,
             registry=self.metrics.registry,
@@ -107,6 +111,11 @@ class Controller:
 
     def stop(self) -> None:
         self._stopping.set()
+
+    @property
+    def crashed(self) -> list[str]:
+        """Root tasks that crashed or exited: the process must exit non-zero."""
+        return list(self._crashed)
 
     async def run(self) -> None:
         """Start everything, run until :meth:`stop` (or SIGTERM/SIGINT), then shut down."""
@@ -153,6 +162,7 @@ class Controller:
             self._guard("cluster", self.runtime.run)
             evaluator = self._guard("evaluator", self._evaluate_loop)
             self._guard("reloader", self._reload_loop)
+            self._guard("decisions-log", self._follow_decisions)
             await self._stopping.wait()
             await self._shutdown(consumer, evaluator)
 
@@ -232,7 +242,8 @@ class Controller:
     async def _restore_actions(self) -> None:
         """Read back the actions of the last hours from the decisions log, so budgets and
         cooldowns hold across a restart or a change of leader: no action is repeated because
-        the replica that took it is gone."""
+        the replica that took it is gone. Then keep following the log: what the leader does
+        counts in every follower's engine, ready for a takeover."""
         topic = self.settings.kafka.decisions_topic
         if topic is None:
             return
@@ -244,18 +255,48 @@ class Controller:
             spec.cooldowns.service,
             *(s.cooldown or 0.0 for s in spec.services.values()),
         )
-        values = await read_since(self.settings.kafka.connection(), topic, self._clock() - horizon)
-        done: list[tuple[float, str, str | None]] = []
+        self._decisions_log = TopicReader(self.settings.kafka.connection(), topic)
+        await self._decisions_log.start()
+        values = await self._decisions_log.since(self._clock() - horizon)
+        # One verdict per decision (its time, action and target): an intent counts as done
+        # unless a record of the same decision says it was not (refused, blocked, failed).
+        verdicts: dict[tuple[float, str, str], tuple[bool, str | None]] = {}
         for value in values:
-            try:
-                record = json.loads(value)
-                if record["outcome"] in _DONE_OUTCOMES and not record.get("dry_run"):
-                    done.append((float(record["ts"]), record["action"], record.get("cause")))
-            except (ValueError, KeyError, TypeError):
-                log.warning("restore.bad_record", record=value[:200])
-        for at, action, cause in sorted(done, key=lambda d: d[0]):
+            if (parsed := _parse_record(value)) is None:
+                continue
+            key, outcome, cause, _ = parsed
+            if outcome == "intent":
+                verdicts.setdefault(key, (True, cause))
+            elif outcome in _DONE_OUTCOMES:
+                verdicts[key] = (True, cause)
+            elif outcome in _NOT_DONE_OUTCOMES:
+                verdicts[key] = (False, cause)
+        done = sorted((k, cause) for k, (happened, cause) in verdicts.items() if happened)
+        for (at, action, _), cause in done:
             self.engine.remember(action=action, at=at, cause=cause)
+            self._remembered.add((at, action))
         log.info("restore.done", actions=len(done), records=len(values), horizon_s=horizon)
+
+    def _on_peer_record(self, value: bytes) -> None:
+        """A record another replica wrote: its actions count here too (once per decision)."""
+        parsed = _parse_record(value)
+        if parsed is None:
+            return
+        (at, action, _), outcome, cause, replica = parsed
+        if replica == self.settings.kube.identity or (at, action) in self._remembered:
+            return
+        if outcome == "intent" or outcome in _DONE_OUTCOMES:
+            self._remembered.add((at, action))
+            self.engine.remember(action=action, at=at, cause=cause)
+
+    async def _follow_decisions(self) -> None:
+        if self._decisions_log is None:
+            await asyncio.Event().wait()  # no decisions log configured: nothing to follow
+            return
+        try:
+            await self._decisions_log.follow(self._on_peer_record)
+        finally:
+            await self._decisions_log.stop()
 
     # -- evaluation -----------------------------------------------------------------------------
 
@@ -272,9 +313,11 @@ class Controller:
     async def evaluate_once(self) -> list[ActionResult]:
         """One round: upkeep, evaluate, act (when leading), account, audit."""
         now = self._clock()
-        results = await self.runtime.tick(now)
+        # Upkeep reports a flow still waiting (IN_PROGRESS) every tick: not news, not recorded.
+        results = [r for r in await self.runtime.tick(now) if r.outcome is not Outcome.IN_PROGRESS]
         cluster = self.runtime.cluster
         if not cluster.synced:
+            self._account(results)
             return results
         started = time.perf_counter()
         decisions = self.engine.evaluate(now, cluster.snapshot())
@@ -308,13 +351,14 @@ class Controller:
         out: list[ActionResult] = []
         for d in decisions:
             if not self.runtime.is_leader():
-                out.append(ActionResult(d, Outcome.REFUSED, "not the leader"))
+                out.append(ActionResult(d, Outcome.REFUSED, NOT_LEADER))
                 continue
             if isinstance(d, Scale) and d.role == "inference" and d.cause in unfreed:
                 why = f"the GPUs it needs were not freed: {unfreed[d.cause]}"
                 out.append(ActionResult(d, Outcome.REFUSED, why))
                 continue
             started = time.perf_counter()
+            await self._intend(d)
             (result,) = await cluster.apply([d])
             self.metrics.decision_to_api.labels(d.action).observe(time.perf_counter() - started)
             frees = isinstance(d, Evict) or (isinstance(d, Scale) and d.role == "training")
@@ -323,9 +367,26 @@ class Controller:
             out.append(result)
         return out
 
+    async def _intend(self, decision: Decision) -> None:
+        """Write ahead: record the action on the decisions log, acknowledged, *before* it is
+        carried out, so a replica that crashes while the write is in flight still counts it
+        against budgets and cooldowns after a restart. A later record with the same key says
+        whether it happened; without one it is assumed to have."""
+        topic = self.settings.kafka.decisions_topic
+        if topic is None or self._producer is None or decision.dry_run or self.settings.dry_run:
+            return
+        record = decision_to_dict(decision) | {
+            "outcome": "intent",
+            "replica": self.settings.kube.identity,
+        }
+        payload = json.dumps(record, default=str).encode()
+        await self._producer.send_and_wait(topic, payload, key=decision.target.encode())
+
     def _account(self, results: list[ActionResult]) -> None:
         for r in results:
             self.metrics.actions.labels(r.decision.action, r.outcome.value).inc()
+            if r.outcome is Outcome.REFUSED and r.detail.startswith(NOT_LEADER):
+                continue  # a follower re-decides every tick: counted, not logged or recorded
             if r.decision.action in ("mig_convert", "mig_revert") and r.outcome is Outcome.FAILED:
                 self.metrics.mig_failures.inc()
             record = decision_to_dict(r.decision) | {
@@ -401,6 +462,19 @@ class Controller:
         self.metrics.set_policy(policy.metadata.name, policy.digest())
         log.info("policy.reloaded", policy=policy.metadata.name, policy_hash=policy.digest())
         return True
+
+
+def _parse_record(value: bytes) -> tuple[tuple[float, str, str], str, str | None, str] | None:
+    """``((ts, action, target), outcome, cause, replica)`` of a decisions-log record."""
+    try:
+        record = json.loads(value)
+        if record.get("dry_run"):
+            return None
+        key = (float(record["ts"]), str(record["action"]), str(record["target"]))
+        return key, str(record["outcome"]), record.get("cause"), str(record.get("replica", ""))
+    except (ValueError, KeyError, TypeError):
+        log.warning("decisions_log.bad_record", record=value[:200])
+        return None
 
 
 def _log_audit_failure(task: asyncio.Task[None]) -> None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from policies.budgets import Budgets, BudgetState, Cooldowns
-from policies.decisions import Decision, Evict
+from policies.decisions import Decision, Evict, MigConvert, MigRevert
 from policies.inventory import Inventory
 from policies.loader import Source, check_policy
 from policies.mig import IdleTracker, MigFlights
@@ -386,6 +386,8 @@ class Engine:
         eviction's pod (a PodDisruptionBudget answered 429) is not picked as a victim again
         before then: the next one in victim order is taken instead."""
         self._budgets.for_action(decision.action).refund(decision.at)
+        if isinstance(decision, MigConvert | MigRevert):
+            self._flights.drop(decision.node)
         if hold_until is not None and isinstance(decision, Evict):
             self._held[decision.pod] = (hold_until, reason)
 

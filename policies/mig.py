@@ -110,6 +110,10 @@ class MigFlights:
     def __contains__(self, node: str) -> bool:
         return node in self._flights
 
+    def drop(self, node: str) -> None:
+        """The cluster did not start it (refused, failed): free its ``maxConcurrent`` slot."""
+        self._flights.pop(node, None)
+
 
 @dataclass(frozen=True, slots=True)
 class MigCandidate:

@@ -24,7 +24,7 @@ from streams.connection import KafkaConfig
 from streams.producer import KafkaProducer, RawMessage
 from streams.recording import BadLine, RecordingWriter, read_recording
 
-__all__ = ["PublishResult", "publish", "read_since", "record"]
+__all__ = ["PublishResult", "TopicReader", "publish", "record"]
 
 log = structlog.get_logger(__name__)
 
@@ -104,36 +104,51 @@ async def _partitions_of(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
     return set(partitions)
 
 
-async def read_since(
-    config: KafkaConfig, topic: str, since_s: float, *, timeout_s: float = 15.0
-) -> list[bytes]:
-    """Every message value on ``topic`` from ``since_s`` (epoch seconds) to now, in partition
-    order — a bounded catch-up read, e.g. of the controller's own decisions log at start-up.
+class TopicReader:
+    """Reads one topic without a consumer group: catch up from a point in time, then follow.
 
-    Ends when each partition is read up to its high watermark as of the read (``highwater`` is
-    what this broker reports right; ``end_offsets`` is not), or after ``timeout_s``.
+    Used for the controller's own decisions log: at start-up, the actions of the last hours
+    (so budgets and cooldowns survive restarts); afterwards, the records other replicas write
+    (so a follower knows what the leader did before it takes over). :meth:`since` ends when
+    each partition is read up to its high watermark as of the read (``highwater`` is what this
+    broker reports right; ``end_offsets`` is not); :meth:`follow` continues from there, so
+    nothing falls between the two.
     """
-    consumer = AIOKafkaConsumer(**config.client_kwargs(), group_id=None, enable_auto_commit=False)
-    try:
-        await consumer.start()
-    except KafkaError as exc:
-        await consumer.stop()
-        raise ConnectionError(f"cannot reach Kafka: {exc}") from exc
-    values: list[bytes] = []
-    try:
-        partitions = [
-            TopicPartition(topic, p) for p in sorted(await _partitions_of(consumer, topic))
-        ]
-        consumer.assign(partitions)
-        starts = await consumer.offsets_for_times({tp: int(since_s * 1000) for tp in partitions})
+
+    def __init__(self, config: KafkaConfig, topic: str) -> None:
+        self.topic = topic
+        self._consumer = AIOKafkaConsumer(
+            **config.client_kwargs(), group_id=None, enable_auto_commit=False
+        )
+
+    async def start(self) -> None:
+        try:
+            await self._consumer.start()
+        except KafkaError as exc:
+            await self._consumer.stop()
+            raise ConnectionError(f"cannot reach Kafka: {exc}") from exc
+        numbers = sorted(await _partitions_of(self._consumer, self.topic))
+        self._partitions = [TopicPartition(self.topic, p) for p in numbers]
+        self._consumer.assign(self._partitions)
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def since(self, since_s: float, *, timeout_s: float = 15.0) -> list[bytes]:
+        """Every value from ``since_s`` (epoch seconds) to now, in partition order."""
+        consumer = self._consumer
+        starts = await consumer.offsets_for_times(
+            {tp: int(since_s * 1000) for tp in self._partitions}
+        )
         pending = set()
-        for tp in partitions:
+        for tp in self._partitions:
             found = starts.get(tp)
             if found is None:
                 await consumer.seek_to_end(tp)
             else:
                 consumer.seek(tp, found.offset)
                 pending.add(tp)
+        values: list[bytes] = []
         deadline = time.monotonic() + timeout_s
         while pending and time.monotonic() < deadline:
             batches = await consumer.getmany(*pending, timeout_ms=200)
@@ -144,8 +159,20 @@ async def read_since(
                 if highwater is not None and await consumer.position(tp) >= highwater:
                     pending.discard(tp)
         return values
-    finally:
-        await consumer.stop()
+
+    async def follow(self, on_value: Callable[[bytes], None]) -> None:
+        """Hand every new value to ``on_value`` until cancelled; broker errors are retried."""
+        while True:
+            try:
+                batches = await self._consumer.getmany(timeout_ms=500)
+            except KafkaError as exc:
+                log.warning("tail.fetch_failed", topic=self.topic, error=repr(exc))
+                await asyncio.sleep(1.0)
+                continue
+            for messages in batches.values():
+                for m in messages:
+                    if m.value is not None:
+                        on_value(m.value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -232,6 +232,8 @@ class EventDecoder:
             return Rejection("invalid", str(exc))
         except msgspec.DecodeError as exc:
             return Rejection("malformed", str(exc))
+        except UnicodeDecodeError as exc:  # msgspec 0.22 raises it for bad UTF-8 in strings
+            return Rejection("malformed", f"invalid UTF-8 at byte {exc.start}: {exc.reason}")
         if event.size > limits.max_batch:
             return Rejection(
                 "batch_too_large",

@@ -87,9 +87,12 @@ def run(
         policy = load_policy_files(settings)
         runtime = await make_runtime(settings, policy)
         try:
-            await Controller(settings, runtime, policy).run()
+            controller = Controller(settings, runtime, policy)
+            await controller.run()
         finally:
             await runtime.close()
+        if controller.crashed:
+            raise click.ClickException("stopped after a failure: " + "; ".join(controller.crashed))
 
     run_async(main())
 

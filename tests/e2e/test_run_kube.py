@@ -69,8 +69,8 @@ async def test_an_idle_node_is_converted_to_mig(world: World) -> None:
     await ready(controller)
 
     def feed() -> None:
-        world.utilization("gpu-0", 90)
-        world.utilization("gpu-1", 90)
+        world.utilization("gpu-0", 80)  # pool mean 53 %: clearly under convertBelow (60 %)
+        world.utilization("gpu-1", 80)
         world.utilization("gpu-2", 0)
 
     def converted() -> bool:

@@ -1,4 +1,5 @@
-"""Warm start: a (re)started controller fills its windows from a real Prometheus server."""
+"""Start and stop of the controller process: warm start from a real Prometheus server, and
+what a crashed root task does."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_se
 from controller.app import Controller, load_policy_files
 from controller.settings import load_settings
 from controller.sim.runtime import SimRuntime
-from streams.broker import free_port
+from streams.broker import EmbeddedBroker, free_port
 from support.e2e import HERE
 from support.prometheus import PrometheusServer
 
@@ -83,3 +84,28 @@ async def test_warm_start_fills_windows_from_prometheus(
     assert chat_status.quantile_ms is not None
     assert 400 <= chat_status.quantile_ms <= 800 * 1.02  # the (0.4 s, 0.8 s] bucket's bound
     assert controller.engine.observed > 0
+
+
+async def test_a_crashed_root_task_stops_the_process_and_says_so(
+    kafka_broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """When a root task crashes, the controller shuts down in order and reports the crash, so
+    `ebbtide run` exits non-zero instead of 0 (and /healthz meanwhile answers 503)."""
+    settings = load_settings(
+        policies=[HERE / "policy.yaml"],
+        cluster=f"sim:{EXAMPLES / 'scenario-small.yaml'}",
+        kafka={"bootstrap": kafka_broker.bootstrap, "group_id": "crash-test"},
+        http={"address": "127.0.0.1:0"},
+    )
+    policy = load_policy_files(settings)
+
+    class Failing(SimRuntime):
+        async def run(self) -> None:
+            await asyncio.sleep(0.5)
+            raise RuntimeError("the cluster watch broke")
+
+    base = SimRuntime.from_file(EXAMPLES / "scenario-small.yaml", policy, settings)
+    runtime = Failing(base.cluster.sim, base.gate)  # type: ignore[attr-defined]
+    controller = Controller(settings, runtime, policy)
+    await asyncio.wait_for(controller.run(), 60)
+    assert controller.crashed == ["task cluster crashed"]
