@@ -10,6 +10,15 @@ are noticed without new events, and hands decisions to the cluster when this rep
 Every replica consumes every partition (its own consumer group, ``ebbtide-<identity>`` unless
 configured), so each keeps complete, warm windows and a follower can take over at once.
 
+The decisions log (``ebbtide.decisions``) is the controllers' shared memory of what was done.
+The leader writes an acknowledged *intent* record before each write to the cluster, and the
+outcome after; at start every replica reads the log back over the longest budget or cooldown
+window, and while running each follows the records of the others. So budgets and cooldowns hold
+across restarts, crashes in the middle of a write, and changes of leader: an action is never
+repeated because the replica that took it is gone. Followers decide too (their windows are as
+warm as the leader's); their decisions are refused as "not the leader", counted in metrics and
+otherwise silent, and cost them no budget.
+
 Shutdown on SIGTERM, in order: stop fetching → let the evaluator finish the action in flight →
 apply what is queued and commit its offsets → stop the cluster runtime → close clients; all
 bounded by ``shutdown_timeout_s``. The runtime is closed by whoever built it.
