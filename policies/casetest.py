@@ -81,6 +81,23 @@ class PodSpec(_Model):
     annotations: dict[str, str] = Field(default_factory=dict)
     created: Duration = 0.0
 
+    def add_to(self, b: SnapshotBuilder, *, start: float) -> None:
+        """Add this pod to ``b``; ``created`` counts from ``start``."""
+        b.pod(
+            self.namespace,
+            self.name,
+            node=self.node,
+            phase=self.phase,
+            gpus=self.gpus,
+            mig=self.mig,
+            priority=self.priority,
+            priority_class=self.priority_class,
+            workload=self.workload,
+            labels=self.labels,
+            annotations=self.annotations,
+            created=start + self.created,
+        )
+
 
 class SnapshotSpec(_Model):
     priority_classes: dict[str, int] = Field(default_factory=dict)
@@ -118,20 +135,7 @@ class SnapshotSpec(_Model):
                 nodes=w.nodes,
             )
         for p in self.pods:
-            b.pod(
-                p.namespace,
-                p.name,
-                node=p.node,
-                phase=p.phase,
-                gpus=p.gpus,
-                mig=p.mig,
-                priority=p.priority,
-                priority_class=p.priority_class,
-                workload=p.workload,
-                labels=p.labels,
-                annotations=p.annotations,
-                created=EPOCH + p.created,
-            )
+            p.add_to(b, start=EPOCH)
         return b.build()
 
 

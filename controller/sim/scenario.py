@@ -337,20 +337,7 @@ def build_cluster(
             )
     selectors: dict[str, FrozenMap[str]] = {}
     for p in spec.pods:
-        b.pod(
-            p.namespace,
-            p.name,
-            node=p.node,
-            phase=p.phase,
-            gpus=p.gpus,
-            mig=p.mig,
-            priority=p.priority,
-            priority_class=p.priority_class,
-            workload=p.workload,
-            labels=p.labels,
-            annotations=p.annotations,
-            created=start + p.created,
-        )
+        p.add_to(b, start=start)
         selectors[f"{p.namespace}/{p.name}"] = node_selector(p.pool, p.node_selector)
     return SimCluster(
         b.build(),

@@ -12,12 +12,9 @@ from pathlib import Path
 import pytest
 from fault_support import applied, evictions, inconsistencies, repeated, writes
 
-from controller.app import Controller, load_policy_files
 from controller.cluster import Outcome
-from controller.kube.runtime import KubeRuntime
-from controller.settings import load_settings
 from streams.events import GpuUtilization
-from support.e2e import HERE, WHOLE, World, build_cluster, ready
+from support.e2e import WHOLE, World, build_cluster, in_process_controller, ready
 from support.kubeapi import Fault, KubeAPIServer
 from support.kubeapi_objects import labels_of, make_node
 
@@ -138,22 +135,8 @@ async def test_a_mig_conversion_refused_while_not_leading_is_retried_once_leadin
 ) -> None:
     """A conversion refused during a lease hiccup is decided again once the replica leads."""
     await build_cluster(kubeapi)
-    settings = load_settings(
-        policies=[HERE / "policy.yaml"],
-        kube={"kubeconfig": kubeapi.write_kubeconfig(tmp_path / "kubeconfig"),
-              "lease_namespace": "default", "lease_duration_s": 2, "renew_deadline_s": 1.5,
-              "retry_period_s": 1},
-        http={"address": "127.0.0.1:0"},
-    )  # fmt: skip
-    policy = load_policy_files(settings)
-    runtime = await KubeRuntime.connect(settings, policy)
-    task = asyncio.create_task(runtime.run())
-    try:
-        deadline = time.monotonic() + 10
-        while not (runtime.cluster.synced and runtime.is_leader()):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
-        controller = Controller(settings, runtime, policy)
+    async with in_process_controller(kubeapi, tmp_path) as controller:
+        runtime = controller.runtime
 
         def idle_gpu2(seconds: float) -> None:
             now = time.time()
@@ -182,7 +165,3 @@ async def test_a_mig_conversion_refused_while_not_leading_is_retried_once_leadin
             results += await controller.evaluate_once()
             await asyncio.sleep(0.25)
         assert [r.decision.target for r in results if r.decision.action == "mig_convert"]
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await runtime.close()

@@ -11,12 +11,10 @@ from typing import Any
 
 import pytest
 
-from controller.app import Controller, load_policy_files
+from controller.app import Controller
 from controller.cluster import Outcome
-from controller.kube.runtime import KubeRuntime
-from controller.settings import load_settings
 from streams.events import InferenceLatency
-from support.e2e import HERE, TRAINING, build_cluster, workload_pod
+from support.e2e import TRAINING, build_cluster, in_process_controller, workload_pod
 from support.kubeapi import KubeAPIServer
 from support.rbac_check import rbac_violations
 
@@ -71,26 +69,8 @@ async def rig(kubeapi: KubeAPIServer, tmp_path: Path) -> AsyncIterator[Rig]:
         pod["metadata"]["ownerReferences"] = []
         pod["metadata"]["creationTimestamp"] = "2026-12-02T00:00:00Z"  # the newest of all
         await kubeapi.create(pod)
-    settings = load_settings(
-        policies=[HERE / "policy.yaml"],
-        kube={"kubeconfig": kubeapi.write_kubeconfig(tmp_path / "kubeconfig"),
-              "lease_namespace": "default", "lease_duration_s": 2, "renew_deadline_s": 1.5,
-              "retry_period_s": 1},
-        http={"address": "127.0.0.1:0"},
-    )  # fmt: skip
-    policy = load_policy_files(settings)
-    runtime = await KubeRuntime.connect(settings, policy)
-    task = asyncio.create_task(runtime.run())
-    try:
-        deadline = time.monotonic() + 10
-        while not (runtime.cluster.synced and runtime.is_leader()):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
-        yield Rig(Controller(settings, runtime, policy), kubeapi)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await runtime.close()
+    async with in_process_controller(kubeapi, tmp_path) as controller:
+        yield Rig(controller, kubeapi)
     assert rbac_violations(kubeapi.requests) == [], "the controller used undeclared permissions"
 
 

@@ -13,6 +13,7 @@ test. The cluster:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -22,13 +23,16 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer
 
+from controller.app import Controller, load_policy_files
+from controller.kube.runtime import KubeRuntime
+from controller.settings import load_settings
 from streams.broker import EmbeddedBroker, free_port
 from support.kubeapi import KubeAPIServer
 from support.kubeapi_objects import make_node, make_pod
@@ -249,3 +253,29 @@ async def ready(process: ControllerProcess, within: float = 40) -> None:
         return process.get("/readyz")[0] == 200
 
     await eventually(ok, within)
+
+
+@contextlib.asynccontextmanager
+async def in_process_controller(kubeapi: KubeAPIServer, tmp: Path) -> AsyncIterator[Controller]:
+    """A :class:`Controller` over a leading, synced :class:`KubeRuntime` on ``kubeapi``, in this
+    process and without Kafka: tests feed its engine and call ``evaluate_once``."""
+    settings = load_settings(
+        policies=[HERE / "policy.yaml"],
+        kube={"kubeconfig": kubeapi.write_kubeconfig(tmp / "kubeconfig"),
+              "lease_namespace": "default", "lease_duration_s": 2, "renew_deadline_s": 1.5,
+              "retry_period_s": 1},
+        http={"address": "127.0.0.1:0"},
+    )  # fmt: skip
+    policy = load_policy_files(settings)
+    runtime = await KubeRuntime.connect(settings, policy)
+    task = asyncio.create_task(runtime.run())
+    try:
+        deadline = time.monotonic() + 10
+        while not (runtime.cluster.synced and runtime.is_leader()):
+            assert time.monotonic() < deadline, "the runtime did not sync and lead in time"
+            await asyncio.sleep(0.05)
+        yield Controller(settings, runtime, policy)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await runtime.close()
