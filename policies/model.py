@@ -355,11 +355,16 @@ class Policy(_Model):
     metadata: Metadata
     spec: PolicySpec
 
-    def digest(self) -> str:
-        """A short sha256 of the canonical policy: equal for equal policies, whatever the YAML
-        layout, comments or file split. Logs, metrics and reports name the active policy by it."""
+    def sha256(self) -> str:
+        """sha256 of the canonical policy (its JSON by alias): equal for equal policies,
+        whatever the YAML layout, comments or file split."""
         canonical = self.model_dump_json(by_alias=True, exclude_none=False)
-        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def digest(self) -> str:
+        """The first 16 hex digits of :meth:`sha256`: how logs, metrics and reports name the
+        active policy."""
+        return self.sha256()[:16]
 
     def problems(self) -> list[Problem]:
         """Cross-reference errors (undefined pools, mis-kinded MIG pools, duplicate services)."""

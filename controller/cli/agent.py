@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
-from typing import Any
 
 import click
 from pydantic import ValidationError
@@ -21,9 +20,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from controller.agent.nvml import NvmlReader, NvmlUnavailable
 from controller.agent.pods import DEFAULT_SOCKET, PodAttribution, PodResourcesClient
 from controller.agent.publisher import Agent, AgentSettings, AgentStats, MigUtil
+from controller.cli.options import duration_option
 from controller.cli.runner import run_async
 from controller.settings import KafkaSettings
-from policies.model import parse_duration
 from streams.connection import KafkaConfig
 from streams.producer import KafkaProducer
 
@@ -49,23 +48,13 @@ def kafka_from_env(bootstrap: str) -> tuple[KafkaConfig, str]:
     return settings.connection(), settings.gpu_topic
 
 
-def _duration(_ctx: Any, _param: Any, value: str) -> float:
-    try:
-        seconds = parse_duration(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
-    if seconds <= 0:
-        raise click.BadParameter("must be longer than 0s")
-    return seconds
-
-
 @click.command()
 @click.option("--bootstrap", envvar="EBBTIDE_KAFKA_BOOTSTRAP", required=True, metavar="HOST:PORT",
               help="Kafka bootstrap servers (comma-separated).")  # fmt: skip
 @click.option("--node", envvar="NODE_NAME", default=socket.gethostname,
               show_default="$NODE_NAME or the hostname",
               help="Node name: the events' key.")  # fmt: skip
-@click.option("--interval", default="5s", callback=_duration, metavar="DURATION",
+@click.option("--interval", default="5s", callback=duration_option, metavar="DURATION",
               help="Time between samples, e.g. 500ms, 5s, 1m.")  # fmt: skip
 @click.option("--max-rate", type=click.FloatRange(min=0, min_open=True), default=20.0,
               help="Most events per second, sustained.")  # fmt: skip

@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hashlib
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -47,7 +46,7 @@ from typing import IO, Final, Protocol
 
 import msgspec
 
-from controller.cluster import Cluster, Outcome
+from controller.cluster import ActionResult, Cluster, Outcome
 from controller.replay.source import read_event_batches
 from controller.replay.summary import USES, Summary
 from controller.replay.timeline import Timeline
@@ -64,7 +63,8 @@ __all__ = [
     "ReplayCluster",
     "ReplayResult",
     "ReplaySettings",
-    "policy_sha256",
+    "count_action",
+    "decision_line",
     "replay",
 ]
 
@@ -77,6 +77,34 @@ _DONE: Final = frozenset({Outcome.APPLIED, Outcome.IN_PROGRESS})
 READS_PER_SAMPLE: Final = 16
 #: Allocations between young-generation collections during a replay (Python's default: 700).
 GC_THRESHOLD: Final = 20_000
+
+
+def decision_line(result: ActionResult) -> dict[str, object]:
+    """One line of ``decisions.jsonl``: the explained decision and what became of it."""
+    line = decision_to_dict(result.decision)
+    line["applied"] = result.outcome in _DONE
+    line["outcome"] = result.outcome.value
+    line["detail"] = result.detail
+    return line
+
+
+def count_action(
+    result: ActionResult,
+    *,
+    summary: Summary,
+    timeline: Timeline,
+    bucket: int,
+    markers: list[dict[str, object]],
+) -> None:
+    """Account one carried-out decision in the summary, the timeline and the report markers."""
+    d = result.decision
+    summary.action(d.action, result.outcome.value)
+    timeline.channel(f"actions:{d.action}", "sum")
+    timeline.add(f"actions:{d.action}", bucket, 1.0)
+    if len(markers) < MAX_MARKERS:
+        markers.append(
+            {"ts": d.at, "action": d.action, "target": d.target, "outcome": result.outcome.value}
+        )
 
 
 class ReplayCluster(Cluster, Protocol):
@@ -106,12 +134,6 @@ class ReplayResult:
     wall_s: float = 0.0
 
 
-def policy_sha256(policy: Policy) -> str:
-    """sha256 of the canonical policy (its JSON by alias): the same for the same policy."""
-    canonical = policy.model_dump_json(by_alias=True, exclude_none=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
 class _Replay:
     def __init__(
         self,
@@ -130,7 +152,7 @@ class _Replay:
         self.dt = s.evaluate_every
         self.speed = s.speed
         self.points = s.points
-        self.summary = Summary.for_policy(policy, policy_sha256(policy), self.dt)
+        self.summary = Summary.for_policy(policy, policy.sha256(), self.dt)
         self.timeline: Timeline | None = None
         self.markers: list[dict[str, object]] = []
         self.out = decisions
@@ -202,24 +224,8 @@ class _Replay:
         decisions = engine.evaluate(now, snap)
         if decisions:
             for result in self.runner.run(cluster.apply(decisions)):
-                d = result.decision
-                line = decision_to_dict(d)
-                line["applied"] = result.outcome in _DONE
-                line["outcome"] = result.outcome.value
-                line["detail"] = result.detail
-                self.out.write(self.encode(line) + b"\n")
-                summary.action(d.action, result.outcome.value)
-                tl.channel(f"actions:{d.action}", "sum")
-                tl.add(f"actions:{d.action}", b, 1.0)
-                if len(self.markers) < MAX_MARKERS:
-                    self.markers.append(
-                        {
-                            "ts": d.at,
-                            "action": d.action,
-                            "target": d.target,
-                            "outcome": result.outcome.value,
-                        }
-                    )
+                self.out.write(self.encode(decision_line(result)) + b"\n")
+                count_action(result, summary=summary, timeline=tl, bucket=b, markers=self.markers)
             snap = cluster.snapshot()
             if snap is not self.snap:
                 self._refresh_pools(snap)

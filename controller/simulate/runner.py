@@ -42,7 +42,12 @@ from typing import IO, Any, Final, Literal
 import msgspec
 
 from controller.cluster import ActionResult, Outcome
-from controller.replay.runner import DECISIONS_FILE, MAX_MARKERS, ReplayResult, policy_sha256
+from controller.replay.runner import (
+    DECISIONS_FILE,
+    ReplayResult,
+    count_action,
+    decision_line,
+)
 from controller.replay.summary import USES, Summary
 from controller.replay.timeline import Timeline
 from controller.safety import SafetyGate
@@ -52,7 +57,7 @@ from controller.simulate.baselines import PollingAutoscaler, static_partition
 from controller.simulate.latency import ServiceModel, ServiceQueue, default_model
 from controller.simulate.load import LoadShape, peak_factor, poisson
 from controller.simulate.telemetry import PoolMeter, Telemetry, running_replicas
-from policies.decisions import Decision, decision_to_dict
+from policies.decisions import Decision
 from policies.engine import Engine
 from policies.inventory import Inventory
 from policies.model import Policy
@@ -205,7 +210,7 @@ class _Loop:
             self.apply = self.sim.apply
             if controller == "polling":
                 self.polling = PollingAutoscaler(policy, start=self.t0)
-        self.summary = Summary.for_policy(summary_policy, policy_sha256(summary_policy), self.dt)
+        self.summary = Summary.for_policy(summary_policy, summary_policy.sha256(), self.dt)
         self.services = [
             (key, acc, policy.spec.services[key.split("/", 1)[1]].slo.percentile / 100.0)
             for key, acc in self.summary.services.items()
@@ -250,26 +255,16 @@ class _Loop:
 
     def _write(self, results: Sequence[ActionResult], *, count: bool, bucket: int) -> None:
         for result in results:
-            d = result.decision
-            line = decision_to_dict(d)
-            line["applied"] = result.outcome in _DONE
-            line["outcome"] = result.outcome.value
-            line["detail"] = result.detail
+            line = decision_line(result)
             line["controller"] = self.controller
             self.out.write(self.encode(line) + b"\n")
-            if not count:
-                continue
-            self.summary.action(d.action, result.outcome.value)
-            self.timeline.channel(f"actions:{d.action}", "sum")
-            self.timeline.add(f"actions:{d.action}", bucket, 1.0)
-            if len(self.markers) < MAX_MARKERS:
-                self.markers.append(
-                    {
-                        "ts": d.at,
-                        "action": d.action,
-                        "target": d.target,
-                        "outcome": result.outcome.value,
-                    }
+            if count:
+                count_action(
+                    result,
+                    summary=self.summary,
+                    timeline=self.timeline,
+                    bucket=bucket,
+                    markers=self.markers,
                 )
 
     def _emit(self, ev: Event) -> None:
