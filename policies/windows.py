@@ -250,22 +250,25 @@ class LatencyWindow(_Ring):
             return self.add_histogram(event.time, event.histogram.bounds_ms, event.histogram.counts)
         raise ValueError("event carries no latency")  # the decoder makes this unreachable
 
-    def add(self, ts: float, value_ms: float) -> bool:
-        """Record one latency at event time ``ts``; ``False`` when ``ts`` is older than the ring.
-
-        Raises ``ValueError`` for a negative, NaN or infinite latency.
-        """
+    def _cell_at(self, ts: float) -> _Interval | None:
+        """The interval holding event time ``ts`` (the newest one is remembered), or ``None``
+        when ``ts`` is older than the ring."""
         try:
             slot = int(ts // self._interval_s)
         except (ValueError, OverflowError) as exc:
             raise ValueError(f"ts must be finite; got {ts}") from exc
         if slot == self._last_slot:
-            cell = self._last_cell
-        else:
-            found = self._cell(slot)
-            if found is None:
-                return False
-            cell = found
+            return self._last_cell
+        return self._cell(slot)
+
+    def add(self, ts: float, value_ms: float) -> bool:
+        """Record one latency at event time ``ts``; ``False`` when ``ts`` is older than the ring.
+
+        Raises ``ValueError`` for a negative, NaN or infinite latency.
+        """
+        cell = self._cell_at(ts)
+        if cell is None:
+            return False
         if self._min_value < value_ms <= self._max_value:
             key = _ceil(_log(value_ms, 2) * self._scale)
             store = cell.store
@@ -290,17 +293,9 @@ class LatencyWindow(_Ring):
         A bad value raises ``ValueError`` after the values before it were recorded: the
         decoder range-checks events, so that is a caller's bug, not data.
         """
-        try:
-            slot = int(ts // self._interval_s)
-        except (ValueError, OverflowError) as exc:
-            raise ValueError(f"ts must be finite; got {ts}") from exc
-        if slot == self._last_slot:
-            cell = self._last_cell
-        else:
-            found = self._cell(slot)
-            if found is None:
-                return False
-            cell = found
+        cell = self._cell_at(ts)
+        if cell is None:
+            return False
         store = cell.store
         scale, lo, hi = self._scale, self._min_value, self._max_value
         log, ceil = _log, _ceil
