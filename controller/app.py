@@ -10,14 +10,17 @@ are noticed without new events, and hands decisions to the cluster when this rep
 Every replica consumes every partition (its own consumer group, ``ebbtide-<identity>`` unless
 configured), so each keeps complete, warm windows and a follower can take over at once.
 
-The decisions log (``ebbtide.decisions``) is the controllers' shared memory of what was done.
-The leader writes an acknowledged *intent* record before each write to the cluster, and the
-outcome after; at start every replica reads the log back over the longest budget or cooldown
-window, and while running each follows the records of the others. So budgets and cooldowns hold
+The decisions log (``ebbtide.decisions``) is the controllers' shared memory of what was done,
+and the one source of the budget ledger (:class:`policies.budgets.Ledger`, shared by the engine
+and the safety gate). The leader writes an acknowledged *intent* record before each write to the
+cluster, and the outcome after, both under the decision's id; at start every replica reads the
+log back over the longest budget or cooldown window, and while running it follows the log, its
+own records included (reading a record twice changes nothing). So budgets and cooldowns hold
 across restarts, crashes in the middle of a write, and changes of leader: an action is never
-repeated because the replica that took it is gone. Followers decide too (their windows are as
-warm as the leader's); their decisions are refused as "not the leader", counted in metrics and
-otherwise silent, and cost them no budget.
+repeated because the replica that took it is gone. An intent the broker does not acknowledge
+after retries refuses that action, with the reason; the process stays up. Followers decide too
+(their windows are as warm as the leader's); their decisions are refused as "not the leader",
+counted in metrics and otherwise silent, and cost them no budget.
 
 Shutdown on SIGTERM, in order: stop fetching → let the evaluator finish the action in flight →
 apply what is queued and commit its offsets → stop the cluster runtime → close clients; all
@@ -37,11 +40,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 import structlog
+import tenacity
 
-from controller.cluster import ActionResult, ClusterRuntime, Outcome
+from controller.cluster import (
+    NOT_FREED,
+    NOT_LEADER,
+    ActionResult,
+    ClusterRuntime,
+    Outcome,
+    feed_back,
+)
 from controller.http import HealthServer
 from controller.metrics import Metrics, StateSources
 from controller.settings import Settings
+from policies.budgets import LogRecord
 from policies.decisions import Decision, Evict, Scale, decision_to_dict
 from policies.engine import Engine
 from policies.loader import check_policy, read_sources
@@ -51,18 +63,15 @@ from streams.capture import TopicReader
 from streams.connection import ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer
 from streams.events import EventDecoder
-from streams.producer import DeadLetter, KafkaProducer
+from streams.producer import DeadLetter, KafkaProducer, ProduceError
 
 __all__ = ["Controller", "load_policy_files"]
 
 log = structlog.get_logger("ebbtide")
 
-#: How long a pod whose eviction a PodDisruptionBudget refused is skipped as a victim.
-BLOCKED_HOLD_OFF_S = 60.0
 _NOT_DONE = frozenset({Outcome.REFUSED, Outcome.BLOCKED, Outcome.FAILED})
-NOT_LEADER = "not the leader"
-_DONE_OUTCOMES = frozenset({Outcome.APPLIED.value, Outcome.IN_PROGRESS.value})
-_NOT_DONE_OUTCOMES = frozenset(o.value for o in _NOT_DONE)
+#: Tries to have the broker acknowledge an intent record before the action is refused.
+INTENT_ATTEMPTS = 3
 
 
 def load_policy_files(settings: Settings) -> Policy:
@@ -88,7 +97,7 @@ class Controller:
         self.runtime = runtime
         self._clock = clock
         self.policy = policy
-        self.engine = Engine(policy)
+        self.engine = Engine(policy, ledger=runtime.ledger)
         self._policy_text = self._read_policy_text()
         self._consumer: EventConsumer | None = None
         self.metrics = Metrics(
@@ -108,7 +117,6 @@ class Controller:
         self._audits: set[asyncio.Task[None]] = set()
         self._producer: KafkaProducer | None = None
         self._decisions_log: TopicReader | None = None
-        self._remembered: set[tuple[float, str]] = set()
         self.http = HealthServer(
             settings.http.address,
             registry=self.metrics.registry,
@@ -249,10 +257,9 @@ class Controller:
         log.info("warm_start.done", events=len(result.events), skipped=dict(result.skipped))
 
     async def _restore_actions(self) -> None:
-        """Read back the actions of the last hours from the decisions log, so budgets and
-        cooldowns hold across a restart or a change of leader: no action is repeated because
-        the replica that took it is gone. Then keep following the log: what the leader does
-        counts in every follower's engine, ready for a takeover."""
+        """Read back the decisions log over the longest budget or cooldown window into the
+        ledger, so budgets and cooldowns hold across a restart or a change of leader: no
+        action is repeated because the replica that took it is gone."""
         topic = self.settings.kafka.decisions_topic
         if topic is None:
             return
@@ -267,43 +274,21 @@ class Controller:
         self._decisions_log = TopicReader(self.settings.kafka.connection(), topic)
         await self._decisions_log.start()
         values = await self._decisions_log.since(self._clock() - horizon)
-        # One verdict per decision (its time, action and target): an intent counts as done
-        # unless a record of the same decision says it was not (refused, blocked, failed).
-        verdicts: dict[tuple[float, str, str], tuple[bool, str | None]] = {}
         for value in values:
-            if (parsed := _parse_record(value)) is None:
-                continue
-            key, outcome, cause, _ = parsed
-            if outcome == "intent":
-                verdicts.setdefault(key, (True, cause))
-            elif outcome in _DONE_OUTCOMES:
-                verdicts[key] = (True, cause)
-            elif outcome in _NOT_DONE_OUTCOMES:
-                verdicts[key] = (False, cause)
-        done = sorted((k, cause) for k, (happened, cause) in verdicts.items() if happened)
-        for (at, action, _), cause in done:
-            self.engine.remember(action=action, at=at, cause=cause)
-            self._remembered.add((at, action))
-        log.info("restore.done", actions=len(done), records=len(values), horizon_s=horizon)
+            self._on_record(value)
+        log.info("restore.done", records=len(values), horizon_s=horizon)
 
-    def _on_peer_record(self, value: bytes) -> None:
-        """A record another replica wrote: its actions count here too (once per decision)."""
-        parsed = _parse_record(value)
-        if parsed is None:
-            return
-        (at, action, _), outcome, cause, replica = parsed
-        if replica == self.settings.kube.identity or (at, action) in self._remembered:
-            return
-        if outcome == "intent" or outcome in _DONE_OUTCOMES:
-            self._remembered.add((at, action))
-            self.engine.remember(action=action, at=at, cause=cause)
+    def _on_record(self, value: bytes) -> None:
+        """One decisions-log record, at start-up or live (any replica's, this one's too)."""
+        if (rec := _parse_record(value)) is not None:
+            self.engine.record(rec)
 
     async def _follow_decisions(self) -> None:
         if self._decisions_log is None:
             await asyncio.Event().wait()  # no decisions log configured: nothing to follow
             return
         try:
-            await self._decisions_log.follow(self._on_peer_record)
+            await self._decisions_log.follow(self._on_record)
         finally:
             await self._decisions_log.stop()
 
@@ -326,13 +311,13 @@ class Controller:
         results = [r for r in await self.runtime.tick(now) if r.outcome is not Outcome.IN_PROGRESS]
         cluster = self.runtime.cluster
         if not cluster.synced:
-            self._account(results)
+            self._account(results, now=now)
             return results
         started = time.perf_counter()
         decisions = self.engine.evaluate(now, cluster.snapshot())
         self.metrics.evaluate_seconds.observe(time.perf_counter() - started)
         if not decisions:
-            self._account(results)
+            self._account(results, now=now)
             return results
         if self.settings.dry_run:
             decisions = [dataclasses.replace(d, dry_run=True) for d in decisions]
@@ -341,20 +326,16 @@ class Controller:
         for d in decisions:
             self.metrics.decisions.labels(d.action, d.explanation.rule).inc()
         applied = await self._carry_out(decisions)
-        for result in applied:
-            if result.outcome in _NOT_DONE:
-                # Budgets count what happened; a PDB's "not now" moves on to the next victim.
-                hold = now + BLOCKED_HOLD_OFF_S if result.outcome is Outcome.BLOCKED else None
-                self.engine.not_done(result.decision, reason=result.detail, hold_until=hold)
         results = [*results, *applied]
-        self._account(results)
+        self._account(results, now=now)
         return results
 
     async def _carry_out(self, decisions: list[Decision]) -> list[ActionResult]:
         """Apply decisions in the engine's order, one by one. The engine frees GPUs for a
         service before scaling it up; when freeing fails (a PDB, a refusal), the scale-up it
         was for is not applied, so no inference pod is created without room (the scheduler
-        might otherwise preempt training behind the PDB's back)."""
+        might otherwise preempt training behind the PDB's back). A refusal decided here is
+        reported to the cluster adapter like its own (a Kubernetes Event)."""
         cluster = self.runtime.cluster
         unfreed: dict[str, str] = {}
         out: list[ActionResult] = []
@@ -362,36 +343,57 @@ class Controller:
             if not self.runtime.is_leader():
                 out.append(ActionResult(d, Outcome.REFUSED, NOT_LEADER))
                 continue
-            if isinstance(d, Scale) and d.role == "inference" and d.cause in unfreed:
-                why = f"the GPUs it needs were not freed: {unfreed[d.cause]}"
-                out.append(ActionResult(d, Outcome.REFUSED, why))
-                continue
             started = time.perf_counter()
-            await self._intend(d)
-            (result,) = await cluster.apply([d])
-            self.metrics.decision_to_api.labels(d.action).observe(time.perf_counter() - started)
+            refusal = None
+            if isinstance(d, Scale) and d.role == "inference" and d.cause in unfreed:
+                refusal = f"{NOT_FREED}: {unfreed[d.cause]}"
+            elif (failed := await self._intend(d)) is not None:
+                refusal = f"the intent was not recorded on the decisions log: {failed}"
+            if refusal is not None:
+                result = ActionResult(d, Outcome.REFUSED, refusal)
+                await cluster.report(result)
+            else:
+                (result,) = await cluster.apply([d])
+                self.metrics.decision_to_api.labels(d.action).observe(time.perf_counter() - started)
             frees = isinstance(d, Evict) or (isinstance(d, Scale) and d.role == "training")
             if frees and d.cause is not None and result.outcome in _NOT_DONE:
                 unfreed[d.cause] = f"{d.action} {d.target} {result.outcome.value}"
             out.append(result)
         return out
 
-    async def _intend(self, decision: Decision) -> None:
+    async def _intend(self, decision: Decision) -> str | None:
         """Write ahead: record the action on the decisions log, acknowledged, *before* it is
         carried out, so a replica that crashes while the write is in flight still counts it
-        against budgets and cooldowns after a restart. A later record with the same key says
-        whether it happened; without one it is assumed to have."""
+        against budgets and cooldowns after a restart. A later record of the same decision id
+        says whether it happened; without one it is assumed to have. Returns why the record
+        could not be written (after :data:`INTENT_ATTEMPTS` tries), or ``None``."""
         topic = self.settings.kafka.decisions_topic
         if topic is None or self._producer is None or decision.dry_run or self.settings.dry_run:
-            return
+            return None
         record = decision_to_dict(decision) | {
             "outcome": "intent",
             "replica": self.settings.kube.identity,
         }
         payload = json.dumps(record, default=str).encode()
-        await self._producer.send_and_wait(topic, payload, key=decision.target.encode())
+        producer = self._producer
+        try:
+            async for attempt in tenacity.AsyncRetrying(
+                stop=tenacity.stop_after_attempt(INTENT_ATTEMPTS),
+                wait=tenacity.wait_exponential(multiplier=0.2, max=2.0),
+                retry=tenacity.retry_if_exception_type(ProduceError),
+                reraise=True,
+            ):
+                with attempt:
+                    await producer.send_and_wait(topic, payload, key=decision.target.encode())
+        except ProduceError as exc:
+            log.error("decisions_log.intent_failed", target=decision.target, error=str(exc))
+            return str(exc)
+        return None
 
-    def _account(self, results: list[ActionResult]) -> None:
+    def _account(self, results: list[ActionResult], *, now: float) -> None:
+        """Outcomes back to the engine (budgets, cooldowns, held victims), then metrics, the
+        log line and the decisions-log record of each."""
+        feed_back(self.engine, results, now=now)
         for r in results:
             self.metrics.actions.labels(r.decision.action, r.outcome.value).inc()
             if r.outcome is Outcome.REFUSED and r.detail.startswith(NOT_LEADER):
@@ -473,15 +475,14 @@ class Controller:
         return True
 
 
-def _parse_record(value: bytes) -> tuple[tuple[float, str, str], str, str | None, str] | None:
-    """``((ts, action, target), outcome, cause, replica)`` of a decisions-log record."""
+def _parse_record(value: bytes) -> LogRecord | None:
+    """A decisions-log record as the ledger reads it; ``None`` for a dry run or garbage."""
     try:
-        record = json.loads(value)
-        if record.get("dry_run"):
-            return None
-        key = (float(record["ts"]), str(record["action"]), str(record["target"]))
-        return key, str(record["outcome"]), record.get("cause"), str(record.get("replica", ""))
-    except (ValueError, KeyError, TypeError):
+        raw = json.loads(value)
+        if not isinstance(raw, dict):
+            raise ValueError("not an object")
+        return None if raw.get("dry_run") else LogRecord.of(raw)
+    except ValueError:
         log.warning("decisions_log.bad_record", record=value[:200])
         return None
 

@@ -4,20 +4,43 @@ Two adapters implement it: :mod:`controller.kube` (a real cluster through the Ku
 the simulated cluster used by replays. The engine never sees either; the process loop asks the
 port for a :class:`~policies.snapshot.Snapshot`, gives it to the engine, and hands the engine's
 decisions back to the port, which reports one :class:`ActionResult` per decision.
+
+:func:`feed_back` is the one way outcomes go back to the engine, in the live process, replay
+and simulate alike: an action that did not happen gives its budget unit and cooldown back, and
+a pod a PodDisruptionBudget protected is skipped as a victim for a while.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Final, Protocol
 
+from policies.budgets import Ledger
 from policies.decisions import Decision
+from policies.engine import Engine
 from policies.model import Policy
 from policies.snapshot import Snapshot
 
-__all__ = ["ActionResult", "Cluster", "ClusterRuntime", "Outcome"]
+__all__ = [
+    "NOT_FREED",
+    "NOT_LEADER",
+    "RETRY_HOLD_OFF_S",
+    "ActionResult",
+    "Cluster",
+    "ClusterRuntime",
+    "Outcome",
+    "feed_back",
+]
+
+#: How long a pod whose eviction a PodDisruptionBudget refused is skipped as a victim, and how
+#: long a service waits to try again after part of its response was not carried out.
+RETRY_HOLD_OFF_S: Final = 60.0
+#: The start of the detail of a follower's refusal (a follower decides but never acts).
+NOT_LEADER: Final = "not the leader"
+#: The start of the detail of a scale-up refused because freeing its GPUs was not carried out.
+NOT_FREED: Final = "the GPUs it needs were not freed"
 
 
 class Outcome(StrEnum):
@@ -64,6 +87,12 @@ class Cluster(Protocol):
         """Carry out ``decisions`` in order; never raises for a single decision's failure."""
         ...
 
+    async def report(self, result: ActionResult) -> None:
+        """Record an outcome decided before the cluster was asked (the GPUs a scale-up needed
+        were not freed, the intent could not be written) as the adapter records its own: a
+        Kubernetes Event for every action and refusal."""
+        ...
+
 
 class ClusterRuntime(Protocol):
     """A cluster adapter as the process runs it: the port plus its lifecycle and leadership."""
@@ -73,6 +102,11 @@ class ClusterRuntime(Protocol):
 
     def is_leader(self) -> bool:
         """True while this replica may write to the cluster (checked before every action)."""
+        ...
+
+    @property
+    def ledger(self) -> Ledger:
+        """The safety gate's ledger, which the engine shares (one verdict per decision)."""
         ...
 
     def reconfigure(self, policy: Policy) -> None:
@@ -91,3 +125,25 @@ class ClusterRuntime(Protocol):
     async def close(self) -> None:
         """Release clients; called once, after :meth:`run` was cancelled."""
         ...
+
+
+_NOT_DONE: Final = frozenset({Outcome.REFUSED, Outcome.BLOCKED, Outcome.FAILED})
+
+
+def feed_back(engine: Engine, results: Iterable[ActionResult], *, now: float) -> None:
+    """Tell the engine which of its decisions did not happen: their budget units and cooldowns
+    come back. A PodDisruptionBudget's "not now" holds its pod off for
+    :data:`RETRY_HOLD_OFF_S` and lets the service try again at once with the next victim (as
+    does a follower's "not the leader"); any other refusal or failure would repeat itself, so
+    the service waits :data:`RETRY_HOLD_OFF_S` before the next try."""
+    for r in results:
+        if r.outcome not in _NOT_DONE:
+            continue
+        blocked = r.outcome is Outcome.BLOCKED
+        at_once = blocked or r.detail.startswith((NOT_LEADER, NOT_FREED))
+        engine.not_done(
+            r.decision,
+            reason=r.detail,
+            retry_at=now if at_once else now + RETRY_HOLD_OFF_S,
+            hold_until=now + RETRY_HOLD_OFF_S if blocked else None,
+        )

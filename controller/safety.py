@@ -12,11 +12,14 @@ Design:
   leadership, the kill switch (the policy's ``killSwitch`` or the process-level flag) and the
   per-target in-flight set, and claims the target for the duration of the ``with`` block, so an
   action on one object is never issued twice, even by overlapping ``apply`` calls. The returned
-  :class:`Permit` then reserves budget (:meth:`Permit.reserve`), and spends it only when the
-  actuator reports the action applied (:meth:`Permit.spend`): a refused, blocked or failed action
-  costs nothing, and reservations count against the budget while writes are in flight, so
-  concurrent actions can never overshoot it. The ledger is :class:`policies.budgets.Budgets`,
-  a separate instance from the engine's.
+  :class:`Permit` then checks the budget (:meth:`Permit.reserve`) and, when the actuator
+  reports the action applied, settles it as done (:meth:`Permit.spend`). The budgets are a
+  :class:`policies.budgets.Ledger` the gate shares with the engine (``ledger=``), and both
+  read the decisions log into it the same way: a decision the engine took already counts, and
+  the gate checks that it is still within its budget right before the write (a reload may have
+  lowered it, a peer's record may have used it); an action the engine did not decide (a MIG
+  flow's drain eviction) is entered when reserved and given back if it is not carried out.
+  A refused, blocked or failed action costs nothing.
 * **Target checks are pure** (:func:`target_refusal`): the actuator re-reads the live object and
   hands its kind, namespace, labels and annotations over as a :class:`Target`. Scale and evict
   act only on workloads and pods matching the training selector (or, for a scale of inference, a
@@ -40,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from controller.cluster import Outcome
-from policies.budgets import Budgets, BudgetState, SlidingBudget
+from policies.budgets import Budgets, BudgetState, Ledger, SlidingBudget
 from policies.decisions import Decision, Evict, MigConvert, Scale
 from policies.model import DO_NOT_DISRUPT, Policy
 from policies.snapshot import FrozenMap
@@ -163,13 +166,14 @@ def _training_refusal(policy: Policy, target: Target) -> str | None:
 class Permit:
     """A claim on one target for one decision; see :meth:`SafetyGate.hold`."""
 
-    __slots__ = ("_gate", "_reserved", "decision", "spent", "verdict")
+    __slots__ = ("_entered", "_gate", "_reserved", "decision", "spent", "verdict")
 
     def __init__(self, gate: SafetyGate, decision: Decision, verdict: Verdict) -> None:
         self._gate = gate
         self.decision = decision
         self.verdict = verdict
         self._reserved = False
+        self._entered = False
         self.spent = False
 
     @property
@@ -177,27 +181,28 @@ class Permit:
         return self.verdict.ok
 
     def reserve(self) -> Verdict:
-        """Reserve one unit of the decision's budget, or say why not."""
+        """Check the decision against its budget right before the write, or say why not."""
         if not self.verdict.ok:
             return self.verdict
         if self._reserved or self.spent:
             return GO
-        verdict = self._gate._reserve(self.decision)
+        verdict, self._entered = self._gate._reserve(self.decision)
         self._reserved = verdict.ok
         return verdict
 
     def spend(self) -> None:
-        """The action was applied: turn the reservation (or a fresh unit) into spent budget."""
+        """The action was applied: it counts in the ledger (reserved or not)."""
         if self.spent:
             return
-        self._gate._spend(self.decision, reserved=self._reserved)
-        self._reserved = False
+        self._gate._settle(self.decision, done=True)
+        self._reserved = self._entered = False
         self.spent = True
 
     def release(self) -> None:
-        if self._reserved:
-            self._gate._release(self.decision)
-            self._reserved = False
+        """The block ends: a unit the gate entered for an action not carried out goes back."""
+        if self._entered:
+            self._gate._settle(self.decision, done=False)
+        self._reserved = self._entered = False
 
 
 class SafetyGate:
@@ -211,6 +216,7 @@ class SafetyGate:
         dry_run: bool = False,
         kill_switch: bool = False,
         clock: Callable[[], float] = time.time,
+        ledger: Ledger | None = None,
     ) -> None:
         self._policy = policy
         self._is_leader = is_leader
@@ -219,8 +225,7 @@ class SafetyGate:
         self.kill_switch = kill_switch
         """Process-level kill switch: refuse every action."""
         self._clock = clock
-        self.budgets = Budgets(policy.spec.budgets)
-        self._reserved: dict[str, int] = {}
+        self.ledger = ledger if ledger is not None else Ledger(policy.spec.budgets)
         self._in_flight: set[str] = set()
 
     # --- configuration -------------------------------------------------------------------------
@@ -232,7 +237,7 @@ class SafetyGate:
     def reconfigure(self, policy: Policy) -> None:
         """A reloaded policy: new selectors and limits; what was spent still counts."""
         self._policy = policy
-        self.budgets.reconfigure(policy.spec.budgets)
+        self.ledger.reconfigure(policy.spec.budgets)
 
     def now(self) -> float:
         return self._clock()
@@ -297,38 +302,33 @@ class SafetyGate:
 
     # --- budgets -------------------------------------------------------------------------------
 
+    @property
+    def budgets(self) -> Budgets:
+        return self.ledger.budgets
+
     def budget_for(self, decision: Decision) -> SlidingBudget:
-        if isinstance(decision, Evict):
-            return self.budgets.evictions
-        if isinstance(decision, Scale):
-            return self.budgets.scale_steps
-        return self.budgets.mig_conversions
+        return self.budgets.for_action(decision.action)
 
     def budget_states(self) -> list[BudgetState]:
         return self.budgets.states(self.now())
 
-    def _reserve(self, decision: Decision) -> Verdict:
+    def _reserve(self, decision: Decision) -> tuple[Verdict, bool]:
+        """Check ``decision`` against its budget; ``(verdict, entered)``: whether the gate
+        entered it in the ledger (it was not there yet) and must give it back if unused."""
+        if self.ledger.verdict(decision.id) == "done":
+            return Verdict(Outcome.ALREADY_DONE, f"{decision.id} was carried out already"), False
         budget = self.budget_for(decision)
         now = self.now()
-        reserved = self._reserved.get(budget.name, 0)
-        if budget.remaining(now) - reserved < 1:
+        known = budget.holds(decision.id)
+        used = budget.used(now, excluding=decision.id)
+        if used >= budget.max:
             return _refuse(
-                f"{budget.name} budget spent: {budget.max} per {budget.per_s:g}s "
-                f"({budget.used(now)} used, {reserved} in flight)"
-            )
-        self._reserved[budget.name] = reserved + 1
-        return GO
+                f"{budget.name} budget spent: {budget.max} per {budget.per_s:g}s ({used} used)"
+            ), False
+        if known:
+            return GO, False
+        self.ledger.reserve(decision.id, action=decision.action, now=now)
+        return GO, True
 
-    def _release(self, decision: Decision) -> None:
-        name = self.budget_for(decision).name
-        self._reserved[name] = max(0, self._reserved.get(name, 0) - 1)
-
-    def _spend(self, decision: Decision, *, reserved: bool) -> None:
-        budget = self.budget_for(decision)
-        if reserved:
-            self._release(decision)
-        now = self.now()
-        # Only a reload that lowered the limit mid-write can make this false; the window is
-        # then full anyway, so further actions stay refused.
-        if budget.allows(now):
-            budget.spend(now)
+    def _settle(self, decision: Decision, *, done: bool) -> None:
+        self.ledger.settle(decision.id, action=decision.action, done=done, at=self.now())

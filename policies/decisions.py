@@ -32,6 +32,7 @@ __all__ = [
     "Role",
     "Scalar",
     "Scale",
+    "decision_id",
     "decision_to_dict",
 ]
 
@@ -94,8 +95,13 @@ class Scale:
     cause: str | None = None
     """The service (``namespace/name``) this was done for, if any."""
     dry_run: bool = False
+    id: str = ""
+    """Identity in the decisions log; derived from action, target and time when not given."""
 
     action: Literal["scale"] = field(default="scale", init=False)
+
+    def __post_init__(self) -> None:
+        _identify(self)
 
     @property
     def target(self) -> str:
@@ -115,8 +121,12 @@ class Evict:
     explanation: Explanation
     cause: str | None = None
     dry_run: bool = False
+    id: str = ""
 
     action: Literal["evict"] = field(default="evict", init=False)
+
+    def __post_init__(self) -> None:
+        _identify(self)
 
     @property
     def target(self) -> str:
@@ -133,8 +143,12 @@ class MigConvert:
     gpu_model: str
     explanation: Explanation
     dry_run: bool = False
+    id: str = ""
 
     action: Literal["mig_convert"] = field(default="mig_convert", init=False)
+
+    def __post_init__(self) -> None:
+        _identify(self)
 
     @property
     def target(self) -> str:
@@ -154,8 +168,12 @@ class MigRevert:
     profile: str
     explanation: Explanation
     dry_run: bool = False
+    id: str = ""
 
     action: Literal["mig_revert"] = field(default="mig_revert", init=False)
+
+    def __post_init__(self) -> None:
+        _identify(self)
 
     @property
     def target(self) -> str:
@@ -169,11 +187,26 @@ class MigRevert:
 Decision = Scale | Evict | MigConvert | MigRevert
 
 
+def decision_id(action: str, target: str, at: float) -> str:
+    """A decision's identity: its action, target and time (to the millisecond). One round
+    never takes two actions on one target, so this names exactly one decision; and records
+    written before decisions carried an ``id`` get the same identity when read back."""
+    return f"{action}:{target}@{at:.3f}"
+
+
+def _identify(decision: Decision) -> None:
+    if not decision.id:
+        object.__setattr__(
+            decision, "id", decision_id(decision.action, decision.target, decision.at)
+        )
+
+
 def decision_to_dict(decision: Decision) -> dict[str, object]:
     """The JSON shape of a decision: ``ts, action, target, rule, reason, inputs, thresholds,
-    alternatives, dry_run`` plus the action's own fields."""
+    alternatives, dry_run`` plus the action's own fields; ``id`` names it in the decisions log."""
     exp = decision.explanation
     out: dict[str, object] = {
+        "id": decision.id,
         "ts": decision.at,
         "action": decision.action,
         "target": decision.target,

@@ -15,7 +15,11 @@ Design:
   here is the sketch merged), and the GPUs that needs freed by :func:`plan_capacity` (shrink,
   then evict); growing elastic training back into idle GPUs; MIG revert and conversion
   (:mod:`policies.mig`). Budgets and cooldowns (:mod:`policies.budgets`) are checked before each
-  decision and spent right after, inside the engine, so no caller can exceed them.
+  decision and spent right after, inside the engine, so no caller can exceed them. The budgets
+  live in a :class:`~policies.budgets.Ledger` that the caller may share with its safety gate;
+  outcomes come back through :meth:`Engine.not_done` and the decisions log through
+  :meth:`Engine.record`, so the engine, the gate and every replica count one verdict per
+  decision.
 * The snapshot's indexes (:class:`~policies.inventory.Inventory`) are cached on the snapshot's
   identity: hand the same object again and nothing is rebuilt.
 * ``reload(policy)`` refuses a policy with problems and keeps the old one; an accepted policy
@@ -31,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from policies.budgets import Budgets, BudgetState, Cooldowns
+from policies.budgets import BudgetState, Cooldowns, Ledger, LogRecord
 from policies.decisions import Decision, Evict, MigConvert, MigRevert
 from policies.inventory import Inventory
 from policies.loader import Source, check_policy
@@ -143,7 +147,7 @@ class _Device:
 class Engine:
     """Decides; never acts. See the module docstring."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, *, ledger: Ledger | None = None) -> None:
         problems = policy.problems()
         if problems:
             raise ValueError("; ".join(f"{format_loc(p.loc)}: {p.message}" for p in problems))
@@ -154,7 +158,8 @@ class Engine:
         #: (node, gpu[, mig instance]) as the event spells it -> what a reading updates; rebuilt
         #: lazily whenever the windows or the node -> pool map change.
         self._devices: dict[tuple[str, int | str, int | None] | tuple[str, int | str], _Device] = {}
-        self._budgets = Budgets(policy.spec.budgets)
+        self._ledger = ledger if ledger is not None else Ledger(policy.spec.budgets)
+        self._budgets = self._ledger.budgets
         self._cooldowns = Cooldowns()
         self._flights = MigFlights()
         self._free_since: dict[str, float] = {}
@@ -209,7 +214,7 @@ class Engine:
         self._by_name = {svc.name: svc for svc in services.values()}
         self._ordered = [services[k] for k in sorted(services)]
         self._devices = {}
-        self._budgets.reconfigure(spec.budgets)
+        self._ledger.reconfigure(spec.budgets)
         keep = set(services) | {f"pool:{p}" for p in spec.pools}
         self._cooldowns.forget(keep)
         mig = spec.mig
@@ -368,24 +373,43 @@ class Engine:
             )
         return rnd.decisions
 
-    def remember(self, *, action: str, at: float, cause: str | None) -> None:
-        """An action carried out before this engine started (read back from the decisions log
-        at start-up, by this replica before a restart or by a previous leader): it counts
-        against its budget, and its service's cooldown runs from ``at``. Feed in time order."""
-        budget = self._budgets.for_action(action)
-        if budget.allows(at):
-            budget.spend(at)
-        if cause is not None:
-            last = self._cooldowns.last(cause)
-            if last is None or at > last:
-                self._cooldowns.mark(cause, at)
+    @property
+    def ledger(self) -> Ledger:
+        """The budgets' ledger (share it with the safety gate: one verdict per decision)."""
+        return self._ledger
 
-    def not_done(self, decision: Decision, *, reason: str, hold_until: float | None = None) -> None:
+    def record(self, rec: LogRecord) -> None:
+        """A decisions-log record, read back at start-up or from another replica live: an
+        action that happened counts against its budget and its service's cooldown runs from
+        its time; one that did not gives both back. Reading a record twice changes nothing."""
+        if not self._ledger.record(rec) or rec.cause is None:
+            return
+        if self._ledger.verdict(rec.id) != "not_done":
+            self._cooldowns.mark(rec.cause, rec.at)
+        else:
+            self._cooldowns.retry(rec.cause, rec.at, not_before=rec.at)
+
+    def not_done(
+        self,
+        decision: Decision,
+        *,
+        reason: str,
+        retry_at: float | None = None,
+        hold_until: float | None = None,
+    ) -> None:
         """Feedback: ``decision`` was not carried out (refused, blocked, failed). Its budget
-        unit is given back, so budgets count actions that happened. With ``hold_until``, an
-        eviction's pod (a PodDisruptionBudget answered 429) is not picked as a victim again
+        unit is given back, so budgets count actions that happened, and the cooldown it
+        started for its service (and the service's pool) is taken back: the next try comes
+        at ``retry_at`` (default: at once), not a whole cooldown later. With ``hold_until``,
+        an eviction's pod (a PodDisruptionBudget answered 429) is not picked as a victim again
         before then: the next one in victim order is taken instead."""
-        self._budgets.for_action(decision.action).refund(decision.at)
+        self._ledger.settle(decision.id, action=decision.action, done=False, at=decision.at)
+        if decision.cause is not None:
+            retry = decision.at if retry_at is None else retry_at
+            self._cooldowns.retry(decision.cause, decision.at, not_before=retry)
+            svc = self._services.get(decision.cause)
+            if svc is not None:
+                self._cooldowns.retry(f"pool:{svc.spec.pool}", decision.at, not_before=retry)
         if isinstance(decision, MigConvert | MigRevert):
             self._flights.drop(decision.node)
         if hold_until is not None and isinstance(decision, Evict):

@@ -63,12 +63,7 @@ class Round:
 
     def emit(self, decision: Decision) -> None:
         """Record ``decision`` and spend its budget (raises if the rule forgot to check)."""
-        if isinstance(decision, Evict):
-            self.budgets.evictions.spend(self.now)
-        elif isinstance(decision, Scale):
-            self.budgets.scale_steps.spend(self.now)
-        else:
-            self.budgets.mig_conversions.spend(self.now)
+        self.budgets.for_action(decision.action).spend(self.now, key=decision.id)
         self.decisions.append(decision)
 
     def free(self, pool: str) -> int:

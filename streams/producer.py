@@ -23,6 +23,7 @@ __all__ = [
     "DeadLetter",
     "EventProducer",
     "KafkaProducer",
+    "ProduceError",
     "RawMessage",
 ]
 
@@ -42,6 +43,10 @@ class RawMessage:
     value: bytes | None
     headers: Headers
     timestamp_ms: int
+
+
+class ProduceError(ConnectionError):
+    """A message the broker did not acknowledge."""
 
 
 class KafkaProducer:
@@ -85,7 +90,12 @@ class KafkaProducer:
     async def send_and_wait(
         self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = ()
     ) -> None:
-        await self._producer.send_and_wait(topic, value, key=key, headers=list(headers))
+        """Send one message and wait for the broker's acknowledgement; :class:`ProduceError`
+        when it did not come (broker unreachable, timed out, refused)."""
+        try:
+            await self._producer.send_and_wait(topic, value, key=key, headers=list(headers))
+        except KafkaError as exc:
+            raise ProduceError(f"{topic}: not acknowledged: {exc!r}") from exc
 
     async def flush(self) -> None:
         await self._producer.flush()

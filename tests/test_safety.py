@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from controller.cluster import Outcome
 from controller.safety import SafetyGate, Target, flight_key, target_refusal
+from policies.budgets import Ledger
 from policies.decisions import Decision, Evict, Explanation, MigConvert, MigRevert, Scale
 from policies.model import Policy
 
@@ -288,3 +289,18 @@ def test_budget_never_exceeded_by_any_interleaving(ops: list[Any], limit: int) -
         assert len(in_window) + len(open_) <= limit
     for t in applied:
         assert sum(1 for u in applied if t - 600 < u <= t) <= limit
+
+
+def test_the_gate_refuses_to_repeat_a_decision_already_carried_out() -> None:
+    """A decision id settled as done is never applied a second time."""
+    p = policy()
+    ledger = Ledger(p.spec.budgets)
+    gate = SafetyGate(p, clock=lambda: 1000.0, ledger=ledger)
+    d = MigConvert(1000.0, "w0", "all-1g.10gb", "A100-80GB", WHY)
+    with gate.hold(d) as permit:
+        assert permit.reserve().ok
+        permit.spend()
+    with gate.hold(d) as permit:
+        verdict = permit.reserve()
+    assert verdict.outcome is Outcome.ALREADY_DONE
+    assert ledger.budgets.mig_conversions.used(1000.0) == 1

@@ -119,6 +119,25 @@ class KubeActuator:
         """Advance every MIG flow recorded on a node (call on each evaluation tick)."""
         return await self.migflow.resume_all()
 
+    async def report(self, result: ActionResult) -> ActionResult:
+        """An outcome decided before the actuator was asked (a refusal in the process loop):
+        counted, logged and raised as an Event on its object like the actuator's own."""
+        d = result.decision
+        if isinstance(d, Scale):
+            namespace, name = _split(d.workload)
+            kind = self._kinds.get(d.kind)
+            ref = (
+                ObjectRef(kind.kind, name, namespace, kind.api_version)
+                if kind is not None
+                else ObjectRef(d.kind, name, namespace)
+            )
+        elif isinstance(d, Evict):
+            namespace, name = _split(d.pod)
+            ref = ObjectRef("Pod", name, namespace)
+        else:
+            ref = ObjectRef("Node", d.node)
+        return await self.recorder.record(result, ref)
+
     async def _apply_one(self, decision: Decision) -> ActionResult:
         try:
             if isinstance(decision, Scale):

@@ -247,7 +247,8 @@ class MigFlow:
         if not (verdict := self._gate.check_write()).ok:
             return await self._verdict(decision, verdict, ref)
         now = self._gate.now()
-        record = FlowRecord(
+        record = FlowRecord.for_decision(
+            decision,
             direction=direction,
             phase="draining",
             target=target,
@@ -257,9 +258,6 @@ class MigFlow:
             was_cordoned=is_cordoned(node),
             started=now,
             deadline=now + self.settings.drain_timeout_s,
-            profile=decision.profile,
-            rule=decision.explanation.rule,
-            reason=decision.explanation.reason,
         )
         patch: Obj = {
             "metadata": {"annotations": {FLOW_ANNOTATION: record.to_json()}},

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, Final, Literal
 
-from policies.decisions import Explanation, MigConvert, MigRevert
+from policies.decisions import Explanation, MigConvert, MigRevert, Scalar
 
 __all__ = [
     "CONFIG_LABEL",
@@ -67,6 +67,27 @@ class FlowRecord:
     profile: str
     rule: str
     reason: str
+    decision_id: str = ""
+    """The id of the decision the flow carries out: its outcome, however many ticks later, is
+    recorded under it, so the ledger counts one conversion once. Empty in older records."""
+    gpu_model: str = ""
+    inputs: Mapping[str, Scalar] = field(default_factory=dict)
+    thresholds: Mapping[str, Scalar] = field(default_factory=dict)
+
+    @staticmethod
+    def for_decision(decision: MigDecision, **state: Any) -> FlowRecord:
+        """A new flow's record, carrying everything needed to rebuild ``decision``."""
+        exp = decision.explanation
+        return FlowRecord(
+            **state,
+            profile=decision.profile,
+            rule=exp.rule,
+            reason=exp.reason,
+            decision_id=decision.id,
+            gpu_model=decision.gpu_model if isinstance(decision, MigConvert) else "",
+            inputs=dict(exp.inputs),
+            thresholds=dict(exp.thresholds),
+        )
 
     def to_json(self) -> str:
         return json.dumps({"v": 1, **asdict(self)}, sort_keys=True)
@@ -76,7 +97,9 @@ class FlowRecord:
         """Parse the annotation; ``ValueError`` when it is not one of ours."""
         try:
             raw = json.loads(text)
-            record = FlowRecord(**{f.name: raw[f.name] for f in fields(FlowRecord)})
+            record = FlowRecord(
+                **{f.name: raw[f.name] for f in fields(FlowRecord) if f.name in raw or _required(f)}
+            )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed {FLOW_ANNOTATION}: {exc!r}") from exc
         if (record.direction, record.phase) not in _KNOWN:
@@ -84,11 +107,23 @@ class FlowRecord:
         return record
 
     def decision(self, node: str) -> MigDecision:
-        """The decision this flow carries out (rebuilt after a restart)."""
-        exp = Explanation.of(self.rule or "mig-flow", self.reason or f"resume MIG {self.direction}")
+        """The decision this flow carries out, rebuilt after a restart or on a later tick:
+        the same id, explanation and GPU model, so its outcome joins its intent."""
+        exp = Explanation.of(
+            self.rule or "mig-flow",
+            self.reason or f"resume MIG {self.direction}",
+            inputs=self.inputs,
+            thresholds=self.thresholds,
+        )
         if self.direction == "convert":
-            return MigConvert(self.started, node, self.profile, "", exp)
-        return MigRevert(self.started, node, self.profile, exp)
+            return MigConvert(
+                self.started, node, self.profile, self.gpu_model, exp, id=self.decision_id
+            )
+        return MigRevert(self.started, node, self.profile, exp, id=self.decision_id)
+
+
+def _required(f: Field[Any]) -> bool:
+    return f.default is MISSING and f.default_factory is MISSING
 
 
 def labels_of(obj: Obj) -> dict[str, str]:

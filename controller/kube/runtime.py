@@ -21,6 +21,7 @@ from controller.kube.leader import LeaderElector, LeaseSettings
 from controller.kube.state import ClusterStateSettings, KubeClusterState
 from controller.safety import SafetyGate
 from controller.settings import Settings
+from policies.budgets import Ledger
 from policies.decisions import Decision
 from policies.model import Policy
 from policies.snapshot import Snapshot
@@ -44,6 +45,9 @@ class KubeCluster:
 
     async def apply(self, decisions: Sequence[Decision]) -> list[ActionResult]:
         return await self.actuator.apply(decisions)
+
+    async def report(self, result: ActionResult) -> None:
+        await self.actuator.report(result)
 
 
 class KubeRuntime:
@@ -78,6 +82,10 @@ class KubeRuntime:
     @property
     def cluster(self) -> Cluster:
         return self._cluster
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.gate.ledger
 
     def is_leader(self) -> bool:
         return self.elector.is_leader

@@ -46,7 +46,7 @@ from typing import IO, Final, Protocol
 
 import msgspec
 
-from controller.cluster import ActionResult, Cluster, Outcome
+from controller.cluster import ActionResult, Cluster, Outcome, feed_back
 from controller.replay.source import read_event_batches
 from controller.replay.summary import USES, Summary
 from controller.replay.timeline import Timeline
@@ -223,7 +223,9 @@ class _Replay:
         b = tl.bucket(self.k)
         decisions = engine.evaluate(now, snap)
         if decisions:
-            for result in self.runner.run(cluster.apply(decisions)):
+            results = self.runner.run(cluster.apply(decisions))
+            feed_back(engine, results, now=now)
+            for result in results:
                 self.out.write(self.encode(decision_line(result)) + b"\n")
                 count_action(result, summary=summary, timeline=tl, bucket=b, markers=self.markers)
             snap = cluster.snapshot()

@@ -179,6 +179,9 @@ class SimCluster:
                 self._schedule()
         self._now = max(self._now, now)
 
+    async def report(self, result: ActionResult) -> None:
+        """A simulated cluster has no Events: the caller's decisions log is the record."""
+
     async def apply(self, decisions: Sequence[Decision]) -> list[ActionResult]:
         """Carry out ``decisions`` in order at the current time (or a later ``decision.at``)."""
         results: list[ActionResult] = []

@@ -20,6 +20,7 @@ from controller.safety import SafetyGate, Target
 from controller.settings import Settings
 from controller.sim.cluster import SimCluster
 from controller.sim.scenario import load_scenario
+from policies.budgets import Ledger
 from policies.decisions import Decision, Evict, Scale
 from policies.model import Policy
 from policies.snapshot import Snapshot
@@ -57,6 +58,9 @@ class GatedSimCluster:
 
     async def apply(self, decisions: Sequence[Decision]) -> list[ActionResult]:
         return [await self._apply_one(d) for d in decisions]
+
+    async def report(self, result: ActionResult) -> None:
+        await self.sim.report(result)
 
     async def _apply_one(self, d: Decision) -> ActionResult:
         with self.gate.hold(d) as permit:
@@ -98,6 +102,10 @@ class SimRuntime:
     @property
     def cluster(self) -> Cluster:
         return self._cluster
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.gate.ledger
 
     def is_leader(self) -> bool:
         return True

@@ -41,7 +41,7 @@ from typing import IO, Any, Final, Literal
 
 import msgspec
 
-from controller.cluster import ActionResult, Outcome
+from controller.cluster import ActionResult, Outcome, feed_back
 from controller.replay.runner import (
     DECISIONS_FILE,
     ReplayResult,
@@ -201,7 +201,7 @@ class _Loop:
         self.polling: PollingAutoscaler | None = None
         if controller == "ebbtide":
             self.meter = Engine(policy)
-            gate = SafetyGate(policy, clock=lambda: self.sim.now)
+            gate = SafetyGate(policy, clock=lambda: self.sim.now, ledger=self.meter.ledger)
             self.apply = GatedSimCluster(self.sim, gate).apply
             summary_policy = policy
         else:
@@ -348,7 +348,10 @@ class _Loop:
         if self.polling is not None:
             decisions = self.polling.evaluate(now, snap)
         if decisions:
-            self._write(self.runner.run(self.apply(decisions)), count=True, bucket=bucket)
+            results = self.runner.run(self.apply(decisions))
+            if self.polling is None:
+                feed_back(self.meter, results, now=now)
+            self._write(results, count=True, bucket=bucket)
             self._refresh()
         self._account(k, now, bucket)
 

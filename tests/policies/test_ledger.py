@@ -1,0 +1,131 @@
+"""The ledger: one verdict per decision id, read the same way from the engine, the gate's
+outcomes and the decisions log; and an action that did not happen starts no cooldown."""
+
+from __future__ import annotations
+
+import pytest
+from policy_fixtures import T0, make_policy, run
+from test_engine import breach_cluster
+
+from policies.budgets import Ledger, LogRecord
+from policies.decisions import Evict, Explanation, decision_to_dict
+from policies.engine import Engine
+
+SPEC = make_policy().spec.budgets  # evictions 4/10m, scale 20/10m, MIG 2/1h
+
+
+def rec(outcome: str, *, id: str, at: float = T0, action: str = "evict") -> LogRecord:
+    return LogRecord(id=id, at=at, action=action, cause=None, outcome=outcome)
+
+
+def used(ledger: Ledger, action: str, now: float = T0 + 1) -> int:
+    return ledger.budgets.for_action(action).used(now)
+
+
+@pytest.mark.parametrize(
+    ("records", "evictions"),
+    [
+        pytest.param(
+            [rec("intent", id=f"evict:ml/p{i}@{T0:.3f}") for i in range(4)],
+            4,
+            id="four-evictions-in-one-round-count-four",
+        ),
+        pytest.param(
+            [rec("intent", id="a"), rec("applied", id="a"), rec("intent", id="a")],
+            1,
+            id="intent-outcome-and-echo-count-once",
+        ),
+        pytest.param(
+            [rec("intent", id="a"), rec("blocked", id="a"), rec("intent", id="a")],
+            0,
+            id="a-refusal-is-final-an-intent-echo-after-it-changes-nothing",
+        ),
+        pytest.param([rec("intent", id="a")], 1, id="an-intent-without-outcome-counts"),
+        pytest.param(
+            [rec("intent", id="a"), rec("dry_run", id="a")], 1, id="unknown-outcomes-are-ignored"
+        ),
+    ],
+)
+def test_log_records_give_one_verdict_per_decision(
+    records: list[LogRecord], evictions: int
+) -> None:
+    """However often and in whatever order a decision's records are read, it counts once,
+    and not at all once an outcome says it did not happen."""
+    ledger = Ledger(SPEC)
+    for r in records:
+        ledger.record(r)
+    assert used(ledger, "evict") == evictions
+
+
+def test_a_mig_flow_finished_on_a_later_tick_counts_once_and_a_failed_one_not_at_all() -> None:
+    """Intent at decision time, in_progress when the flow starts, the outcome minutes later:
+    all under one id, one conversion. A flow that rolled back gives its unit back."""
+    ledger = Ledger(SPEC)
+    for outcome, at in (("intent", T0), ("in_progress", T0 + 0.2), ("applied", T0 + 300)):
+        ledger.record(rec(outcome, id="conv-1", at=at, action="mig_convert"))
+    assert used(ledger, "mig_convert", T0 + 301) == 1
+    for outcome, at in (("intent", T0 + 400), ("in_progress", T0 + 400), ("failed", T0 + 900)):
+        ledger.record(rec(outcome, id="conv-2", at=at, action="mig_convert"))
+    assert used(ledger, "mig_convert", T0 + 901) == 1
+
+
+def test_records_from_before_decision_ids_get_the_id_the_decision_now_has() -> None:
+    """A record written without ``id`` joins the records of the same decision that have one."""
+    d = Evict(T0, "ml/p0", "w0", "ml/job", 15.0, Explanation.of("r", "why"))
+    old = decision_to_dict(d) | {"outcome": "intent"}
+    del old["id"]
+    assert LogRecord.of(old).id == d.id
+    ledger = Ledger(SPEC)
+    ledger.record(LogRecord.of(old))
+    ledger.record(LogRecord.of(decision_to_dict(d) | {"outcome": "refused"}))
+    assert used(ledger, "evict") == 0
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param({"action": "evict", "target": "x", "outcome": "intent"}, id="no-ts"),
+        pytest.param({"ts": "soon", "action": "evict", "target": "x", "outcome": "x"}, id="bad-ts"),
+        pytest.param({"ts": 1.0, "target": "x", "outcome": "intent"}, id="no-action"),
+    ],
+)
+def test_a_malformed_record_is_a_value_error(raw: dict[str, object]) -> None:
+    """The caller logs and skips it; it never crashes the reader."""
+    with pytest.raises(ValueError, match=r"decisions-log record|could not convert"):
+        LogRecord.of(raw)
+
+
+def test_engine_and_a_restored_ledger_agree() -> None:
+    """A new engine that reads back another replica's intents refuses past the budget what the
+    first engine would: one ledger, read the same way."""
+    first = Engine(make_policy())
+    decisions = [
+        d for _, ds in run(first, breach_cluster(), T0, T0 + 15, 900.0) for d in ds if d.action
+    ]
+    evicts = [d for d in decisions if isinstance(d, Evict)]
+    assert len(evicts) == 4
+    second = Engine(make_policy())
+    for d in decisions:
+        second.record(LogRecord.of(decision_to_dict(d) | {"outcome": "intent"}))
+    (evictions, *_) = second.budget_states(T0 + 16)
+    assert (evictions.used, evictions.remaining) == (4, 0)
+    assert second.cooldown_remaining("serving/chat", T0 + 16) == pytest.approx(25.0)
+
+
+def test_a_refused_response_retries_after_the_hold_off_not_the_cooldown() -> None:
+    """A breach response whose actions were refused (a PDB said no, so the scale-up was not
+    applied) gives back its budget and its cooldown: the service is decided for again once the
+    hold-off has passed, not a whole cooldown later; a response that happened keeps it."""
+    policy = make_policy(cooldowns={"service": "5m", "trainingGrow": "60s"})
+    engine = Engine(policy)
+    snap = breach_cluster()
+    rounds = [(t, ds) for t, ds in run(engine, snap, T0, T0 + 12, 900.0) if ds]
+    t, decisions = rounds[0]
+    assert engine.cooldown_remaining("serving/chat", t) > 0
+    for d in decisions:
+        engine.not_done(d, reason="blocked by a PodDisruptionBudget", retry_at=t + 20)
+    assert engine.cooldown_remaining("serving/chat", t + 1) == pytest.approx(19.0)
+    assert engine.budget_states(t)[0].used == 0
+    again = [(t2, ds) for t2, ds in run(engine, snap, t + 1, t + 25, 900.0) if ds]
+    assert again, "the service was not decided for again after the hold-off"
+    assert again[0][0] == t + 20
