@@ -266,9 +266,8 @@ class Ledger:
     def _prune(self, now: float) -> None:
         """Forget verdicts older than every budget window (bounded memory)."""
         horizon = now - 2 * self.budgets.horizon_s()
-        if len(self._verdicts) > 64:
-            for key in [k for k, (at, _) in self._verdicts.items() if at < horizon]:
-                del self._verdicts[key]
+        for key in [k for k, (at, _) in self._verdicts.items() if at < horizon]:
+            del self._verdicts[key]
 
 
 class Cooldowns:

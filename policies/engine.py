@@ -400,16 +400,24 @@ class Engine:
         """Feedback: ``decision`` was not carried out (refused, blocked, failed). Its budget
         unit is given back, so budgets count actions that happened, and the cooldown it
         started for its service (and the service's pool) is taken back: the next try comes
-        at ``retry_at`` (default: at once), not a whole cooldown later. With ``hold_until``,
+        at ``retry_at`` (default: at once), never later than the cooldown would have allowed.
+        With ``hold_until``,
         an eviction's pod (a PodDisruptionBudget answered 429) is not picked as a victim again
         before then: the next one in victim order is taken instead."""
         self._ledger.settle(decision.id, action=decision.action, done=False, at=decision.at)
-        if decision.cause is not None:
+        svc = None if decision.cause is None else self._services.get(decision.cause)
+        if svc is not None:
+            spec = self._policy.spec
             retry = decision.at if retry_at is None else retry_at
-            self._cooldowns.retry(decision.cause, decision.at, not_before=retry)
-            svc = self._services.get(decision.cause)
-            if svc is not None:
-                self._cooldowns.retry(f"pool:{svc.spec.pool}", decision.at, not_before=retry)
+            cooldown = (
+                svc.spec.cooldown if svc.spec.cooldown is not None else spec.cooldowns.service
+            )
+            for key, quiet in (
+                (svc.key, cooldown),
+                (f"pool:{svc.spec.pool}", spec.cooldowns.training_grow),
+            ):
+                not_before = min(retry, decision.at + quiet)
+                self._cooldowns.retry(key, decision.at, not_before=not_before)
         if isinstance(decision, MigConvert | MigRevert):
             self._flights.drop(decision.node)
         if hold_until is not None and isinstance(decision, Evict):
