@@ -5,10 +5,10 @@ against this server with the real client (``kubernetes_asyncio``) over a real so
 
 Why not subclass ``kmock``'s ``KubernetesEmulator``: against kubernetes_asyncio 36.1 it misses
 ``watch=True``, selectors, PUT, eviction, uid/resourceVersion/409, ``/scale``, ``/status`` and
-stateless faults (see shared/FACTS.md), i.e. nearly every handler would be overridden and its
-store would need resource versions and watch history it does not have. What is left of it would
-be the routing, which is 40 lines here. So this is a compact aiohttp server of its own (aiohttp
-ships with kubernetes_asyncio), in four modules:
+stateless faults (see ``../shared/FACTS.md``, relative to the repository root), i.e. nearly every
+handler would be overridden and its store would need resource versions and watch history it does
+not have. What is left of it would be the routing, which is 40 lines here. So this is a compact
+aiohttp server of its own (aiohttp ships with kubernetes_asyncio), in four modules:
 
 - ``kubeapi_objects``: pure functions: selectors, patches, disruption-budget arithmetic, Status,
   and the ``make_pod``/``make_node`` builders.
@@ -59,6 +59,11 @@ __all__ = ["Fault", "Faults", "KubeAPIServer", "LoggedRequest"]
 
 _TRUE = frozenset({"1", "t", "T", "true", "True", "TRUE"})
 _EVICTION_DENIED = "Cannot evict pod as it would violate the pod's disruption budget."
+
+
+class _PageNotFound(Exception):
+    """A path under a group/version nothing serves: a real apiserver's mux answers it with a
+    plain-text ``404 page not found`` (as for a CRD that is not installed), not a Status."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +229,8 @@ class KubeAPIServer:
                 if fault is not None and fault.status is not None:
                     raise ApiError(fault.status, fault.message)
                 response = await self._route(request, entry.body, content_type)
+        except _PageNotFound:
+            response = web.Response(status=404, text="404 page not found\n")
         except ApiError as error:
             headers = {"Retry-After": "1"} if error.code == 429 else None
             response = web.json_response(error.status(), status=error.code, headers=headers)
@@ -260,6 +267,8 @@ class KubeAPIServer:
             group, version, rest = segs[1], segs[2], segs[3:]
         else:
             raise ApiError(404, "the server could not find the requested resource")
+        if not any((r.group, r.version) == (group, version) for r in self.store.resources.values()):
+            raise _PageNotFound  # no CRD installed serves this group/version
         namespace = None
         candidate = self.store.resources.get((group, rest[2])) if len(rest) >= 3 else None
         if rest[0] == "namespaces" and candidate is not None and candidate.namespaced:
