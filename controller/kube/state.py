@@ -6,8 +6,10 @@ Design:
   Nodes (by a node label selector), Pods (by a label selector and/or namespaces, finished pods
   excluded by a field selector), PriorityClasses, PodDisruptionBudgets, and each tracked workload
   kind (Deployments, StatefulSets, custom resources with ``/scale`` such as PyTorchJob, described
-  by :class:`~controller.kube.translate.WorkloadKind`). It is :attr:`synced` once every informer
-  has listed.
+  by :class:`~controller.kube.translate.WorkloadKind`; which ones is a setting). It is
+  :attr:`synced` once every informer has listed. A workload kind whose API is not installed (no
+  CRD: the apiserver answers 404) counts as listed and empty, is logged once and is looked for
+  again every ``rediscover_s``, so a cluster without Kubeflow still syncs and acts.
 * **Incremental.** Each informer's change callback only marks the object's key dirty. On
   :meth:`KubeClusterState.snapshot`, dirty objects are re-translated — skipped when their
   ``resourceVersion`` is the one already translated — and the cached translation is replaced
@@ -88,6 +90,8 @@ class ClusterStateSettings:
     """Server-side watch timeout; each watch takes a random value between this and twice it."""
     backoff: Backoff = field(default_factory=Backoff)
     """Backoff between failed list/watch attempts."""
+    rediscover_s: float = 60.0
+    """How often a workload kind whose API is not installed is looked for again."""
 
 
 class _Translations(Generic[_T]):
@@ -211,7 +215,14 @@ class KubeClusterState:
         self._workloads: list[_Translations[Workload]] = []
         for kind in self._kinds:
             resource = Resource(group=kind.group, version=kind.version, plural=kind.plural)
-            informer = Informer(api, resource, label_selector=settings.workload_selector, **scoped)
+            informer = Informer(
+                api,
+                resource,
+                label_selector=settings.workload_selector,
+                optional=True,
+                rediscover_s=settings.rediscover_s,
+                **scoped,
+            )
             self._workloads.append(
                 _Translations(informer, self._workload_translator(kind), _workload_order)
             )

@@ -95,6 +95,7 @@ class KubeAPIServer:
         """Unexpected exceptions in request handlers (server bugs); each was answered 500."""
         self._host, self._port = host, port
         self._closing = asyncio.Event()
+        self._activity = asyncio.Condition()
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -137,6 +138,10 @@ class KubeAPIServer:
     def add_resource(self, resource: ResourceType) -> None:
         """Serve another (custom) resource type."""
         self.store.register(resource)
+
+    def remove_resource(self, name: str) -> None:
+        """Stop serving a resource type (kind or plural), as when its CRD is deleted."""
+        self.store.unregister(self.store.resolve(name))
 
     async def create(self, obj: Obj) -> Obj:
         """Create an object as given, status included (over HTTP, status is dropped).
@@ -181,6 +186,16 @@ class KubeAPIServer:
         """Drop the watch history: a watch from any older resourceVersion gets 410 Gone."""
         self.store.compact()
 
+    async def until(self, check: Callable[[], bool], *, within: float = 5.0) -> None:
+        """Wait until ``check()`` holds, checking again whenever a request arrives or is
+        answered: a condition on what clients asked for (and, by then, saw), no polling."""
+        async with asyncio.timeout(within), self._activity:
+            await self._activity.wait_for(check)
+
+    async def _poke(self) -> None:
+        async with self._activity:
+            self._activity.notify_all()
+
     def requests_matching(
         self, *, method: str | None = None, path_regex: str = ""
     ) -> list[LoggedRequest]:
@@ -217,6 +232,7 @@ class KubeAPIServer:
         raw = await request.read()
         entry = LoggedRequest(request.method, request.path, dict(request.query), None, content_type)
         self.requests.append(entry)
+        await self._poke()
         try:
             entry.body = self._decode(raw, content_type)
             fault = self.faults.take(request.method, request.path)
@@ -238,6 +254,7 @@ class KubeAPIServer:
             self.errors.append(error)
             response = web.json_response(ApiError(500, repr(error)).status(), status=500)
         entry.status = response.status
+        await self._poke()
         return response
 
     @staticmethod
