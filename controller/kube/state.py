@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
@@ -54,7 +54,7 @@ from controller.kube.translate import (
 )
 from policies.snapshot import Pod, Snapshot, Workload
 
-__all__ = ["ClusterStateSettings", "KubeClusterState"]
+__all__ = ["WORKLOAD_KINDS", "ClusterStateSettings", "KubeClusterState", "workload_kinds"]
 
 log = structlog.get_logger(__name__)
 
@@ -67,7 +67,17 @@ PDBS: Final = Resource(group="policy", version="v1", plural="poddisruptionbudget
 #: Finished pods hold no GPUs; the apiserver filters them out (and sends DELETED as they finish).
 LIVE_PODS: Final = "status.phase!=Succeeded,status.phase!=Failed"
 
+#: The workload kinds the adapter can track, by the names the ``kube.workload_kinds`` setting uses.
+WORKLOAD_KINDS: Final[Mapping[str, WorkloadKind]] = {
+    k.kind: k for k in (DEPLOYMENT, STATEFULSET, PYTORCHJOB)
+}
+
 _T = TypeVar("_T")
+
+
+def workload_kinds(names: Iterable[str]) -> tuple[WorkloadKind, ...]:
+    """The kinds named (``Deployment``, ``PyTorchJob``…), in order; KeyError for an unknown one."""
+    return tuple(WORKLOAD_KINDS[name] for name in names)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,15 +8,19 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, get_args
 
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 from structlog.testing import capture_logs
 
 from controller.kube.informer import Backoff, Informer
-from controller.kube.state import ClusterStateSettings, KubeClusterState
+from controller.kube.runtime import KubeRuntime
+from controller.kube.state import WORKLOAD_KINDS, ClusterStateSettings, KubeClusterState
 from controller.kube.translate import DEPLOYMENT, PYTORCHJOB, STATEFULSET, snapshot_from
+from controller.settings import Settings, WorkloadKindName
+from policies.model import Policy
 from policies.snapshot import Snapshot
 from support.kubeapi import KubeAPIServer, LoggedRequest
 from support.kubeapi_objects import make_node, make_pod
@@ -280,6 +284,28 @@ async def test_a_kind_whose_crd_is_not_installed_is_skipped_then_rediscovered() 
             "informer.api_absent",
             "informer.api_installed",
         ]
+
+
+def test_the_workload_kinds_setting_chooses_what_is_watched_and_scaled(
+    kube_client: ApiClient,
+) -> None:
+    """kube.workload_kinds names exactly the registry's kinds, and the runtime watches and
+    scales only the ones it lists."""
+    assert set(get_args(WorkloadKindName)) == set(WORKLOAD_KINDS)
+    settings = Settings(policies=[Path("p.yaml")], kube={"workload_kinds": ["StatefulSet"]})
+    policy = Policy.model_validate(
+        {
+            "apiVersion": "ebbtide.io/v1alpha1",
+            "kind": "Policy",
+            "metadata": {"name": "t"},
+            "spec": {"pools": {}},
+        }
+    )
+    runtime = KubeRuntime(kube_client, settings, policy)
+    watched = set(runtime.state.informers)
+    assert {"statefulsets.apps", "nodes"} <= watched
+    assert not watched & {"deployments.apps", "pytorchjobs.kubeflow.org"}
+    assert runtime.state.settings.workload_kinds == (STATEFULSET,)
 
 
 async def test_pdbs_are_exposed_raw(kubeapi: KubeAPIServer, kube_client: ApiClient) -> None:
