@@ -36,7 +36,7 @@ leadership pause a flow where it stands (they write nothing) until they are lift
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final, TypeVar
 
@@ -137,6 +137,7 @@ class MigFlow:
         recorder: Recorder,
         *,
         evict: Callable[[Evict], Awaitable[ActionResult]],
+        nodes: Callable[[], Iterable[Obj]],
         settings: MigFlowSettings | None = None,
         limits: ApiLimits | None = None,
     ) -> None:
@@ -145,6 +146,7 @@ class MigFlow:
         self._gate = gate
         self._recorder = recorder
         self._evict = evict
+        self._nodes = nodes
         self.settings = settings or MigFlowSettings()
         self._limits = limits or ApiLimits()
 
@@ -186,17 +188,14 @@ class MigFlow:
             return ActionResult(decision, Outcome.IN_PROGRESS, f"{result}; retrying next tick")
 
     async def resume_all(self) -> list[ActionResult]:
-        """Advance every flow recorded on any node (after a restart, and on every tick)."""
+        """Advance every flow recorded on any node (after a restart, and on every tick). Flows
+        are found in the cached nodes (the watch cache), never by listing nodes: this runs on
+        every evaluation; each flow's node is then read fresh before anything is decided."""
         if not self._gate.leader() or self._gate.halted() is not None:
-            return []
-        try:
-            nodes = await self._limits.get(self._api, "/api/v1/nodes")
-        except KubeError as exc:
-            log.warning("ebbtide.mig_resume_failed", error=str(exc))
             return []
         names = sorted(
             node["metadata"]["name"]
-            for node in nodes.get("items") or []
+            for node in self._nodes()
             if FLOW_ANNOTATION in annotations_of(node)
         )
         results: list[ActionResult] = []

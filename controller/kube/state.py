@@ -297,6 +297,11 @@ class KubeClusterState:
         self.last_rebuild_s = time.perf_counter() - started
         return self._snapshot
 
+    def nodes(self) -> list[Obj]:
+        """The cached Nodes, raw (the cache's own dicts: do not mutate); MIG flows are found in
+        their annotations."""
+        return self._nodes.informer.items()
+
     def pdbs(self) -> list[Obj]:
         """The cached PodDisruptionBudgets, raw (the cache's own dicts: do not mutate)."""
         return self._pdbs.items()
