@@ -287,6 +287,29 @@ async def test_pdb_blocked_drain_waits_then_times_out(
     assert_released(node_of(kubeapi))
 
 
+@pytest.mark.parametrize("switch", ["kill_switch", "dry_run"])
+async def test_kill_switch_or_dry_run_mid_drain_releases_the_node(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager, switch: str
+) -> None:
+    """Turned on while a drain waits on a PDB, the kill switch or dry-run stops the flow: no
+    further eviction, no MIG label change, and the node is uncordoned with its record gone
+    rather than left cordoned until someone notices."""
+    await gpu_node(kubeapi)
+    await gpu_pod(kubeapi, "train-0", app="train")
+    await block_with_pdb(kubeapi)
+    act = actuator(kube_client, kubeapi)
+    [started] = await act.apply([convert()])
+    assert started.outcome is Outcome.IN_PROGRESS
+    setattr(act.gate, switch, True)
+    [released] = await act.resume_all()
+    assert released.outcome is Outcome.FAILED
+    assert "released" in released.detail
+    assert_released(node_of(kubeapi))
+    assert evictions(kubeapi) == [429]
+    assert config_writes(kubeapi, TARGET) == 0
+    assert await act.resume_all() == []
+
+
 async def test_restart_while_reconfiguring_resumes_without_repeating(
     kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager
 ) -> None:
