@@ -11,8 +11,10 @@ Verbs per resource, and who needs them:
 * pods — get/list/watch (cluster state, drain); pods/eviction — create (preemption, drain);
 * events — create (an Event for every action and refusal);
 * priorityclasses, poddisruptionbudgets — list/watch (victim order, PDB-aware planning);
-* deployments, statefulsets and the configured custom kinds — get/list/watch, and their
-  ``/scale`` subresource — get/patch (elastic shrink and grow);
+* each tracked workload kind (the ``kube.workload_kinds`` setting: Deployments, StatefulSets,
+  PyTorchJobs by default) — get/list/watch, and its ``/scale`` subresource — get/patch (elastic
+  shrink and grow). :func:`cluster_rules` derives them from the setting; the chart renders the
+  same rules from the same value (``controller.workloadKinds``);
 * leases (in the controller's own namespace only: a Role) — get/create/update (leader election).
 """
 
@@ -21,7 +23,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["CLUSTER_RULES", "LEASE_RULES", "Rule", "allowed"]
+from controller.kube.state import workload_kinds
+from controller.kube.translate import WorkloadKind
+from controller.settings import DEFAULT_WORKLOAD_KINDS
+
+__all__ = ["CLUSTER_RULES", "LEASE_RULES", "Rule", "allowed", "cluster_rules"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,19 +46,33 @@ class Rule:
         }
 
 
-#: The ClusterRole: everything the controller reads and changes across the cluster.
-CLUSTER_RULES: tuple[Rule, ...] = (
+#: What the controller needs whatever workload kinds it tracks.
+_BASE_RULES: tuple[Rule, ...] = (
     Rule("", ("nodes",), ("get", "list", "watch", "patch")),
     Rule("", ("pods",), ("get", "list", "watch")),
     Rule("", ("pods/eviction",), ("create",)),
     Rule("", ("events",), ("create",)),
     Rule("scheduling.k8s.io", ("priorityclasses",), ("list", "watch")),
     Rule("policy", ("poddisruptionbudgets",), ("list", "watch")),
-    Rule("apps", ("deployments", "statefulsets"), ("get", "list", "watch")),
-    Rule("apps", ("deployments/scale", "statefulsets/scale"), ("get", "patch")),
-    Rule("kubeflow.org", ("pytorchjobs",), ("get", "list", "watch")),
-    Rule("kubeflow.org", ("pytorchjobs/scale",), ("get", "patch")),
 )
+
+
+def cluster_rules(kinds: Iterable[WorkloadKind]) -> tuple[Rule, ...]:
+    """The ClusterRole for the tracked workload ``kinds``: the base rules, then read and
+    ``/scale`` rules per kind, in the setting's order."""
+    per_kind = (
+        rule
+        for kind in kinds
+        for rule in (
+            Rule(kind.group, (kind.plural,), ("get", "list", "watch")),
+            Rule(kind.group, (f"{kind.plural}/scale",), ("get", "patch")),
+        )
+    )
+    return (*_BASE_RULES, *per_kind)
+
+
+#: The ClusterRole with the default setting: everything the controller reads and changes.
+CLUSTER_RULES: tuple[Rule, ...] = cluster_rules(workload_kinds(DEFAULT_WORKLOAD_KINDS))
 
 #: The Role in the controller's namespace: its leader-election Lease.
 LEASE_RULES: tuple[Rule, ...] = (

@@ -26,11 +26,13 @@ from streams.connection import KafkaConfig, Secret
 from streams.events import Limits
 
 __all__ = [
+    "DEFAULT_WORKLOAD_KINDS",
     "HttpSettings",
     "KafkaSettings",
     "KubeSettings",
     "Settings",
     "WarmStartSettings",
+    "WorkloadKindName",
 ]
 
 
@@ -91,6 +93,11 @@ class KafkaSettings(_Group):
         return {"inference.latency": self.latency_topic, "gpu.utilization": self.gpu_topic}
 
 
+WorkloadKindName = Literal["Deployment", "StatefulSet", "PyTorchJob"]
+"""The workload kinds the Kubernetes adapter knows (``controller.kube.state.WORKLOAD_KINDS``)."""
+DEFAULT_WORKLOAD_KINDS: tuple[WorkloadKindName, ...] = ("Deployment", "StatefulSet", "PyTorchJob")
+
+
 def _default_identity() -> str:
     return os.environ.get("POD_NAME") or socket.gethostname()
 
@@ -110,6 +117,16 @@ class KubeSettings(_Group):
     retry_period_s: float = Field(2.0, ge=1)
     node_selector: str = ""
     """Label selector of the nodes to watch (e.g. ``nvidia.com/gpu.present=true``)."""
+    workload_kinds: tuple[WorkloadKindName, ...] = DEFAULT_WORKLOAD_KINDS
+    """Workload kinds to watch and scale (JSON list in the environment). RBAC follows it: the
+    chart renders its ClusterRole from the same value. A kind whose CRD is not installed is
+    skipped, logged once, and picked up when it is."""
+
+    @model_validator(mode="after")
+    def _distinct_kinds(self) -> KubeSettings:
+        if len(set(self.workload_kinds)) != len(self.workload_kinds):
+            raise ValueError(f"workload_kinds lists a kind twice: {list(self.workload_kinds)}")
+        return self
 
 
 class HttpSettings(_Group):

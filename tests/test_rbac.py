@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from controller.kube.state import workload_kinds
+from controller.rbac import CLUSTER_RULES, allowed, cluster_rules
+from controller.settings import DEFAULT_WORKLOAD_KINDS
 from support.kubeapi import LoggedRequest
 from support.rbac_check import rbac_violations
 
@@ -44,3 +47,13 @@ def test_anything_else_is_a_violation(request_: LoggedRequest, why: str) -> None
     """Deleting pods behind a PDB's back, patching workloads, reading secrets: refused."""
     (violation,) = rbac_violations([request_])
     assert why in violation
+
+
+def test_rules_follow_the_tracked_workload_kinds() -> None:
+    """Each tracked kind gets read and /scale rules; an untracked kind (PyTorchJob) gets none,
+    and the default setting's rules are CLUSTER_RULES."""
+    rules = cluster_rules(workload_kinds(["Deployment"]))
+    assert allowed(rules, "apps", "deployments/scale", "patch")
+    assert not allowed(rules, "apps", "statefulsets", "list")
+    assert not any(r.group == "kubeflow.org" for r in rules)
+    assert cluster_rules(workload_kinds(DEFAULT_WORKLOAD_KINDS)) == CLUSTER_RULES

@@ -33,7 +33,7 @@ Every result is recorded (:mod:`controller.kube.recorder`): a counter, a log lin
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Final, TypeVar
 
 import structlog
@@ -88,6 +88,7 @@ class KubeActuator:
         api: client.ApiClient,
         gate: SafetyGate,
         *,
+        nodes: Callable[[], Iterable[dict[str, Any]]],
         workload_kinds: Sequence[WorkloadKind] = DEFAULT_WORKLOAD_KINDS,
         limits: ApiLimits | None = None,
         mig: MigFlowSettings | None = None,
@@ -102,7 +103,13 @@ class KubeActuator:
         self._limits = limits or ApiLimits()
         self.recorder = recorder or Recorder(api, is_leader=gate.leader, clock=gate.now)
         self.migflow = MigFlow(
-            api, gate, self.recorder, evict=self.evict, settings=mig, limits=self._limits
+            api,
+            gate,
+            self.recorder,
+            evict=self.evict,
+            nodes=nodes,
+            settings=mig,
+            limits=self._limits,
         )
 
     @property

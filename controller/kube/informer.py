@@ -16,6 +16,12 @@ Design:
   ``continue`` token) means the version is compacted away: the loop LISTs again and *replaces*
   its part of the store, emitting the implied ADDED/MODIFIED/DELETED changes, so a consumer that
   follows the change callback stays consistent with the store.
+* **An API that is not installed.** A custom kind whose CRD is absent answers 404 to LIST and
+  WATCH, as a real apiserver does. An informer built ``optional`` (the workload kinds) treats that
+  as an empty, synced scope — so one missing CRD cannot keep the cache from syncing and the
+  controller from acting — logs it once, and LISTs again every ``rediscover_s`` until the kind
+  appears (objects it held are deleted from the store if the CRD goes away). Without
+  ``optional``, a 404 is an ordinary failure.
 * **Any other failure** (5xx, transport errors, a dead connection, malformed lines) is logged and
   retried after a jittered exponential backoff (full jitter, capped), resuming the watch from the
   last version when there is one. The loop never exits on an error; only :meth:`Informer.stop` or
@@ -46,7 +52,7 @@ import structlog
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from controller.kube.client import KubeError, call, translate
+from controller.kube.client import KubeError, NotFound, call, translate
 
 __all__ = ["Backoff", "Change", "ChangeType", "Informer", "Obj", "Resource", "object_key"]
 
@@ -132,6 +138,8 @@ class Informer:
         watch_timeout_s: float = 300.0,
         request_timeout_s: float = 30.0,
         backoff: Backoff = Backoff(),
+        optional: bool = False,
+        rediscover_s: float = 60.0,
         rng: random.Random | None = None,
     ) -> None:
         self.api = api
@@ -145,6 +153,11 @@ class Informer:
         self.watch_timeout_s = watch_timeout_s
         self.request_timeout_s = request_timeout_s
         self.backoff = backoff
+        self.optional = optional
+        """The API may be absent (a CRD): a 404 means "none installed", not a failure."""
+        self.rediscover_s = rediscover_s
+        """How often an absent API is looked for again."""
+        self._absent = False
         self._rng = rng or random.Random()
         self._store: dict[str, Obj] = {}
         self._version = 0
@@ -159,6 +172,11 @@ class Informer:
     def synced(self) -> bool:
         """True once every scope has completed its first LIST."""
         return self._synced.is_set()
+
+    @property
+    def installed(self) -> bool:
+        """False while an :attr:`optional` resource's API answers 404 (its CRD is absent)."""
+        return not self._absent
 
     @property
     def version(self) -> int:
@@ -270,9 +288,10 @@ class Informer:
             try:
                 if version is None:
                     version = await self._list(namespace)
-                    self._listed.add(namespace)
-                    if len(self._listed) == len(self._scopes):
-                        self._synced.set()
+                    self._mark_listed(namespace)
+                    if self._absent:
+                        self._absent = False
+                        logger.info("informer.api_installed")
                     logger.debug("informer.listed", resource_version=version, objects=len(self))
                 version = await self._watch(namespace, version)
                 failures = 0
@@ -283,6 +302,10 @@ class Informer:
             except asyncio.CancelledError:
                 raise
             except Exception as error:
+                if self.optional and _not_found(error):
+                    version = None
+                    await self._skip_absent(namespace, error)
+                    continue
                 if isinstance(error, _WatchBroken):
                     version = error.version
                     failures = 0 if error.progressed else failures
@@ -296,6 +319,26 @@ class Informer:
                     resource_version=version,
                 )
                 await asyncio.sleep(delay)
+
+    def _mark_listed(self, namespace: str | None) -> None:
+        self._listed.add(namespace)
+        if len(self._listed) == len(self._scopes):
+            self._synced.set()
+
+    async def _skip_absent(self, namespace: str | None, error: Exception) -> None:
+        """The API is not installed: hold nothing for the scope, count it as listed, warn once,
+        and wait before looking again."""
+        if not self._absent:
+            self._absent = True
+            self._log.warning(
+                "informer.api_absent",
+                error=_describe(error),
+                rediscover_s=self.rediscover_s,
+                hint="the kind is skipped until its CRD is installed",
+            )
+        self.replace((), namespace=namespace)
+        self._mark_listed(namespace)
+        await asyncio.sleep(self.rediscover_s)
 
     async def _list(self, namespace: str | None) -> str:
         """LIST every page and replace the scope's store; returns the list's resourceVersion."""
@@ -444,6 +487,11 @@ class _WatchBroken(Exception):
 
 def _rv(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _not_found(error: BaseException) -> bool:
+    """A 404 from a LIST (already a :class:`NotFound`) or from opening a WATCH."""
+    return isinstance(error, NotFound) or (isinstance(error, ApiException) and error.status == 404)
 
 
 def _describe(error: BaseException) -> str:

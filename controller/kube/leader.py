@@ -4,7 +4,10 @@ Built on ``kubernetes_asyncio.leaderelection`` (client-go's algorithm: acquire w
 lease is observed unrenewed for ``lease_duration``; renew every ``retry_period``; give up after
 failing to renew for ``renew_deadline``). What this module adds is the fencing the actuators
 need: :attr:`LeaderElector.is_leader` is true only while the last *successful* renewal is younger
-than ``renew_deadline``, read from the monotonic clock at the moment of the check. Because
+than ``renew_deadline``, read from the monotonic clock at the moment of the check. A renewal is
+dated when its request was *sent*, not when the answer came back: the lease the server stored is
+only as new as the write, and an answer delayed by a slow network or apiserver must not stretch
+the leader's time beyond what other replicas observe. Because
 ``renew_deadline < lease_duration``, a leader that cannot renew stops acting before any other
 replica can possibly acquire the lease, even if the election loop itself is stuck: at no time do
 two replicas act. Followers keep running (consuming, evaluating) so their state is warm when they
@@ -56,16 +59,24 @@ class LeaseSettings:
 
 
 class _FencedElection(leaderelection.LeaderElection):
-    """The library's election, noting the monotonic time of every successful renewal."""
+    """The library's election, noting when each successful acquire or renewal was sent."""
 
-    def __init__(self, config: electionconfig.Config, on_renew: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: electionconfig.Config,
+        *,
+        on_renew: Callable[[float], None],
+        clock: Callable[[], float],
+    ) -> None:
         super().__init__(config)
         self._on_renew = on_renew
+        self._clock = clock
 
     async def try_acquire_or_renew(self) -> bool:
+        sent = self._clock()
         ok: bool = await super().try_acquire_or_renew()
         if ok:
-            self._on_renew()
+            self._on_renew(sent)
         return ok
 
 
@@ -79,22 +90,24 @@ class LeaderElector:
         identity: str,
         settings: LeaseSettings | None = None,
         on_change: Callable[[bool], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.identity = identity
         self.settings = settings or LeaseSettings()
         self._api = api
         self._on_change = on_change
+        self._clock = clock
         self._leading = False
         self._renewed_at = -float("inf")
 
     @property
     def is_leader(self) -> bool:
         """True only while this replica holds a lease renewed within the renew deadline."""
-        fresh = time.monotonic() - self._renewed_at < self.settings.renew_deadline_s
+        fresh = self._clock() - self._renewed_at < self.settings.renew_deadline_s
         return self._leading and fresh
 
-    def _renewed(self) -> None:
-        self._renewed_at = time.monotonic()
+    def _renewed(self, sent: float) -> None:
+        self._renewed_at = sent
 
     def _set(self, leading: bool) -> None:
         if leading != self._leading:
@@ -127,7 +140,7 @@ class LeaderElector:
                 lock, s.lease_duration_s, s.renew_deadline_s, s.retry_period_s, started, stopped
             )
             try:
-                await _FencedElection(config, self._renewed).run()
+                await _FencedElection(config, on_renew=self._renewed, clock=self._clock).run()
             except asyncio.CancelledError:
                 self._set(False)
                 for task in leading:

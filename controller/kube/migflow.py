@@ -30,13 +30,21 @@ uncordon unless it was cordoned before, delete the record; a Warning Event and a
 go with it. Every transition is a single conditional patch that applies the step *and* records
 it, so a controller that dies anywhere finds either the old phase (and redoes an idempotent
 step) or the new one: it resumes or rolls back, never starts over, never forgets a cordon.
-A 409 means the node moved under us: re-read and decide again. Dry-run, a kill switch or lost
-leadership pause a flow where it stands (they write nothing) until they are lifted.
+A 409 means the node moved under us: re-read and decide again.
+
+**Kill switch or dry-run turned on mid-flow.** Neither starts anything new: no eviction, no MIG
+label change, no pool move. A flow still ``draining`` (the config label untouched) is released at
+once — uncordoned unless it was cordoned before, its record deleted, a Warning Event — because
+undoing our own cordon is the one write that takes the cluster back to where it was, and waiting
+for the switch to be lifted could leave the node cordoned indefinitely. A flow already
+``reconfiguring`` is paused where it stands: the MIG manager is repartitioning, and uncordoning
+before it reports a known layout would schedule GPU pods onto it. Lost leadership pauses any flow
+(a follower writes nothing); the next leader resumes it from the record.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final, TypeVar
 
@@ -137,6 +145,7 @@ class MigFlow:
         recorder: Recorder,
         *,
         evict: Callable[[Evict], Awaitable[ActionResult]],
+        nodes: Callable[[], Iterable[Obj]],
         settings: MigFlowSettings | None = None,
         limits: ApiLimits | None = None,
     ) -> None:
@@ -145,6 +154,7 @@ class MigFlow:
         self._gate = gate
         self._recorder = recorder
         self._evict = evict
+        self._nodes = nodes
         self.settings = settings or MigFlowSettings()
         self._limits = limits or ApiLimits()
 
@@ -186,22 +196,24 @@ class MigFlow:
             return ActionResult(decision, Outcome.IN_PROGRESS, f"{result}; retrying next tick")
 
     async def resume_all(self) -> list[ActionResult]:
-        """Advance every flow recorded on any node (after a restart, and on every tick)."""
-        if not self._gate.leader() or self._gate.halted() is not None:
-            return []
-        try:
-            nodes = await self._limits.get(self._api, "/api/v1/nodes")
-        except KubeError as exc:
-            log.warning("ebbtide.mig_resume_failed", error=str(exc))
+        """Advance every flow recorded on any node (after a restart, and on every tick). Flows
+        are found in the cached nodes (the watch cache), never by listing nodes: this runs on
+        every evaluation; each flow's node is then read fresh before anything is decided. Under
+        the kill switch, draining flows are released instead (see the module docstring)."""
+        if not self._gate.leader():
             return []
         names = sorted(
             node["metadata"]["name"]
-            for node in nodes.get("items") or []
+            for node in self._nodes()
             if FLOW_ANNOTATION in annotations_of(node)
         )
+        halted = self._gate.halted()
         results: list[ActionResult] = []
         for name in names:
-            result = await self.advance(name)
+            if halted is not None:
+                result = await self._release_halted(name, halted)
+            else:
+                result = await self.advance(name)
             if result is not None:
                 results.append(result)
         return results
@@ -276,6 +288,8 @@ class MigFlow:
             return ActionResult(decision, Outcome.ALREADY_DONE, "the flow has finished")
         if self._gate.dry_run_for(decision) or self._gate.halted() is not None:
             why = self._gate.halted() or "dry-run"
+            if record.phase == "draining":
+                return await self._release(decision, node, record, f"{why} turned on mid-flow")
             return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({why})")
         if record.phase == "draining":
             return await self._drain(decision, node, record)
@@ -375,11 +389,50 @@ class MigFlow:
         detail = f"{decision.node} is at {record.target}, moved to pool {pool}, {cordon}"
         return await self._done(decision, Outcome.APPLIED, detail, self._ref(node))
 
+    async def _release_halted(self, name: str, halted: str) -> ActionResult | None:
+        """Under the kill switch (which the gate's permits refuse): release a draining flow's
+        node, leave a reconfiguring one paused. ``None`` when the node has no flow."""
+        record = await self._flow_on(name)
+        if record is None:
+            return None
+        decision = record.decision(name)
+        if record.phase != "draining":
+            return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({halted})")
+        why = f"{halted} turned on mid-flow"
+        result = await self._settle(lambda: self._read_then_release(decision, why))
+        if isinstance(result, ActionResult):
+            return result
+        return ActionResult(decision, Outcome.IN_PROGRESS, f"{result}; retrying next tick")
+
+    async def _read_then_release(self, decision: MigDecision, why: str) -> ActionResult:
+        node = await self._read_node(decision.node)
+        record = record_of(node)
+        if record is None:
+            return ActionResult(decision, Outcome.ALREADY_DONE, "the flow has finished")
+        return await self._release(decision, node, record, why)
+
+    async def _release(
+        self, decision: MigDecision, node: Obj, record: FlowRecord, why: str
+    ) -> ActionResult:
+        """Stop a draining flow under the kill switch or dry-run: undo our cordon and drop the
+        record, which the switches allow (it only takes the node back to where it was); the
+        leader alone may write it."""
+        if not self._gate.leader():
+            return ActionResult(decision, Outcome.IN_PROGRESS, f"{why}; paused (not the leader)")
+        return await self._write_rollback(decision, node, record, f"released: {why}")
+
     async def _rollback(
         self, decision: MigDecision, node: Obj, record: FlowRecord, why: str
     ) -> ActionResult:
         if not (verdict := self._gate.check_write()).ok:
             return ActionResult(decision, Outcome.IN_PROGRESS, f"{why}; paused ({verdict.reason})")
+        return await self._write_rollback(decision, node, record, f"rolled back: {why}")
+
+    async def _write_rollback(
+        self, decision: MigDecision, node: Obj, record: FlowRecord, what: str
+    ) -> ActionResult:
+        """One patch: restore the config label if ours is on, uncordon unless it was cordoned
+        before, delete the record; a Warning Event and a MIG-failure count go with it."""
         labels: dict[str, str | None] = {}
         restored = ""
         if labels_of(node).get(CONFIG_LABEL) == record.target:
@@ -391,7 +444,7 @@ class MigFlow:
         }
         await self._patch_node(node, patch)
         cordon = "left cordoned as it was before" if record.was_cordoned else "uncordoned"
-        detail = f"rolled back: {why}{restored}; {cordon}"
+        detail = f"{what}{restored}; {cordon}"
         return await self._done(decision, Outcome.FAILED, detail, self._ref(node))
 
     # --- helpers -------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from controller.cluster import ActionResult, Cluster
 from controller.kube.actuator import KubeActuator
 from controller.kube.client import connect
 from controller.kube.leader import LeaderElector, LeaseSettings
-from controller.kube.state import ClusterStateSettings, KubeClusterState
+from controller.kube.state import ClusterStateSettings, KubeClusterState, workload_kinds
 from controller.safety import SafetyGate
 from controller.settings import Settings
 from policies.budgets import Ledger
@@ -68,10 +68,12 @@ class KubeRuntime:
             ),
         )
         self.gate = SafetyGate(policy, is_leader=self.is_leader, dry_run=settings.dry_run)
+        kinds = workload_kinds(k.workload_kinds)
         self.state = KubeClusterState(
-            api, ClusterStateSettings(node_selector=k.node_selector or None)
+            api, ClusterStateSettings(node_selector=k.node_selector or None, workload_kinds=kinds)
         )
-        self._cluster = KubeCluster(self.state, KubeActuator(api, self.gate))
+        actuator = KubeActuator(api, self.gate, nodes=self.state.nodes, workload_kinds=kinds)
+        self._cluster = KubeCluster(self.state, actuator)
 
     @classmethod
     async def connect(cls, settings: Settings, policy: Policy) -> KubeRuntime:

@@ -6,8 +6,10 @@ Design:
   Nodes (by a node label selector), Pods (by a label selector and/or namespaces, finished pods
   excluded by a field selector), PriorityClasses, PodDisruptionBudgets, and each tracked workload
   kind (Deployments, StatefulSets, custom resources with ``/scale`` such as PyTorchJob, described
-  by :class:`~controller.kube.translate.WorkloadKind`). It is :attr:`synced` once every informer
-  has listed.
+  by :class:`~controller.kube.translate.WorkloadKind`; which ones is a setting). It is
+  :attr:`synced` once every informer has listed. A workload kind whose API is not installed (no
+  CRD: the apiserver answers 404) counts as listed and empty, is logged once and is looked for
+  again every ``rediscover_s``, so a cluster without Kubeflow still syncs and acts.
 * **Incremental.** Each informer's change callback only marks the object's key dirty. On
   :meth:`KubeClusterState.snapshot`, dirty objects are re-translated — skipped when their
   ``resourceVersion`` is the one already translated — and the cached translation is replaced
@@ -30,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
@@ -52,7 +54,7 @@ from controller.kube.translate import (
 )
 from policies.snapshot import Pod, Snapshot, Workload
 
-__all__ = ["ClusterStateSettings", "KubeClusterState"]
+__all__ = ["WORKLOAD_KINDS", "ClusterStateSettings", "KubeClusterState", "workload_kinds"]
 
 log = structlog.get_logger(__name__)
 
@@ -65,7 +67,17 @@ PDBS: Final = Resource(group="policy", version="v1", plural="poddisruptionbudget
 #: Finished pods hold no GPUs; the apiserver filters them out (and sends DELETED as they finish).
 LIVE_PODS: Final = "status.phase!=Succeeded,status.phase!=Failed"
 
+#: The workload kinds the adapter can track, by the names the ``kube.workload_kinds`` setting uses.
+WORKLOAD_KINDS: Final[Mapping[str, WorkloadKind]] = {
+    k.kind: k for k in (DEPLOYMENT, STATEFULSET, PYTORCHJOB)
+}
+
 _T = TypeVar("_T")
+
+
+def workload_kinds(names: Iterable[str]) -> tuple[WorkloadKind, ...]:
+    """The kinds named (``Deployment``, ``PyTorchJob``…), in order; KeyError for an unknown one."""
+    return tuple(WORKLOAD_KINDS[name] for name in names)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +100,8 @@ class ClusterStateSettings:
     """Server-side watch timeout; each watch takes a random value between this and twice it."""
     backoff: Backoff = field(default_factory=Backoff)
     """Backoff between failed list/watch attempts."""
+    rediscover_s: float = 60.0
+    """How often a workload kind whose API is not installed is looked for again."""
 
 
 class _Translations(Generic[_T]):
@@ -211,7 +225,14 @@ class KubeClusterState:
         self._workloads: list[_Translations[Workload]] = []
         for kind in self._kinds:
             resource = Resource(group=kind.group, version=kind.version, plural=kind.plural)
-            informer = Informer(api, resource, label_selector=settings.workload_selector, **scoped)
+            informer = Informer(
+                api,
+                resource,
+                label_selector=settings.workload_selector,
+                optional=True,
+                rediscover_s=settings.rediscover_s,
+                **scoped,
+            )
             self._workloads.append(
                 _Translations(informer, self._workload_translator(kind), _workload_order)
             )
@@ -275,6 +296,11 @@ class KubeClusterState:
             )
         self.last_rebuild_s = time.perf_counter() - started
         return self._snapshot
+
+    def nodes(self) -> list[Obj]:
+        """The cached Nodes, raw (the cache's own dicts: do not mutate); MIG flows are found in
+        their annotations."""
+        return self._nodes.informer.items()
 
     def pdbs(self) -> list[Obj]:
         """The cached PodDisruptionBudgets, raw (the cache's own dicts: do not mutate)."""

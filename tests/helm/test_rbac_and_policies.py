@@ -9,7 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from controller.cli import cli
-from controller.rbac import CLUSTER_RULES, LEASE_RULES, Rule
+from controller.kube.state import workload_kinds
+from controller.rbac import CLUSTER_RULES, LEASE_RULES, Rule, cluster_rules
+from controller.settings import Settings
 
 from .conftest import NAMESPACE, VALUE_SETS, Rendered, load_yaml, load_yaml_all, render
 
@@ -60,19 +62,27 @@ def test_bindings_name_the_controller_account(rendered: dict[str, Rendered]) -> 
         ]
 
 
-def test_custom_kinds_follow_values(chart: Any) -> None:
-    """rbac.customWorkloadKinds adds read and /scale rules per kind; [] removes PyTorchJob."""
-    out = render(
-        chart,
-        {"rbac": {"customWorkloadKinds": [{"group": "ray.io", "resource": "rayclusters"}]}},
-    )
-    (role,) = [d for d in load_yaml_all(out["ebbtide/templates/rbac.yaml"]) if d][:1]
-    rules = _as_rules(role)
-    assert rules[-2:] == [
-        Rule("ray.io", ("rayclusters",), ("get", "list", "watch")),
-        Rule("ray.io", ("rayclusters/scale",), ("get", "patch")),
-    ]
-    assert not any(r.group == "kubeflow.org" for r in rules)
+@pytest.mark.parametrize(
+    "kinds",
+    [["Deployment"], ["StatefulSet", "PyTorchJob"], []],
+    ids=["deployments-only", "no-deployments", "none"],
+)
+def test_cluster_role_follows_the_workload_kinds_setting(
+    chart: Any, kinds: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """controller.workloadKinds reaches the controller as its kube.workload_kinds setting, and
+    the ClusterRole is exactly controller.rbac.cluster_rules for those kinds."""
+    out = render(chart, {"controller": {"workloadKinds": kinds}})
+    docs = load_yaml_all(out["ebbtide/templates/rbac.yaml"])
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    container = load_yaml(out["ebbtide/templates/deployment.yaml"])["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    (env,) = [e["value"] for e in container["env"] if e["name"] == "EBBTIDE_KUBE__WORKLOAD_KINDS"]
+    monkeypatch.setenv("EBBTIDE_KUBE__WORKLOAD_KINDS", env)
+    setting = Settings(policies=[Path("p.yaml")]).kube.workload_kinds
+    assert list(setting) == kinds
+    assert _as_rules(role) == list(cluster_rules(workload_kinds(setting)))
 
 
 def test_default_policy_is_the_library_balanced_policy(rendered: dict[str, Rendered]) -> None:

@@ -59,7 +59,7 @@ def actuator(
     limits: ApiLimits = FAST,
 ) -> KubeActuator:
     gate = SafetyGate(p or policy(), is_leader=is_leader, dry_run=dry_run)
-    return KubeActuator(api, gate, limits=limits)
+    return KubeActuator(api, gate, nodes=list, limits=limits)  # no MIG flows here
 
 
 def deployment(name: str, replicas: int, *, ns: str = "ml", labels: Obj | None = None) -> Obj:

@@ -22,7 +22,7 @@ from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 
 from support.kubeapi import KubeAPIServer
 from support.kubeapi_objects import make_node, make_pod
-from support.kubeapi_store import ResourceType
+from support.kubeapi_store import PYTORCHJOB, ResourceType
 from support.mig_manager import CONFIG_LABEL, STATE_LABEL, MigManager
 
 MERGE = "application/merge-patch+json"
@@ -675,6 +675,27 @@ async def test_custom_resource_scale_subresource(
     for key in path:
         stored = stored[key]
     assert stored == 4
+
+
+async def test_an_uninstalled_custom_resource_is_404_until_installed() -> None:
+    """Without its CRD, list and watch of a kind answer 404 as a real apiserver does: a plain
+    "404 page not found" for a group it does not serve, a NotFound Status for an unknown
+    resource of a served group; installing the CRD serves it."""
+    async with KubeAPIServer(resources=()) as server, ApiClient(Configuration(server.url)) as api:
+        custom = client.CustomObjectsApi(api)
+        for watching in (False, True):
+            with pytest.raises(ApiException) as exc:
+                await custom.list_cluster_custom_object(
+                    "kubeflow.org", "v1", "pytorchjobs", watch=watching
+                )
+            assert (exc.value.status, exc.value.body) == (404, "404 page not found\n")
+        with pytest.raises(ApiException) as exc:
+            await custom.list_cluster_custom_object("apps", "v1", "rollouts")
+        assert exc.value.status == 404
+        assert json.loads(exc.value.body)["reason"] == "NotFound"
+        server.add_resource(PYTORCHJOB)
+        listed = await custom.list_cluster_custom_object("kubeflow.org", "v1", "pytorchjobs")
+        assert listed["items"] == []
 
 
 # --- leases and leader election ----------------------------------------------------------------

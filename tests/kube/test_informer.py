@@ -252,6 +252,35 @@ async def test_list_faults_are_retried_until_synced(
     assert [r.status for r in lists(kubeapi, "/nodes")] == [500, 500, 403, 200]
 
 
+async def test_crd_deleted_while_watched_empties_an_optional_informer(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """An optional informer whose CRD is deleted drops its objects (DELETED) when the watch
+    answers 404, stays synced, and waits to rediscover the kind."""
+    await kubeapi.create(
+        {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "j"}}
+    )
+    seen: list[tuple[str, str]] = []
+    gone = asyncio.Event()
+
+    def on_change(change: Change) -> None:
+        seen.append((change.type, change.key))
+        if change.type == "DELETED":
+            gone.set()
+
+    informer = Informer(
+        kube_client, PYTORCHJOBS, optional=True, rediscover_s=30.0, on_change=on_change
+    )
+    async with running(informer):
+        assert informer.installed
+        kubeapi.remove_resource("pytorchjobs")
+        await asyncio.wait_for(gone.wait(), 5)
+        assert (names(informer), informer.synced, informer.installed) == ([], True, False)
+    assert seen == [("ADDED", "default/j"), ("DELETED", "default/j")]
+    assert [r.status for r in watches(kubeapi, "pytorchjobs")][-1] == 404
+    assert len(lists(kubeapi, "pytorchjobs")) == 1
+
+
 async def test_server_down_then_back_catches_up() -> None:
     """While the server is down the informer keeps retrying; when it returns on the same
     address it catches up with what changed meanwhile."""

@@ -39,6 +39,34 @@ def test_settings_must_be_ordered() -> None:
         LeaseSettings(lease_duration_s=5, renew_deadline_s=5, retry_period_s=1)
 
 
+async def test_fencing_counts_from_when_the_renewal_was_sent(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """A lease write whose answer is slow fences from when it was *sent*: time spent waiting for
+    the answer counts against the renew deadline, so a late answer cannot extend leadership."""
+    now = [0.0]
+    leading = asyncio.Event()
+    elector = LeaderElector(
+        kube_client,
+        identity="a",
+        settings=FAST,
+        on_change=lambda on: leading.set() if on else None,
+        clock=lambda: now[0],
+    )
+    kubeapi.faults.add(method="POST", path_regex="leases", status=None, delay=0.2, commit=True)
+    task = asyncio.create_task(elector.run())
+    try:
+        await kubeapi.until(
+            lambda: bool(kubeapi.requests_matching(method="POST", path_regex="leases"))
+        )
+        now[0] = 1.0  # the acquiring write took a second to answer
+        await asyncio.wait_for(leading.wait(), 5)
+        now[0] = FAST.renew_deadline_s + 0.1  # past the deadline counted from the send
+        assert not elector.is_leader
+    finally:
+        await stop(task)
+
+
 @pytest.mark.slow
 async def test_one_leader_and_takeover_within_the_lease(kubeapi: KubeAPIServer) -> None:
     """Of two replicas exactly one leads; when it dies the other leads within the lease

@@ -5,8 +5,10 @@ annotation without repeating evictions or relabels."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +17,9 @@ from kubernetes_asyncio.client import ApiClient
 from controller.cluster import ActionResult, Outcome
 from controller.kube.actuator import ApiLimits, KubeActuator, MigFlowSettings
 from controller.kube.migflow import CONFIG_LABEL, FLOW_ANNOTATION, STATE_LABEL
+from controller.kube.runtime import KubeRuntime
 from controller.safety import SafetyGate
+from controller.settings import Settings
 from policies.decisions import Explanation, MigConvert, MigRevert
 from policies.model import Policy
 from support.kubeapi import KubeAPIServer
@@ -59,12 +63,19 @@ def policy(**spec: Any) -> Policy:
 
 
 def actuator(
-    api: ApiClient, *, dry_run: bool = False, drain_s: float = 30.0, reconfigure_s: float = 30.0
+    api: ApiClient,
+    server: KubeAPIServer,
+    *,
+    dry_run: bool = False,
+    drain_s: float = 30.0,
+    reconfigure_s: float = 30.0,
 ) -> KubeActuator:
-    """A fresh actuator, as after a controller restart: its own gate, ledger and recorder."""
+    """A fresh actuator, as after a controller restart: its own gate, ledger and recorder. Its
+    node cache is the server's store (the runtime hands it the node informer's)."""
     return KubeActuator(
         api,
         SafetyGate(policy(), dry_run=dry_run),
+        nodes=lambda: server.objects("nodes"),
         limits=ApiLimits(timeout_s=1.0, attempts=4, deadline_s=5.0),
         mig=MigFlowSettings(drain_timeout_s=drain_s, reconfigure_timeout_s=reconfigure_s),
     )
@@ -150,7 +161,7 @@ async def test_conversion_happy_path(
     await gpu_node(kubeapi)
     await gpu_pod(kubeapi, "train-0")
     await kubeapi.create(make_pod("agent", namespace="kube-system", node="gpu-1"))
-    act = actuator(kube_client)
+    act = actuator(kube_client, kubeapi)
     [started] = await act.apply([convert()])
     assert started.outcome is Outcome.IN_PROGRESS
     done = await drive(act)
@@ -183,7 +194,7 @@ async def test_revert_happy_path(
 ) -> None:
     """A MIG node goes back to all-disabled and the whole-card pool."""
     await gpu_node(kubeapi, labels={**MIG, CONFIG_LABEL: TARGET})
-    act = actuator(kube_client)
+    act = actuator(kube_client, kubeapi)
     [started] = await act.apply([MigRevert(1.0, "gpu-1", TARGET, WHY)])
     assert started.outcome is Outcome.IN_PROGRESS
     assert (await drive(act)).outcome is Outcome.APPLIED
@@ -213,7 +224,7 @@ async def test_manager_failure_or_silence_rolls_back(
     """Manager failed or silent past the deadline: config restored, uncordoned, Warning."""
     mig_manager.script("gpu-1", outcome)
     await gpu_node(kubeapi)
-    act = actuator(kube_client, **settings)
+    act = actuator(kube_client, kubeapi, **settings)
     await act.apply([convert()])
     done = await drive(act)
     assert done.outcome is Outcome.FAILED
@@ -233,7 +244,7 @@ async def test_previously_cordoned_node_stays_cordoned(
 ) -> None:
     """A node an operator had cordoned is converted and left cordoned, as it was."""
     await gpu_node(kubeapi, cordoned=True)
-    act = actuator(kube_client)
+    act = actuator(kube_client, kubeapi)
     await act.apply([convert()])
     assert (await drive(act)).outcome is Outcome.APPLIED
     node = node_of(kubeapi)
@@ -248,7 +259,7 @@ async def test_protected_gpu_pod_rolls_back_before_any_eviction(
     await gpu_node(kubeapi)
     await gpu_pod(kubeapi, "train-0")
     await gpu_pod(kubeapi, "keep", ns="kube-system")
-    [result] = await actuator(kube_client).apply([convert()])
+    [result] = await actuator(kube_client, kubeapi).apply([convert()])
     assert result.outcome is Outcome.FAILED
     assert "kube-system/keep may not be disrupted" in result.detail
     assert evictions(kubeapi) == []
@@ -263,7 +274,7 @@ async def test_pdb_blocked_drain_waits_then_times_out(
     await gpu_node(kubeapi)
     await gpu_pod(kubeapi, "train-0", app="train")
     await block_with_pdb(kubeapi)
-    act = actuator(kube_client, drain_s=0.3)
+    act = actuator(kube_client, kubeapi, drain_s=0.3)
     [started] = await act.apply([convert()])
     assert started.outcome is Outcome.IN_PROGRESS
     assert "1 GPU pods left" in started.detail
@@ -276,6 +287,29 @@ async def test_pdb_blocked_drain_waits_then_times_out(
     assert_released(node_of(kubeapi))
 
 
+@pytest.mark.parametrize("switch", ["kill_switch", "dry_run"])
+async def test_kill_switch_or_dry_run_mid_drain_releases_the_node(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager, switch: str
+) -> None:
+    """Turned on while a drain waits on a PDB, the kill switch or dry-run stops the flow: no
+    further eviction, no MIG label change, and the node is uncordoned with its record gone
+    rather than left cordoned until someone notices."""
+    await gpu_node(kubeapi)
+    await gpu_pod(kubeapi, "train-0", app="train")
+    await block_with_pdb(kubeapi)
+    act = actuator(kube_client, kubeapi)
+    [started] = await act.apply([convert()])
+    assert started.outcome is Outcome.IN_PROGRESS
+    setattr(act.gate, switch, True)
+    [released] = await act.resume_all()
+    assert released.outcome is Outcome.FAILED
+    assert "released" in released.detail
+    assert_released(node_of(kubeapi))
+    assert evictions(kubeapi) == [429]
+    assert config_writes(kubeapi, TARGET) == 0
+    assert await act.resume_all() == []
+
+
 async def test_restart_while_reconfiguring_resumes_without_repeating(
     kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager
 ) -> None:
@@ -283,7 +317,7 @@ async def test_restart_while_reconfiguring_resumes_without_repeating(
     mig_manager.script("gpu-1", "success", delay=0.4)
     await gpu_node(kubeapi)
     await gpu_pod(kubeapi, "train-0")
-    first = actuator(kube_client)
+    first = actuator(kube_client, kubeapi)
     [started] = await first.apply([convert()])
     assert "waiting for the MIG manager" in started.detail
     record = json.loads(node_of(kubeapi)["metadata"]["annotations"][FLOW_ANNOTATION])
@@ -294,7 +328,7 @@ async def test_restart_while_reconfiguring_resumes_without_repeating(
     )
     assert record["was_cordoned"] is False
     assert record["previous_pool"] == {"ebbtide.io/pool": "whole"}
-    second = actuator(kube_client)  # the restarted controller
+    second = actuator(kube_client, kubeapi)  # the restarted controller
     done = await drive(second)
     assert done.outcome is Outcome.APPLIED
     assert done.decision.explanation.rule == "mig-convert-idle"  # rebuilt from the annotation
@@ -312,10 +346,10 @@ async def test_restart_while_draining_resumes_the_drain(
     await gpu_node(kubeapi)
     await gpu_pod(kubeapi, "train-0", app="train")
     await block_with_pdb(kubeapi)
-    [started] = await actuator(kube_client).apply([convert()])
+    [started] = await actuator(kube_client, kubeapi).apply([convert()])
     assert started.outcome is Outcome.IN_PROGRESS
     await kubeapi.delete("PodDisruptionBudget", "ml", "train")
-    second = actuator(kube_client)
+    second = actuator(kube_client, kubeapi)
     assert (await drive(second)).outcome is Outcome.APPLIED
     assert evictions(kubeapi) == [429, 201]
     assert config_writes(kubeapi, TARGET) == 1
@@ -327,7 +361,7 @@ async def test_dry_run_and_already_done_write_nothing_to_the_node(
 ) -> None:
     """Dry-run reports "would" on the node; a node already converted is ALREADY_DONE."""
     await gpu_node(kubeapi)
-    [would] = await actuator(kube_client, dry_run=True).apply([convert()])
+    [would] = await actuator(kube_client, kubeapi, dry_run=True).apply([convert()])
     assert would.outcome is Outcome.DRY_RUN
     assert "would cordon gpu-1" in would.detail
     assert reasons(kubeapi) == ["EbbtideWouldConvertMig"]
@@ -335,6 +369,44 @@ async def test_dry_run_and_already_done_write_nothing_to_the_node(
         "nodes", None, "gpu-1", {"metadata": {"labels": {**MIG, CONFIG_LABEL: TARGET}}}
     )
     await asyncio.sleep(0.2)  # the manager reconfigures and reports success
-    [done] = await actuator(kube_client).apply([convert()])
+    [done] = await actuator(kube_client, kubeapi).apply([convert()])
     assert done.outcome is Outcome.ALREADY_DONE
     assert [r for r in kubeapi.requests if r.method == "PATCH"] == []
+
+
+async def test_ticks_find_flows_in_the_watch_cache_and_list_no_nodes(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager, tmp_path: Path
+) -> None:
+    """The runtime's ticks find flows in the node informer's cache: while a PDB holds a drain,
+    every tick advances the flow (one eviction try) and none LISTs nodes."""
+    await gpu_node(kubeapi)
+    await gpu_pod(kubeapi, "train-0", app="train")
+    await block_with_pdb(kubeapi)
+    lease = {"lease_namespace": "default", "lease_duration_s": 2, "renew_deadline_s": 1.5}
+    settings = Settings(policies=[tmp_path / "p.yaml"], kube={**lease, "retry_period_s": 1})
+    runtime = KubeRuntime(kube_client, settings, policy())
+    task = asyncio.create_task(runtime.run(), name="runtime")
+    try:
+        await kubeapi.until(lambda: runtime.is_leader() and runtime.state.synced)
+        [started] = await runtime.cluster.apply([convert()])
+        assert started.outcome is Outcome.IN_PROGRESS
+        listed = len(node_lists(kubeapi))
+        for _ in range(5):
+            [tick] = await runtime.tick(0.0)
+            assert "1 GPU pods left" in tick.detail
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        runtime.state.stop()
+    assert evictions(kubeapi) == [429] * 6
+    assert len(node_lists(kubeapi)) == listed == 1
+
+
+def node_lists(server: KubeAPIServer) -> list[Any]:
+    """Node LISTs (not watches, not GETs of one node)."""
+    return [
+        r
+        for r in server.requests_matching(method="GET", path_regex=r"^/api/v1/nodes$")
+        if not r.query.get("watch")
+    ]

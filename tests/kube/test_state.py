@@ -8,17 +8,23 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, get_args
 
 import pytest
-from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client import ApiClient, Configuration
+from structlog.testing import capture_logs
 
 from controller.kube.informer import Backoff, Informer
-from controller.kube.state import ClusterStateSettings, KubeClusterState
+from controller.kube.runtime import KubeRuntime
+from controller.kube.state import WORKLOAD_KINDS, ClusterStateSettings, KubeClusterState
 from controller.kube.translate import DEPLOYMENT, PYTORCHJOB, STATEFULSET, snapshot_from
+from controller.settings import Settings, WorkloadKindName
+from policies.model import Policy
 from policies.snapshot import Snapshot
-from support.kubeapi import KubeAPIServer
+from support.kubeapi import KubeAPIServer, LoggedRequest
 from support.kubeapi_objects import make_node, make_pod
+from support.kubeapi_store import PYTORCHJOB as PYTORCHJOB_CRD
 
 Obj = dict[str, Any]
 FAST = Backoff(base_s=0.02, max_s=0.2)
@@ -253,6 +259,53 @@ async def test_finished_pods_and_deleted_workloads_leave_the_snapshot(
         await kubeapi.delete("deployments", "ml", "web")
         await eventually(lambda: pod_keys(state.snapshot()) == [])
         assert state.snapshot().workloads == ()
+
+
+async def test_a_kind_whose_crd_is_not_installed_is_skipped_then_rediscovered() -> None:
+    """Without the Kubeflow CRD (its LIST answers 404) the state still syncs, says so once, and
+    tracks PyTorchJobs as soon as the CRD is installed."""
+    async with KubeAPIServer(resources=()) as server, ApiClient(Configuration(server.url)) as api:
+        settings = ClusterStateSettings(backoff=FAST, rediscover_s=0.05)
+
+        def jobs() -> list[LoggedRequest]:
+            return server.requests_matching(path_regex=r"^/apis/kubeflow\.org/v1/pytorchjobs$")
+
+        with capture_logs() as logs:
+            async with running(api, settings) as state:
+                assert state.snapshot().workloads == ()
+                assert not state.informers["pytorchjobs.kubeflow.org"].installed
+                await server.until(lambda: len(jobs()) >= 3)  # looked for again and again
+                server.add_resource(PYTORCHJOB_CRD)
+                await server.create(pytorchjob("bert", workers=2, gpus=8))
+                await server.until(lambda: any(r.query.get("watch") for r in jobs()))
+                assert [w.key for w in state.snapshot().workloads] == ["ml/bert"]
+        assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["informer.api_absent"]
+        assert [e["event"] for e in logs if e["event"].startswith("informer.api_")] == [
+            "informer.api_absent",
+            "informer.api_installed",
+        ]
+
+
+def test_the_workload_kinds_setting_chooses_what_is_watched_and_scaled(
+    kube_client: ApiClient,
+) -> None:
+    """kube.workload_kinds names exactly the registry's kinds, and the runtime watches and
+    scales only the ones it lists."""
+    assert set(get_args(WorkloadKindName)) == set(WORKLOAD_KINDS)
+    settings = Settings(policies=[Path("p.yaml")], kube={"workload_kinds": ["StatefulSet"]})
+    policy = Policy.model_validate(
+        {
+            "apiVersion": "ebbtide.io/v1alpha1",
+            "kind": "Policy",
+            "metadata": {"name": "t"},
+            "spec": {"pools": {}},
+        }
+    )
+    runtime = KubeRuntime(kube_client, settings, policy)
+    watched = set(runtime.state.informers)
+    assert {"statefulsets.apps", "nodes"} <= watched
+    assert not watched & {"deployments.apps", "pytorchjobs.kubeflow.org"}
+    assert runtime.state.settings.workload_kinds == (STATEFULSET,)
 
 
 async def test_pdbs_are_exposed_raw(kubeapi: KubeAPIServer, kube_client: ApiClient) -> None:

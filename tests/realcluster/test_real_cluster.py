@@ -51,7 +51,7 @@ async def test_scale_and_pdb_guarded_eviction(real_api: client.ApiClient, scratc
         client.AppsV1Api(real_api), client.CoreV1Api(real_api), client.PolicyV1Api(real_api)
     )  # fmt: skip
     await apps.create_namespaced_deployment(scratch, deployment("train", 2))
-    actuator = KubeActuator(real_api, SafetyGate(load_policy_text(POLICY)))
+    actuator = KubeActuator(real_api, SafetyGate(load_policy_text(POLICY)), nodes=list)
     why = Explanation.of("test", "real-cluster test")
     shrink = Scale(time.time(), f"{scratch}/train", "Deployment", 2, 1, "training", why)
     (result,) = await actuator.apply([shrink])

@@ -5,10 +5,10 @@ against this server with the real client (``kubernetes_asyncio``) over a real so
 
 Why not subclass ``kmock``'s ``KubernetesEmulator``: against kubernetes_asyncio 36.1 it misses
 ``watch=True``, selectors, PUT, eviction, uid/resourceVersion/409, ``/scale``, ``/status`` and
-stateless faults (see shared/FACTS.md), i.e. nearly every handler would be overridden and its
-store would need resource versions and watch history it does not have. What is left of it would
-be the routing, which is 40 lines here. So this is a compact aiohttp server of its own (aiohttp
-ships with kubernetes_asyncio), in four modules:
+stateless faults (see ``../shared/FACTS.md``, relative to the repository root), i.e. nearly every
+handler would be overridden and its store would need resource versions and watch history it does
+not have. What is left of it would be the routing, which is 40 lines here. So this is a compact
+aiohttp server of its own (aiohttp ships with kubernetes_asyncio), in four modules:
 
 - ``kubeapi_objects``: pure functions: selectors, patches, disruption-budget arithmetic, Status,
   and the ``make_pod``/``make_node`` builders.
@@ -61,6 +61,11 @@ _TRUE = frozenset({"1", "t", "T", "true", "True", "TRUE"})
 _EVICTION_DENIED = "Cannot evict pod as it would violate the pod's disruption budget."
 
 
+class _PageNotFound(Exception):
+    """A path under a group/version nothing serves: a real apiserver's mux answers it with a
+    plain-text ``404 page not found`` (as for a CRD that is not installed), not a Status."""
+
+
 @dataclass(frozen=True)
 class _Target:
     resource: ResourceType
@@ -90,6 +95,7 @@ class KubeAPIServer:
         """Unexpected exceptions in request handlers (server bugs); each was answered 500."""
         self._host, self._port = host, port
         self._closing = asyncio.Event()
+        self._activity = asyncio.Condition()
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -132,6 +138,10 @@ class KubeAPIServer:
     def add_resource(self, resource: ResourceType) -> None:
         """Serve another (custom) resource type."""
         self.store.register(resource)
+
+    def remove_resource(self, name: str) -> None:
+        """Stop serving a resource type (kind or plural), as when its CRD is deleted."""
+        self.store.unregister(self.store.resolve(name))
 
     async def create(self, obj: Obj) -> Obj:
         """Create an object as given, status included (over HTTP, status is dropped).
@@ -176,6 +186,16 @@ class KubeAPIServer:
         """Drop the watch history: a watch from any older resourceVersion gets 410 Gone."""
         self.store.compact()
 
+    async def until(self, check: Callable[[], bool], *, within: float = 5.0) -> None:
+        """Wait until ``check()`` holds, checking again whenever a request arrives or is
+        answered: a condition on what clients asked for (and, by then, saw), no polling."""
+        async with asyncio.timeout(within), self._activity:
+            await self._activity.wait_for(check)
+
+    async def _poke(self) -> None:
+        async with self._activity:
+            self._activity.notify_all()
+
     def requests_matching(
         self, *, method: str | None = None, path_regex: str = ""
     ) -> list[LoggedRequest]:
@@ -212,6 +232,7 @@ class KubeAPIServer:
         raw = await request.read()
         entry = LoggedRequest(request.method, request.path, dict(request.query), None, content_type)
         self.requests.append(entry)
+        await self._poke()
         try:
             entry.body = self._decode(raw, content_type)
             fault = self.faults.take(request.method, request.path)
@@ -224,6 +245,8 @@ class KubeAPIServer:
                 if fault is not None and fault.status is not None:
                     raise ApiError(fault.status, fault.message)
                 response = await self._route(request, entry.body, content_type)
+        except _PageNotFound:
+            response = web.Response(status=404, text="404 page not found\n")
         except ApiError as error:
             headers = {"Retry-After": "1"} if error.code == 429 else None
             response = web.json_response(error.status(), status=error.code, headers=headers)
@@ -231,6 +254,7 @@ class KubeAPIServer:
             self.errors.append(error)
             response = web.json_response(ApiError(500, repr(error)).status(), status=500)
         entry.status = response.status
+        await self._poke()
         return response
 
     @staticmethod
@@ -260,6 +284,8 @@ class KubeAPIServer:
             group, version, rest = segs[1], segs[2], segs[3:]
         else:
             raise ApiError(404, "the server could not find the requested resource")
+        if not any((r.group, r.version) == (group, version) for r in self.store.resources.values()):
+            raise _PageNotFound  # no CRD installed serves this group/version
         namespace = None
         candidate = self.store.resources.get((group, rest[2])) if len(rest) >= 3 else None
         if rest[0] == "namespaces" and candidate is not None and candidate.namespaced:

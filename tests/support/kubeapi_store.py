@@ -203,6 +203,14 @@ class Store:
         self.resources[resource.key] = resource
         self._objects.setdefault(resource.key, {})
 
+    def unregister(self, resource: ResourceType) -> None:
+        """Stop serving a resource type (a CRD deleted): its objects go, its watches end."""
+        self.resources.pop(resource.key, None)
+        self._objects.pop(resource.key, None)
+        for watcher in [w for w in self._watchers if w.resource.key == resource.key]:
+            watcher.queue.put_nowait(None)
+            self._watchers.discard(watcher)
+
     def lookup(self, group: str, version: str, plural: str) -> ResourceType:
         resource = self.resources.get((group, plural))
         if resource is None or resource.version != version:
