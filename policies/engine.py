@@ -29,6 +29,7 @@ Design:
 * The snapshot's indexes (:class:`~policies.inventory.Inventory`) are cached on the snapshot's
   identity: hand the same object again and nothing is rebuilt.
 * ``reload(policy)`` refuses a policy with problems and keeps the old one; an accepted policy
+  re-indexes the last snapshot at once (nodes join or leave pools before the next event) and
   keeps the windows and SLO state of services whose SLO settings did not change, what budgets
   spent, and cooldowns.
 * Pure: no clock (``now`` is passed in), no I/O, deterministic (everything iterates in sorted
@@ -257,7 +258,13 @@ class Engine:
         if threshold != self._idle.threshold_pct:
             self._idle = IdleTracker(threshold)
         self._policy = policy
+        last = self._inventory_for
         self._inventory_for = None
+        if last is not None:
+            # Re-index the last snapshot now: the node -> pool map must name only this policy's
+            # pools before the next event (a removed pool's window is gone: KeyError, and the
+            # consumer would retry the batch, counting its first events twice).
+            self._index(last[0])
 
     def _util_window(self) -> UtilizationWindow:
         return UtilizationWindow(

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from policy_fixtures import T0, cluster, latency, make_policy, util
+from policy_fixtures import T0, cluster, latency, make_policy, policy_dict, util
 
 from policies.engine import Engine
+from policies.model import Policy
 from streams.events import Event
 
 # -- clock skew ----------------------------------------------------------------------------------
@@ -61,3 +62,35 @@ def test_no_bound_before_the_first_clock_reading() -> None:
     engine = Engine(make_policy())
     assert engine.observe(latency(T0 + 300.0, 1.0))
     assert engine.skewed == 0
+
+
+# -- reload ----------------------------------------------------------------------------------------
+
+
+def whole_pool_only() -> Policy:
+    """The test policy without its MIG pool (nor the MIG section that names it)."""
+    return make_policy(mig=None, pools={"whole": policy_dict()["spec"]["pools"]["whole"]})
+
+
+def test_a_reload_removing_a_pool_keeps_observing() -> None:
+    """Readings of a node whose pool a reload removed are taken (no KeyError, so the consumer
+    does not retry the batch and count its first events twice) and count toward no pool."""
+    engine = Engine(make_policy())
+    engine.evaluate(T0, cluster(mig_nodes=1).build())
+    assert engine.observe(util(T0, "m0", 0, 50.0))
+    assert engine.reload(whole_pool_only()).accepted
+    batch = [latency(T0 + 0.5, 10.0), util(T0 + 0.5, "m0", 0, 70.0), util(T0 + 0.5, "w0", 0, 30.0)]
+    assert engine.observe_many(batch) == 3
+    assert engine.observed == 4
+    assert [p.name for p in engine.pool_status(T0 + 1)] == ["whole"]
+    assert engine.pool_status(T0 + 1)[0].util_pct == 30.0
+
+
+def test_a_reload_adding_a_pool_places_its_nodes_at_once() -> None:
+    """A reload adding a pool counts readings of its nodes toward it before the next tick."""
+    engine = Engine(whole_pool_only())
+    engine.evaluate(T0, cluster(mig_nodes=1).build())
+    assert engine.reload(make_policy()).accepted
+    engine.observe(util(T0 + 0.5, "m0", 0, 70.0))
+    by_name = {p.name: p for p in engine.pool_status(T0 + 1)}
+    assert by_name["mig"].util_pct == 70.0
