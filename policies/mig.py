@@ -11,7 +11,9 @@ Design:
   flight, and the MIG budget pays for each.
 * **Revert** MIG nodes of the MIG pool when pending pods have demanded more whole GPUs than the
   whole-card pool has free for ``revertAfter``: as many nodes as cover the unmet demand, emptiest
-  first, within the same concurrency limit and budget.
+  first, within the same concurrency limit and budget. Only nodes a drain can empty are picked
+  (:mod:`policies.drain`: no inference, protected or ``do-not-disrupt`` GPU pod on them): a real
+  cluster rolls any other revert back, and it would be decided again every tick.
 * Node idleness is tracked per GPU in O(1) per reading by :class:`IdleTracker` (first reading,
   last reading, last busy reading), so checking 10,000 GPUs is a dictionary walk, not a window
   merge. :class:`MigFlights` remembers conversions the engine decided until the snapshot shows
@@ -27,8 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from policies.decisions import Alternative, Scalar
+from policies.drain import DrainPlan, disrupt_forbidden, plan_drain
 from policies.inventory import Inventory
-from policies.model import DO_NOT_DISRUPT, MigSpec
+from policies.model import MigSpec
 from policies.snapshot import MIG_DISABLED, Node
 
 __all__ = ["IdleTracker", "MigCandidate", "MigFlights", "plan_conversions", "plan_reverts"]
@@ -115,6 +118,10 @@ class MigFlights:
         self._flights.pop(node, None)
 
 
+def _drain(inv: Inventory, node: Node) -> DrainPlan:
+    return plan_drain(inv.drain_rule, inv.pods_by_node.get(node.name, ()))
+
+
 @dataclass(frozen=True, slots=True)
 class MigCandidate:
     node: Node
@@ -155,9 +162,7 @@ def plan_conversions(
         profile = spec.profiles.get(node.gpu_model)
         if profile is None or node.cordoned or name in flights or not node.gpus:
             continue
-        if node.annotations.get(DO_NOT_DISRUPT, "false").lower() != "false":
-            continue
-        if any(p.gpus > 0 or p.mig for p in inv.pods_by_node.get(name, ())):
+        if disrupt_forbidden(node.annotations) or not _drain(inv, node).empty:
             continue
         since = idle.idle_since(name, len(node.gpus), now, stale_s)
         if since is None or now - since < spec.convert_after:
@@ -193,19 +198,20 @@ def plan_reverts(
     unmet = inv.pending_whole_gpus - inv.free.get(spec.from_pool, 0)
     if unmet <= 0 or demand_since is None or now - demand_since < spec.revert_after:
         return [], max(0, unmet)
-    nodes = [
-        n
-        for n in inv.pool_nodes.get(spec.to_pool, [])
-        if n.is_mig
-        and n.mig_state not in _IN_PROGRESS
-        and n.name not in flights
-        and n.annotations.get(DO_NOT_DISRUPT, "false").lower() == "false"
-    ]
-
-    def load(n: Node) -> int:
-        return sum(1 for p in inv.pods_by_node.get(n.name, ()) if p.mig or p.gpus)
-
-    nodes.sort(key=lambda n: (load(n), n.name))
+    drains: dict[str, DrainPlan] = {}
+    for n in inv.pool_nodes.get(spec.to_pool, []):
+        if (
+            n.is_mig
+            and n.mig_state not in _IN_PROGRESS
+            and n.name not in flights
+            and not disrupt_forbidden(n.annotations)
+        ):
+            drain = _drain(inv, n)
+            if drain.refusal is None:
+                drains[n.name] = drain
+    nodes = sorted(
+        (inv.nodes[name] for name in drains), key=lambda n: (len(drains[n.name].evict), n.name)
+    )
     out: list[MigCandidate] = []
     covered = 0
     for node in nodes:
@@ -219,7 +225,7 @@ def plan_reverts(
                     "pending_whole_gpus": inv.pending_whole_gpus,
                     "free_whole_gpus": inv.free.get(spec.from_pool, 0),
                     "demand_s": round(now - demand_since, 1),
-                    "mig_pods_on_node": load(node),
+                    "mig_pods_on_node": len(drains[node.name].evict),
                 },
             )
         )

@@ -26,8 +26,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from policies.decisions import Alternative
+from policies.drain import protection
 from policies.inventory import TrainingView
-from policies.model import DO_NOT_DISRUPT, VictimKey
+from policies.model import VictimKey
 from policies.snapshot import Pod
 
 __all__ = ["Plan", "ShrinkStep", "Victim", "plan_capacity", "victim_sort_key"]
@@ -216,9 +217,4 @@ def _protection(
 ) -> str | None:
     if view is not None and view.protected is not None:
         return view.protected
-    if pod.namespace in protected_namespaces:
-        return f"namespace {pod.namespace} is protected"
-    value = pod.annotations.get(DO_NOT_DISRUPT)
-    if value is not None and value.lower() != "false":
-        return f"pod is annotated {DO_NOT_DISRUPT}"
-    return None
+    return protection(pod, protected_namespaces)
