@@ -22,17 +22,17 @@ Design:
   ``scale_up_create_s``) because the workload still wants its replicas: evicting without
   shrinking only moves the pod. *Scale* sets replicas; missing pods appear after
   ``scale_up_create_s``, extra ones are removed at once (unscheduled first, then newest) with the
-  default grace. *MigConvert/MigRevert* drain by the one rule a real cluster follows
-  (:mod:`policies.drain`, :attr:`SimCluster.drain`): when a GPU pod on the node may not be
-  evicted (inference, protected namespace, ``do-not-disrupt``, not training) the flow fails
-  before changing anything (``FAILED``, a ``mig_failed`` effect), as the Kubernetes flow rolls
-  back before evicting anything. Otherwise they cordon the node (``mig.config.state:
-  pending``), evict its GPU pods with the default grace (pods without GPUs stay), then set
-  ``nvidia.com/mig.config`` and reconfigure for
-  ``mig_reconfigure_s``; with probability ``mig_failure_probability`` that fails and the node
-  rolls back to its previous layout (``state: failed``), else its GPUs become MIG slices (or whole
-  cards) and it is relabelled into the target pool using the pool's ``nodeSelector``. Either way
-  it is uncordoned unless it was cordoned before.
+  default grace. *MigConvert/MigRevert* (the node's ``mig_flow`` set while under way) drain by the
+  one rule a real cluster follows (:mod:`policies.drain`, :attr:`SimCluster.drain`): when a GPU
+  pod on the node may not be evicted (inference, protected namespace, ``do-not-disrupt``, not
+  training) the flow fails before changing anything (``FAILED``, a ``mig_failed`` effect), as the
+  Kubernetes flow rolls back before evicting anything. Otherwise they cordon the node
+  (``mig.config.state: pending``), evict its GPU pods with the default grace (pods without GPUs
+  stay), then set ``nvidia.com/mig.config`` and reconfigure for ``mig_reconfigure_s``; with
+  probability ``mig_failure_probability`` that fails and the node rolls back to its previous
+  layout (``state: failed``), else its GPUs become MIG slices (or whole cards) and it is
+  relabelled into the target pool using the pool's ``nodeSelector``. Either way it is uncordoned
+  unless it was cordoned before.
 * **Scheduler** (:mod:`controller.sim.placement`): pending pods, highest priority first, then
   oldest, go to the fitting node with the fewest free GPUs: whole cards on non-MIG nodes, MIG
   requests on nodes with free instances of each profile, never on cordoned or reconfiguring
@@ -301,7 +301,7 @@ class SimCluster:
         if d.dry_run:
             return Outcome.DRY_RUN, f"would {plan}"
         rec.flight = Flight(target, node.mig_config, node.cordoned, to_pool)
-        self._set_node(rec, replace(node, cordoned=True, mig_state="pending"))
+        self._set_node(rec, replace(node, cordoned=True, mig_state="pending", mig_flow=True))
         self._log("cordoned", d.node, f"{d.action} to {target}")
         for key in pods:
             self._terminate(self._pods[key], self.delays.eviction_grace_s, f"draining {d.node}")
@@ -355,7 +355,7 @@ class SimCluster:
             node = replace(node, gpus=gpus, labels=labels, mig_config=flight.target)
             node = replace(node, mig_state="success")
             self._log("mig_done", node.name, f"{flight.target} in pool {self.pool_of(node)}")
-        self._set_node(rec, replace(node, cordoned=flight.was_cordoned))
+        self._set_node(rec, replace(node, cordoned=flight.was_cordoned, mig_flow=False))
         if not flight.was_cordoned:
             self._log("uncordoned", node.name)
         self._dirty = True

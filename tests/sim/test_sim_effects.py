@@ -123,6 +123,7 @@ async def test_mig_convert_drains_reconfigures_and_moves_the_node_to_the_mig_poo
     node = {n.name: n for n in c.snapshot().nodes}["w1"]
     assert node.cordoned
     assert node.mig_state == "pending"
+    assert node.mig_flow  # a restarted engine counts it against maxConcurrent
     assert not node.is_mig
     c.advance(T0 + 30)  # grace over: drained, reconfiguring
     assert on_w1 not in pods(c)
@@ -133,6 +134,7 @@ async def test_mig_convert_drains_reconfigures_and_moves_the_node_to_the_mig_poo
     node = {n.name: n for n in c.snapshot().nodes}["w1"]
     assert node.mig_state == "success"
     assert not node.cordoned
+    assert not node.mig_flow
     assert dict(node.labels) == MIG
     assert node.mig_capacity() == {"1g.10gb": 28}
     assert c.gpus_by_use()["mig"].mig == 4
