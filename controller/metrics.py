@@ -135,7 +135,13 @@ class _StateCollector(Collector):
         )
         for b in engine.budget_states(now):
             budget.add_metric([b.name], b.remaining)
-        yield from (state, quantile, objective, util, gpus, budget)
+        skewed = CounterMetricFamily(
+            "ebbtide_events_skewed",
+            "Events stamped more than one resolution ahead of the controller's clock (a producer "
+            "clock running fast); each was taken as if stamped now.",
+            value=engine.skewed,
+        )
+        yield from (state, quantile, objective, util, gpus, budget, skewed)
 
 
 class Metrics:

@@ -9,6 +9,16 @@ Design:
   snapshot) and the MIG idle tracker. Memory is bounded by the policy's services and the
   cluster's GPUs, never by the event rate; events for services the policy does not name are
   counted and dropped.
+* **Clock skew.** The engine has no clock, but it keeps the latest ``now`` it was given
+  (``evaluate(now, …)`` or ``advance(now)``; it never goes back). An event stamped more than one
+  resolution past that ``now`` (its window's interval: the SLO's ``resolution``, or a
+  utilization window's slot) comes from a fast clock: it is counted in ``skewed`` and taken as
+  if stamped ``now``. It is clamped rather than held, so memory stays bounded and its data still
+  counts, in the interval where it most likely happened (on arrival). Never letting it advance a
+  window's ring is the point: a window's head 300 s ahead would make every on-time event after
+  it late, blinding that service's SLO. Before the first ``now`` nothing is known and no event
+  is bounded; a caller with a wall clock calls ``advance`` before each batch so the bound is
+  the clock, not the last tick.
 * ``evaluate(now, snapshot)`` runs the rules in a fixed order, each in its own module:
   SLO ticks for every service from the O(1) counters (:mod:`policies.slo`); for each breaching
   service out of cooldown, the HPA-style ``desired = ceil(replicas * p / objective)`` (only
@@ -23,6 +33,7 @@ Design:
 * The snapshot's indexes (:class:`~policies.inventory.Inventory`) are cached on the snapshot's
   identity: hand the same object again and nothing is rebuilt.
 * ``reload(policy)`` refuses a policy with problems and keeps the old one; an accepted policy
+  re-indexes the last snapshot at once (nodes join or leave pools before the next event) and
   keeps the windows and SLO state of services whose SLO settings did not change, what budgets
   spent, and cooldowns.
 * Pure: no clock (``now`` is passed in), no I/O, deterministic (everything iterates in sorted
@@ -31,9 +42,10 @@ Design:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Final, cast
 
 from policies.budgets import BudgetState, Cooldowns, Ledger, LogRecord
 from policies.decisions import Decision, Evict, MigConvert, MigRevert
@@ -53,6 +65,8 @@ __all__ = ["Engine", "PoolStatus", "ReloadResult", "ServiceStatus"]
 DEFAULT_UTIL_WINDOW_S = 300.0
 #: Slots in a utilization window.
 UTIL_SLOTS = 30
+#: The engine's clock before any ``now`` was given: no event is bounded.
+_NO_CLOCK: Final = math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +103,18 @@ class ReloadResult:
 
 
 class _Service:
-    __slots__ = ("exceed", "key", "latency", "min_samples", "name", "namespace", "q", "slo", "spec")
+    __slots__ = (
+        "exceed",
+        "interval",
+        "key",
+        "latency",
+        "min_samples",
+        "name",
+        "namespace",
+        "q",
+        "slo",
+        "spec",
+    )
 
     def __init__(self, name: str, spec: ServiceSpec) -> None:
         self.name = name
@@ -99,6 +124,7 @@ class _Service:
         s = spec.slo
         self.q = s.percentile / 100.0
         self.min_samples = s.min_samples
+        self.interval = s.resolution
         self.latency = LatencyWindow(window_s=s.window, interval_s=s.resolution)
         self.exceed = self._counters(spec)
         self.slo = SloState()
@@ -125,6 +151,7 @@ class _Service:
         self.spec = spec
         self.q = new.percentile / 100.0
         self.min_samples = new.min_samples
+        self.interval = new.resolution
 
 
 class _Device:
@@ -170,11 +197,15 @@ class Engine:
         self._node_pool: dict[str, str | None] = {}
         self._idle = IdleTracker(100.0)
         self._util_window_s = 0.0
+        self._util_interval = 0.0
+        self._clock: float = _NO_CLOCK
         self._inventory: Inventory | None = None
         self._inventory_for: tuple[Snapshot, Policy] | None = None
         self.observed = 0
         self.late = 0
         self.unknown = 0
+        #: Events stamped more than one resolution past the engine's clock (taken at the clock).
+        self.skewed = 0
         self._apply(policy)
 
     # -- policy ------------------------------------------------------------------------------
@@ -221,6 +252,7 @@ class Engine:
         util_window = mig.convert_after if mig is not None else DEFAULT_UTIL_WINDOW_S
         if util_window != self._util_window_s:
             self._util_window_s = util_window
+            self._util_interval = util_window / UTIL_SLOTS
             self._gpu_windows = {}
             self._pool_windows = {}
         for pool in spec.pools:
@@ -231,7 +263,13 @@ class Engine:
         if threshold != self._idle.threshold_pct:
             self._idle = IdleTracker(threshold)
         self._policy = policy
+        last = self._inventory_for
         self._inventory_for = None
+        if last is not None:
+            # Re-index the last snapshot now: the node -> pool map must name only this policy's
+            # pools before the next event (a removed pool's window is gone: KeyError, and the
+            # consumer would retry the batch, counting its first events twice).
+            self._index(last[0])
 
     def _util_window(self) -> UtilizationWindow:
         return UtilizationWindow(
@@ -239,6 +277,12 @@ class Engine:
         )
 
     # -- events ------------------------------------------------------------------------------
+
+    def advance(self, now: float) -> None:
+        """The caller's clock reads ``now``: no event may move a window past ``now`` plus one
+        resolution from here on (see the module docstring). An older ``now`` changes nothing."""
+        if self._clock == _NO_CLOCK or now > self._clock:
+            self._clock = now
 
     def observe(self, event: Event) -> bool:
         """Feed one event; ``False`` when it was late or names no known service."""
@@ -250,6 +294,9 @@ class Engine:
             if dev is None:
                 dev = self._device(ev)
             ts = cast(float, ev.ts)
+            if ts > self._clock + self._util_interval:
+                self.skewed += 1
+                ts = self._clock
             util = ev.util_pct
             if not dev.window.add(ts, util):
                 self.late += 1
@@ -278,6 +325,9 @@ class Engine:
             self.unknown += 1
             return False
         ts = cast(float, event.ts)
+        if ts > self._clock + svc.interval:
+            self.skewed += 1
+            ts = self._clock
         value = event.latency_ms
         if value is not None:
             if not svc.latency.add(ts, value):
@@ -336,6 +386,7 @@ class Engine:
 
     def evaluate(self, now: float, snapshot: Snapshot) -> list[Decision]:
         """Tick every SLO and return this round's decisions, in the order they were taken."""
+        self.advance(now)
         inv = self._index(snapshot)
         for svc in self._ordered:
             level, _ = svc.exceed.level(now, svc.q, svc.min_samples)

@@ -9,9 +9,10 @@ Design:
   whose selector it matches), whole GPUs allocatable/held/free per pool, pending whole-GPU
   demand, the training workloads with their elastic bounds, gang minimum, progress and whether
   they are protected, and each service's workload and pending GPUs.
-* Protection is decided here once: a pod is protected when its namespace is protected or it
-  (or its workload) carries ``ebbtide.io/do-not-disrupt``; inference pods (owned by a service's
-  workload, or not selected as training) are never candidates at all.
+* Protection is decided here once: a training workload is protected when its namespace is
+  protected or it carries ``ebbtide.io/do-not-disrupt``; inference pods (owned by a service's
+  workload, or not selected as training) are never candidates at all. What a drain may evict
+  is :attr:`Inventory.drain_rule` (:mod:`policies.drain`), the one rule every drain follows.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from policies.drain import DrainRule, disrupt_forbidden
 from policies.model import DO_NOT_DISRUPT, Policy
 from policies.snapshot import Node, Pod, Snapshot, Workload
 
@@ -38,11 +40,6 @@ def _int_annotation(annotations: Mapping[str, str], key: str) -> int | None:
         return int(raw)
     except ValueError:
         return None
-
-
-def _disrupt_forbidden(annotations: Mapping[str, str]) -> bool:
-    value = annotations.get(DO_NOT_DISRUPT)
-    return value is not None and value.lower() != "false"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +72,7 @@ class Inventory:
     def __init__(self, snapshot: Snapshot, policy: Policy) -> None:
         spec = policy.spec
         self.snapshot = snapshot
+        self.drain_rule = DrainRule.of(policy)
         self.nodes: dict[str, Node] = {n.name: n for n in snapshot.nodes}
         pools = sorted(spec.pools.items())
         self.node_pool: dict[str, str | None] = {}
@@ -149,7 +147,7 @@ class Inventory:
             reason: str | None = None
             if w.namespace in protected_ns:
                 reason = f"namespace {w.namespace} is protected"
-            elif _disrupt_forbidden(w.annotations):
+            elif disrupt_forbidden(w.annotations):
                 reason = f"workload is annotated {DO_NOT_DISRUPT}"
             progress_raw = w.annotations.get(training.progress_annotation, "0")
             try:
@@ -176,14 +174,6 @@ class Inventory:
                 and self.node_pool.get(pod.node or "") in allowed_pools
             ):
                 self.loose_training_pods.append(pod)
-
-    def pod_protection(self, pod: Pod, protected_namespaces: set[str]) -> str | None:
-        """Why ``pod`` must not be disrupted, or ``None``."""
-        if pod.namespace in protected_namespaces:
-            return f"namespace {pod.namespace} is protected"
-        if _disrupt_forbidden(pod.annotations):
-            return f"pod is annotated {DO_NOT_DISRUPT}"
-        return None
 
     def pool_of(self, pod: Pod) -> str | None:
         return self.node_pool.get(pod.node) if pod.node is not None else None

@@ -7,15 +7,21 @@ Design:
   (b) every GPU of the node has stayed at or below ``nodeIdleBelow`` for the whole
   ``convertAfter`` (it must have reported throughout: a silent node is not an idle one), (c) no
   pod holds a GPU on it, no pod waits for whole cards, its GPU model has a target profile, and
-  the pool keeps ``minWholeNodes``; at most ``maxConcurrent`` conversions (and reverts) are in
-  flight, and the MIG budget pays for each.
+  the pool keeps ``minWholeNodes`` schedulable whole nodes (cordoned nodes and nodes being
+  converted are not spare); at most ``maxConcurrent`` conversions (and reverts) are in flight,
+  and the MIG budget pays for each.
 * **Revert** MIG nodes of the MIG pool when pending pods have demanded more whole GPUs than the
   whole-card pool has free for ``revertAfter``: as many nodes as cover the unmet demand, emptiest
-  first, within the same concurrency limit and budget.
+  first, within the same concurrency limit and budget. Only nodes a drain can empty are picked
+  (:mod:`policies.drain`: no inference, protected or ``do-not-disrupt`` GPU pod on them): a real
+  cluster rolls any other revert back, and it would be decided again every tick.
 * Node idleness is tracked per GPU in O(1) per reading by :class:`IdleTracker` (first reading,
   last reading, last busy reading), so checking 10,000 GPUs is a dictionary walk, not a window
   merge. :class:`MigFlights` remembers conversions the engine decided until the snapshot shows
-  them done (``nvidia.com/mig.config.state`` ``success``/``failed``) or ``stuckAfter`` passes.
+  them done (``nvidia.com/mig.config.state`` ``success``/``failed``) or ``stuckAfter`` passes,
+  and counts the flows the snapshot shows under way (``Node.mig_flow``: the flow's own record;
+  a MIG manager still applying a layout), so an engine that restarted mid-flow, or took over
+  from another leader, still keeps ``maxConcurrent``.
 * Planning functions are pure: they take the inventory, tracker and counters and return
   candidates with their inputs and the alternatives rejected.
 """
@@ -27,13 +33,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from policies.decisions import Alternative, Scalar
+from policies.drain import DrainPlan, disrupt_forbidden, plan_drain
 from policies.inventory import Inventory
-from policies.model import DO_NOT_DISRUPT, MigSpec
+from policies.model import MigSpec
 from policies.snapshot import MIG_DISABLED, Node
 
 __all__ = ["IdleTracker", "MigCandidate", "MigFlights", "plan_conversions", "plan_reverts"]
 
 _IN_PROGRESS = frozenset({"pending", "rebooting"})
+
+
+def _under_way(node: Node) -> bool:
+    """The snapshot shows a MIG flow on ``node``: its record (started by any replica, before any
+    restart), or the MIG manager still applying a layout."""
+    return node.mig_flow or node.mig_state in _IN_PROGRESS
 
 
 class IdleTracker:
@@ -102,17 +115,22 @@ class MigFlights:
                 del self._flights[name]
 
     def count(self, nodes: Mapping[str, Node]) -> int:
-        """Flights in progress: decided here, or reported in progress by the node's labels."""
+        """Flights in progress: decided here, or shown under way by the snapshot."""
         busy = set(self._flights)
-        busy.update(n.name for n in nodes.values() if n.mig_state in _IN_PROGRESS)
+        busy.update(n.name for n in nodes.values() if _under_way(n))
         return len(busy)
 
-    def __contains__(self, node: str) -> bool:
-        return node in self._flights
+    def busy(self, node: Node) -> bool:
+        """A flight is decided here or shown under way by the snapshot: plan nothing for it."""
+        return node.name in self._flights or _under_way(node)
 
     def drop(self, node: str) -> None:
         """The cluster did not start it (refused, failed): free its ``maxConcurrent`` slot."""
         self._flights.pop(node, None)
+
+
+def _drain(inv: Inventory, node: Node) -> DrainPlan:
+    return plan_drain(inv.drain_rule, inv.pods_by_node.get(node.name, ()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +163,12 @@ def plan_conversions(
         return [], rejected
     if inv.pending_whole_gpus > 0:
         return [], [Alternative("convert", "pods are waiting for whole GPUs")]
-    whole_nodes = [n for n in inv.pool_nodes.get(spec.from_pool, []) if not n.is_mig]
+    # Whole nodes that serve whole cards: neither cordoned nor on their way to MIG.
+    whole_nodes = [
+        n
+        for n in inv.pool_nodes.get(spec.from_pool, [])
+        if not n.is_mig and not n.cordoned and not flights.busy(n)
+    ]
     spare = len(whole_nodes) - spec.min_whole_nodes
     out: list[MigCandidate] = []
     for node in whole_nodes:
@@ -153,11 +176,9 @@ def plan_conversions(
             break
         name = node.name
         profile = spec.profiles.get(node.gpu_model)
-        if profile is None or node.cordoned or name in flights or not node.gpus:
+        if profile is None or not node.gpus:
             continue
-        if node.annotations.get(DO_NOT_DISRUPT, "false").lower() != "false":
-            continue
-        if any(p.gpus > 0 or p.mig for p in inv.pods_by_node.get(name, ())):
+        if disrupt_forbidden(node.annotations) or not _drain(inv, node).empty:
             continue
         since = idle.idle_since(name, len(node.gpus), now, stale_s)
         if since is None or now - since < spec.convert_after:
@@ -193,19 +214,15 @@ def plan_reverts(
     unmet = inv.pending_whole_gpus - inv.free.get(spec.from_pool, 0)
     if unmet <= 0 or demand_since is None or now - demand_since < spec.revert_after:
         return [], max(0, unmet)
-    nodes = [
-        n
-        for n in inv.pool_nodes.get(spec.to_pool, [])
-        if n.is_mig
-        and n.mig_state not in _IN_PROGRESS
-        and n.name not in flights
-        and n.annotations.get(DO_NOT_DISRUPT, "false").lower() == "false"
-    ]
-
-    def load(n: Node) -> int:
-        return sum(1 for p in inv.pods_by_node.get(n.name, ()) if p.mig or p.gpus)
-
-    nodes.sort(key=lambda n: (load(n), n.name))
+    drains: dict[str, DrainPlan] = {}
+    for n in inv.pool_nodes.get(spec.to_pool, []):
+        if n.is_mig and not flights.busy(n) and not disrupt_forbidden(n.annotations):
+            drain = _drain(inv, n)
+            if drain.refusal is None:
+                drains[n.name] = drain
+    nodes = sorted(
+        (inv.nodes[name] for name in drains), key=lambda n: (len(drains[n.name].evict), n.name)
+    )
     out: list[MigCandidate] = []
     covered = 0
     for node in nodes:
@@ -219,7 +236,7 @@ def plan_reverts(
                     "pending_whole_gpus": inv.pending_whole_gpus,
                     "free_whole_gpus": inv.free.get(spec.from_pool, 0),
                     "demand_s": round(now - demand_since, 1),
-                    "mig_pods_on_node": load(node),
+                    "mig_pods_on_node": len(drains[node.name].evict),
                 },
             )
         )

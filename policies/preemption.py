@@ -26,8 +26,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from policies.decisions import Alternative
+from policies.drain import protection
 from policies.inventory import TrainingView
-from policies.model import DO_NOT_DISRUPT, VictimKey
+from policies.model import VictimKey
 from policies.snapshot import Pod
 
 __all__ = ["Plan", "ShrinkStep", "Victim", "plan_capacity", "victim_sort_key"]
@@ -110,6 +111,11 @@ def plan_capacity(
     held = held or {}
     rejected: list[Alternative] = []
 
+    def refusal(pod: Pod, view: TrainingView | None) -> str | None:
+        """Why ``pod`` may not be evicted: held after a refusal, or protected. Asked of every
+        pod an eviction takes, a gang's other members included."""
+        return held.get(pod.key) or _protection(pod, view, protected_namespaces)
+
     def reject(option: str, why: str) -> None:
         if len(rejected) < MAX_ALTERNATIVES:
             rejected.append(Alternative(option, why))
@@ -172,7 +178,7 @@ def plan_capacity(
                 break
             if pod.key in gone or pod.node is None or pod_pool.get(pod.node) != pool:
                 continue
-            why = held.get(pod.key) or _protection(pod, cview, protected_namespaces)
+            why = refusal(pod, cview)
             if why is not None:
                 reject(f"evict {pod.key}", why)
                 continue
@@ -184,10 +190,7 @@ def plan_capacity(
                     group = left
                     whole = True
                     others = [p for p in group if p.key != pod.key]
-                    blocked = next(
-                        (r for p in others if (r := _protection(p, cview, protected_namespaces))),
-                        None,
-                    )
+                    blocked = next((r for p in others if (r := refusal(p, cview))), None)
                     if blocked is not None:
                         reject(f"evict gang {cview.key}", blocked)
                         continue
@@ -214,9 +217,4 @@ def _protection(
 ) -> str | None:
     if view is not None and view.protected is not None:
         return view.protected
-    if pod.namespace in protected_namespaces:
-        return f"namespace {pod.namespace} is protected"
-    value = pod.annotations.get(DO_NOT_DISRUPT)
-    if value is not None and value.lower() != "false":
-        return f"pod is annotated {DO_NOT_DISRUPT}"
-    return None
+    return protection(pod, protected_namespaces)

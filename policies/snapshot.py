@@ -108,6 +108,10 @@ class Node:
     cordoned: bool = False
     mig_config: str | None = None
     mig_state: str | None = None
+    mig_flow: bool = False
+    """A MIG conversion or revert is under way (the Kubernetes flow's ``ebbtide.io/mig-flow``
+    record, the simulator's flight), whoever started it: an engine that restarted counts it
+    against ``maxConcurrent`` and never plans another on this node."""
 
     @property
     def gpu_model(self) -> str:
@@ -231,6 +235,7 @@ class SnapshotBuilder:
         cordoned: bool = False,
         mig_config: str | None = None,
         mig_state: str | None = None,
+        mig_flow: bool = False,
     ) -> SnapshotBuilder:
         """A node with ``gpus`` GPUs; with ``mig_config="all-1g.10gb"`` they are partitioned."""
         cards: tuple[Gpu, ...]
@@ -249,6 +254,7 @@ class SnapshotBuilder:
                 cordoned,
                 mig_config,
                 mig_state if mig_state is not None or mig_config is None else "success",
+                mig_flow,
             )
         )
         return self

@@ -8,8 +8,9 @@ Writes. The newest interval seen is the ring's head. An event ahead of the head 
 (the slots it leaves behind are recycled lazily, on their next write, so a long gap costs
 nothing); an event within the ring lands in its own interval, so out-of-order delivery inside
 the window is harmless; an event older than the ring is *late*: refused, counted in ``late``, and
-the write returns ``False``. The decoder caps how far ahead of the controller's clock an event
-may be, which bounds how far one event can push the head.
+the write returns ``False``. A window trusts its writer's event time, so one event stamped far
+ahead would push the head there and make every on-time event after it late: the engine
+(:mod:`policies.engine`) never writes an event more than one interval past its clock.
 
 Reads. A read at ``now`` covers the intervals that start within ``(now - window_s, now]``, i.e.
 the ``window_s / interval_s`` intervals ending with the one holding ``now``. Data older than

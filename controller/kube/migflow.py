@@ -12,9 +12,10 @@ Convert (whole cards → MIG) and revert (MIG → ``all-disabled``) are the same
 
 1. **start** — one patch, conditional on the node's ``resourceVersion``: cordon and write the
    record (phase ``draining``). The MIG budget is spent here, once per flow.
-2. **draining** — list the node's GPU pods; if any of them may not be disrupted (protected
-   namespace, ``do-not-disrupt``, not training) roll back before evicting anything; otherwise
-   evict them through the actuator's own eviction path (Eviction API, eviction budget, Events).
+2. **draining** — list the node's GPU pods; if any of them may not be evicted by the drain rule
+   the engine plans with (:mod:`policies.drain`: protected namespace, ``do-not-disrupt``, a
+   service's pod, not training) roll back before evicting anything; otherwise evict them through
+   the actuator's own eviction path (Eviction API, eviction budget, Events).
    A PDB 429 or a spent budget just leaves the flow in ``draining`` for the next tick; the drain
    deadline rolls it back.
 3. **reconfiguring** — one patch once no GPU pod is left: set ``nvidia.com/mig.config`` to the
@@ -63,13 +64,14 @@ from controller.kube.migrecord import (
     annotations_of,
     is_cordoned,
     labels_of,
-    pod_key,
     record_of,
     uses_gpus,
 )
 from controller.kube.recorder import ObjectRef, Recorder
+from controller.kube.translate import DEPLOYMENT, PYTORCHJOB, STATEFULSET, Priorities, pod_from
 from controller.safety import SafetyGate, Target, Verdict
 from policies.decisions import Evict, Explanation, MigConvert
+from policies.drain import DrainRule, plan_drain
 from policies.snapshot import MIG_DISABLED
 
 __all__ = [
@@ -86,6 +88,10 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 MERGE_PATCH: Final = "application/merge-patch+json"
+#: Owners a drain recognises a service's pod by (the actuator's default workload kinds).
+_DRAIN_KINDS: Final = (DEPLOYMENT, STATEFULSET, PYTORCHJOB)
+#: A drain needs no priorities.
+_NO_PRIORITIES: Final = Priorities()
 _CONFLICT_RETRIES: Final = 3
 
 Obj = dict[str, Any]
@@ -301,21 +307,16 @@ class MigFlow:
             why = f"GPU pods not drained within {self.settings.drain_timeout_s:g}s"
             return await self._rollback(decision, node, record, why)
         pods = await self._gpu_pods(name)
-        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-        evictions = [self._drain_eviction(decision, record, p) for p in live]
-        for pod, eviction in zip(live, evictions, strict=True):
-            meta = pod["metadata"]
-            target = Target(
-                "Pod",
-                meta["name"],
-                meta.get("namespace"),
-                meta.get("labels") or {},
-                meta.get("annotations") or {},
-            )
-            verdict = self._gate.check_target(eviction, target)
-            if not verdict.ok:
-                why = f"GPU pod {pod_key(pod)} may not be disrupted: {verdict.reason}"
-                return await self._rollback(decision, node, record, why)
+        live = [
+            pod
+            for p in pods
+            if not p["metadata"].get("deletionTimestamp")
+            and (pod := pod_from(p, priorities=_NO_PRIORITIES, kinds=_DRAIN_KINDS)) is not None
+        ]
+        drain = plan_drain(DrainRule.of(self._gate.policy), live)
+        if drain.refusal is not None:
+            return await self._rollback(decision, node, record, drain.refusal)
+        evictions = [self._drain_eviction(decision, record, p.key) for p in drain.evict]
         waiting: list[str] = []
         for eviction in evictions:
             result = await self._evict(eviction)
@@ -473,12 +474,12 @@ class MigFlow:
         )
         return config == target and settled and in_pool and not is_cordoned(node)
 
-    def _drain_eviction(self, decision: MigDecision, record: FlowRecord, pod: Obj) -> Evict:
+    def _drain_eviction(self, decision: MigDecision, record: FlowRecord, pod: str) -> Evict:
         training = self._gate.policy.spec.training
         grace = training.grace_period if training is not None else 30.0
         return Evict(
             self._gate.now(),
-            pod_key(pod),
+            pod,
             decision.node,
             None,
             grace,

@@ -14,7 +14,9 @@ Design:
   plugin restarts during a MIG reconfiguration a node can advertise no GPU resource at all: its
   GPUs are then taken from ``nvidia.com/gpu.count`` and the ``nvidia.com/mig.config`` layout.
   The model comes from ``nvidia.com/gpu.product`` (``NVIDIA-A100-SXM4-80GB`` → ``A100-80GB``);
-  unknown products pass through unchanged. Nodes without any GPU sign are dropped.
+  unknown products pass through unchanged. A node carrying a MIG flow record
+  (``ebbtide.io/mig-flow``) has ``mig_flow`` set, so a restarted engine counts that flow. Nodes
+  without any GPU sign are dropped.
 * **Pods.** Whole-GPU and MIG requests follow the scheduler's rules: per container the request,
   else the limit (extended resources are integers); per pod the larger of the app containers'
   sum and the largest init container, with restartable (sidecar) init containers added to both,
@@ -39,6 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, cast
 
+from controller.kube.migrecord import FLOW_ANNOTATION
 from policies.snapshot import (
     MIG_DISABLED,
     FrozenMap,
@@ -230,6 +233,7 @@ def node_from(obj: Obj) -> Node | None:
     """The snapshot node of a Node object; None when it shows no sign of GPUs."""
     meta, status = _meta(obj), obj.get("status") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
     allocatable, capacity = status.get("allocatable") or {}, status.get("capacity") or {}
     resources = allocatable if _has_gpu_resources(allocatable) else capacity
     whole = _int(resources.get(GPU_RESOURCE))
@@ -264,10 +268,11 @@ def node_from(obj: Obj) -> Node | None:
         name=str(meta.get("name", "")),
         gpus=tuple(gpus),
         labels=frozen_map(labels),
-        annotations=frozen_map(meta.get("annotations")),
+        annotations=frozen_map(annotations),
         cordoned=bool((obj.get("spec") or {}).get("unschedulable")),
         mig_config=mig_config,
         mig_state=labels.get(_MIG_STATE_LABEL) or None,
+        mig_flow=FLOW_ANNOTATION in annotations,
     )
 
 

@@ -22,12 +22,17 @@ Design:
   ``scale_up_create_s``) because the workload still wants its replicas: evicting without
   shrinking only moves the pod. *Scale* sets replicas; missing pods appear after
   ``scale_up_create_s``, extra ones are removed at once (unscheduled first, then newest) with the
-  default grace. *MigConvert/MigRevert* cordon the node (``mig.config.state: pending``), evict its
-  GPU pods with the default grace, then set ``nvidia.com/mig.config`` and reconfigure for
-  ``mig_reconfigure_s``; with probability ``mig_failure_probability`` that fails and the node
-  rolls back to its previous layout (``state: failed``), else its GPUs become MIG slices (or whole
-  cards) and it is relabelled into the target pool using the pool's ``nodeSelector``. Either way
-  it is uncordoned unless it was cordoned before.
+  default grace. *MigConvert/MigRevert* (the node's ``mig_flow`` set while under way) drain by the
+  one rule a real cluster follows (:mod:`policies.drain`, :attr:`SimCluster.drain`): when a GPU
+  pod on the node may not be evicted (inference, protected namespace, ``do-not-disrupt``, not
+  training) the flow fails before changing anything (``FAILED``, a ``mig_failed`` effect), as the
+  Kubernetes flow rolls back before evicting anything. Otherwise they cordon the node
+  (``mig.config.state: pending``), evict its GPU pods with the default grace (pods without GPUs
+  stay), then set ``nvidia.com/mig.config`` and reconfigure for ``mig_reconfigure_s``; with
+  probability ``mig_failure_probability`` that fails and the node rolls back to its previous
+  layout (``state: failed``), else its GPUs become MIG slices (or whole cards) and it is
+  relabelled into the target pool using the pool's ``nodeSelector``. Either way it is uncordoned
+  unless it was cordoned before.
 * **Scheduler** (:mod:`controller.sim.placement`): pending pods, highest priority first, then
   oldest, go to the fitting node with the fewest free GPUs: whole cards on non-MIG nodes, MIG
   requests on nodes with free instances of each profile, never on cordoned or reconfiguring
@@ -57,8 +62,9 @@ from controller.sim.values import (
     SimDelays,
 )
 from policies.decisions import Decision, Evict, MigConvert, MigRevert, Scale
+from policies.drain import DrainRule, must_leave, plan_drain
 from policies.inventory import matches
-from policies.model import PoolSpec
+from policies.model import PolicySpec, PoolSpec
 from policies.snapshot import MIG_DISABLED, FrozenMap, Node, Pod, PodPhase, Snapshot, Workload
 
 if TYPE_CHECKING:
@@ -87,12 +93,14 @@ class SimCluster:
         pod_selectors: Mapping[str, Mapping[str, str]] | None = None,
         convert_to: str | None = None,
         revert_to: str | None = None,
+        drain: DrainRule | None = None,
     ) -> None:
         """Start from ``snapshot`` at ``start``. Workloads missing pods get them at once and
         pending pods are placed at once, already Running: the snapshot is a settled cluster.
         ``templates`` (by workload key) and ``pod_selectors`` (by pod key) say where pods may run;
         converted nodes join ``convert_to`` (default: the first ``mig`` pool by name), reverted
-        ones ``revert_to`` (default: the first ``whole`` pool)."""
+        ones ``revert_to`` (default: the first ``whole`` pool). ``drain`` is the policy's drain
+        rule (default: a policy's default protected namespaces and ``training_selector``)."""
         self.delays = delays or SimDelays()
         self.seed = seed
         self._rng = random.Random(seed)
@@ -102,6 +110,12 @@ class SimCluster:
         self._convert_to = convert_to or next((n for n, k in kinds if k == "mig"), None)
         self._revert_to = revert_to or next((n for n, k in kinds if k == "whole"), None)
         self.training_selector: Mapping[str, str] = FrozenMap(training_selector)
+        self.drain = drain or DrainRule(
+            protected_namespaces=frozenset(PolicySpec.model_fields["protected_namespaces"].default),
+            training_selector=self.training_selector,
+            inference_workloads=frozenset(),
+        )
+        """Which pods a MIG drain may evict; the gated cluster keeps it the policy's."""
         self._templates = dict(templates or {})
         self._queue: list[tuple[float, int, str, str]] = []
         self._seq = 0
@@ -277,12 +291,20 @@ class SimCluster:
             return Outcome.IN_PROGRESS, f"{d.node} is {rec.flight.phase} to {rec.flight.target}"
         if (node.mig_config or MIG_DISABLED) == target:
             return Outcome.ALREADY_DONE, f"{d.node} is at {target}"
-        pods = [k for k in rec.pods if not self._pods[k].terminating]
+        drain = plan_drain(
+            self.drain, [r.pod for k in rec.pods if not (r := self._pods[k]).terminating]
+        )
+        pods = [p.key for p in drain.evict]
         plan = f"cordon {d.node}, evict {len(pods)} pods, set {target}"
+        if drain.refusal is not None:
+            if d.dry_run:
+                return Outcome.DRY_RUN, f"would fail: {drain.refusal}"
+            self._log("mig_failed", d.node, f"drain refused: {drain.refusal}")
+            return Outcome.FAILED, f"rolled back: {drain.refusal}"
         if d.dry_run:
             return Outcome.DRY_RUN, f"would {plan}"
         rec.flight = Flight(target, node.mig_config, node.cordoned, to_pool)
-        self._set_node(rec, replace(node, cordoned=True, mig_state="pending"))
+        self._set_node(rec, replace(node, cordoned=True, mig_state="pending", mig_flow=True))
         self._log("cordoned", d.node, f"{d.action} to {target}")
         for key in pods:
             self._terminate(self._pods[key], self.delays.eviction_grace_s, f"draining {d.node}")
@@ -310,8 +332,9 @@ class SimCluster:
         flight = rec.flight
         if flight is None or flight.phase != "draining":
             return
-        if rec.pods:  # still terminating: look again when the last grace period ends
-            last = max(self._pods[k].gone_at for k in rec.pods)
+        leaving = [self._pods[k] for k in rec.pods if must_leave(self._pods[k].pod)]
+        if leaving:  # still terminating: look again when the last grace period ends
+            last = max(r.gone_at for r in leaving)
             self._at(max(last, self._now), "drained", rec.node.name)
             return
         flight.phase = "reconfiguring"
@@ -335,7 +358,7 @@ class SimCluster:
             node = replace(node, gpus=gpus, labels=labels, mig_config=flight.target)
             node = replace(node, mig_state="success")
             self._log("mig_done", node.name, f"{flight.target} in pool {self.pool_of(node)}")
-        self._set_node(rec, replace(node, cordoned=flight.was_cordoned))
+        self._set_node(rec, replace(node, cordoned=flight.was_cordoned, mig_flow=False))
         if not flight.was_cordoned:
             self._log("uncordoned", node.name)
         self._dirty = True

@@ -21,7 +21,8 @@ from controller.settings import Settings
 from controller.sim.cluster import SimCluster
 from controller.sim.scenario import load_scenario
 from policies.budgets import Ledger
-from policies.decisions import Decision, Evict, Scale
+from policies.decisions import Decision, Evict, MigConvert, MigRevert, Scale
+from policies.drain import DrainRule
 from policies.model import Policy
 from policies.snapshot import Snapshot
 
@@ -72,6 +73,8 @@ class GatedSimCluster:
             verdict = self.gate.check_target(d, target)
             if not verdict.ok:
                 return _result(d, verdict.outcome, verdict.reason)
+            if isinstance(d, MigConvert | MigRevert):
+                self.sim.drain = DrainRule.of(self.gate.policy)  # reloads included
             if self.gate.dry_run_for(d):
                 return ActionResult(d, Outcome.DRY_RUN, f"would {d.action} {d.target}")
             verdict = permit.reserve()

@@ -32,6 +32,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from controller.sim.cluster import SimCluster
 from controller.sim.values import EPOCH, PodTemplate, SimDelays
 from policies.casetest import NodeSpec, PodSpec, WorkloadSpec
+from policies.drain import DrainRule
 from policies.loader import PolicyError, Source, validate_document
 from policies.model import API_VERSION, Duration, Loc, Metadata, Percent, PoolSpec, _Model
 from policies.snapshot import FrozenMap, Snapshot, SnapshotBuilder
@@ -350,6 +351,7 @@ def build_cluster(
         pod_selectors=selectors,
         convert_to=convert_to,
         revert_to=revert_to,
+        drain=DrainRule.of(policy) if policy is not None else None,
     )
 
 

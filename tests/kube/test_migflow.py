@@ -69,12 +69,13 @@ def actuator(
     dry_run: bool = False,
     drain_s: float = 30.0,
     reconfigure_s: float = 30.0,
+    pol: Policy | None = None,
 ) -> KubeActuator:
     """A fresh actuator, as after a controller restart: its own gate, ledger and recorder. Its
     node cache is the server's store (the runtime hands it the node informer's)."""
     return KubeActuator(
         api,
-        SafetyGate(policy(), dry_run=dry_run),
+        SafetyGate(pol or policy(), dry_run=dry_run),
         nodes=lambda: server.objects("nodes"),
         limits=ApiLimits(timeout_s=1.0, attempts=4, deadline_s=5.0),
         mig=MigFlowSettings(drain_timeout_s=drain_s, reconfigure_timeout_s=reconfigure_s),
@@ -265,6 +266,36 @@ async def test_protected_gpu_pod_rolls_back_before_any_eviction(
     assert evictions(kubeapi) == []
     assert_released(node_of(kubeapi))
     assert node_of(kubeapi)["metadata"]["labels"][CONFIG_LABEL] == "all-disabled"
+
+
+async def test_inference_gpu_pod_rolls_back_before_any_eviction(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager
+) -> None:
+    """A pod of an inference service's Deployment blocks the drain even when it carries the
+    training label: the drain follows the rule the engine plans with (policies.drain)."""
+    await gpu_node(kubeapi)
+    await gpu_pod(kubeapi, "train-0")
+    chat = make_pod(
+        "chat-7d9f-x1",
+        namespace="serving",
+        labels={**TRAINING, "pod-template-hash": "7d9f"},
+        node="gpu-1",
+        gpus=1,
+    )
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "chat-7d9f", "controller": True}
+    chat["metadata"]["ownerReferences"] = [owner]
+    await kubeapi.create(chat)
+    service = {
+        "namespace": "serving",
+        "pool": "whole",
+        "slo": {"percentile": 99, "objectiveMs": 100},
+    }
+    act = actuator(kube_client, kubeapi, pol=policy(services={"chat": service}))
+    [result] = await act.apply([convert()])
+    assert result.outcome is Outcome.FAILED
+    assert "serving/chat-7d9f-x1 may not be disrupted: pod of inference service" in result.detail
+    assert evictions(kubeapi) == []
+    assert_released(node_of(kubeapi))
 
 
 async def test_pdb_blocked_drain_waits_then_times_out(

@@ -375,6 +375,23 @@ def test_node_from(
     assert got.labels == raw["metadata"]["labels"]
 
 
+@pytest.mark.parametrize(
+    ("annotations", "mig_flow"),
+    [
+        pytest.param({}, False, id="no-flow"),
+        pytest.param({"ebbtide.io/mig-flow": '{"phase": "draining"}'}, True, id="flow-record"),
+        pytest.param({"ebbtide.io/mig-flow": "not json"}, True, id="unreadable-record-counts"),
+    ],
+)
+def test_node_from_sees_a_mig_flow_under_way(annotations: dict[str, str], mig_flow: bool) -> None:
+    """A node carrying a MIG flow record is a flow under way, read or not, so a restarted
+    engine counts it against maxConcurrent."""
+    node = NodeObj("n", annotations=annotations).gpus(8).product(A100).cordon()
+    got = node_from(node.obj())
+    assert got is not None
+    assert got.mig_flow is mig_flow
+
+
 def test_node_without_gpus_is_dropped() -> None:
     """A node with no GPU resource and no GPU label is not part of the snapshot."""
     assert node_from(NodeObj("cpu").obj()) is None

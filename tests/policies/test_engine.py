@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 
+import pytest
 from policy_fixtures import (
     T0,
     cluster,
@@ -223,14 +224,14 @@ def test_quantile_reads_the_service_percentile() -> None:
     assert engine.quantile("serving/chat", now) == want
 
 
-def test_observe_many_matches_observe_one_by_one() -> None:
-    """observe_many leaves the engine as observing each event in turn does, snapshots and MIG
-    instances included."""
+def test_observe_many_takes_each_event_once() -> None:
+    """observe_many counts what it took, skips late and unknown events, and fills each GPU's,
+    MIG instance's, pool's and service's window with exactly the batch's readings."""
     from policy_fixtures import util
 
     from streams.events import GpuUtilization
 
-    def events(t: float) -> list[object]:
+    def batch(t: float) -> list[object]:
         return [
             latency(t, 120.0),
             latency(t, 5.0, service="nope"),
@@ -242,22 +243,21 @@ def test_observe_many_matches_observe_one_by_one() -> None:
             latency(t - 500.0, 1.0),
         ]
 
-    one, many = Engine(make_policy()), Engine(make_policy())
+    engine = Engine(make_policy())
     snap = breach_cluster()
     taken = []
     for t in (T0, T0 + 1):
-        for e in events(t):
-            one.observe(e)  # type: ignore[arg-type]
-        taken.append(many.observe_many(events(t)))  # type: ignore[arg-type]
-        one.evaluate(t + 0.5, snap)
-        many.evaluate(t + 0.5, snap)
-    assert taken == [4, 4]
+        taken.append(engine.observe_many(batch(t)))  # type: ignore[arg-type]
+        engine.evaluate(t + 0.5, snap)
     now = T0 + 1.5
-    assert (one.observed, one.late, one.unknown) == (many.observed, many.late, many.unknown)
-    assert one.gpu_utilization(now) == many.gpu_utilization(now)
-    assert "w1/2/1" in many.gpu_utilization(now)
-    assert one.pool_status(now) == many.pool_status(now)
-    assert one.service_status(now) == many.service_status(now)
+    assert taken == [4, 4]
+    assert (engine.observed, engine.late, engine.unknown) == (8, 2, 2)
+    assert engine.gpu_utilization(now) == {"w0/0": 80.0, "w1/2/1": 40.0, "w1/3": 10.0}
+    whole = next(p for p in engine.pool_status(now) if p.name == "whole")
+    assert whole.util_pct == pytest.approx((80.0 + 10.0 + 40.0) / 3)
+    (chat,) = engine.service_status(now)
+    assert chat.samples == 2
+    assert chat.quantile_ms == pytest.approx(120.0, rel=0.01)
 
 
 def test_gpu_readings_follow_the_snapshot_pools() -> None:

@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from policy_fixtures import MIG, T0, WHOLE, cluster, latency, make_policy, training, util
+from policy_fixtures import (
+    MIG,
+    T0,
+    WHOLE,
+    cluster,
+    latency,
+    make_policy,
+    policy_dict,
+    training,
+    util,
+)
 
 from policies.decisions import Decision, MigConvert, MigRevert
 from policies.engine import Engine
@@ -160,3 +172,56 @@ def test_budgets_and_cooldowns_never_exceeded(steps: list[tuple[float, int, int]
     check([d for d in decisions if d.action in ("mig_convert", "mig_revert")], 1, 600.0)
     acted = sorted({d.at for d in decisions if d.cause == "serving/chat"})
     assert all(b - a >= 30.0 for a, b in itertools.pairwise(acted))
+
+
+# -- flows under way, whoever started them ------------------------------------------------------
+
+
+def mig_policy(**mig: object) -> object:
+    spec = policy_dict()["spec"]["mig"] | mig
+    return make_policy(mig=spec)
+
+
+@pytest.mark.parametrize(
+    ("w0", "mig", "want"),
+    [
+        pytest.param({}, {"minWholeNodes": 2, "maxConcurrent": 2}, ["w0"], id="one-spare"),
+        pytest.param(
+            {"cordoned": True},
+            {"minWholeNodes": 2, "maxConcurrent": 2},
+            [],
+            id="cordoned-not-spare",
+        ),
+        pytest.param(
+            {"cordoned": True, "mig_flow": True},
+            {"minWholeNodes": 2, "maxConcurrent": 2},
+            [],
+            id="converting-not-spare",
+        ),
+        pytest.param(
+            {"cordoned": True, "mig_flow": True},
+            {"maxConcurrent": 1},
+            [],
+            id="flow-in-snapshot-fills-max-concurrent",
+        ),
+        pytest.param(
+            {"mig_state": "pending", "mig_config": "all-1g.10gb"},
+            {"maxConcurrent": 1},
+            [],
+            id="manager-pending-fills-max-concurrent",
+        ),
+    ],
+)
+def test_conversions_count_flows_from_the_snapshot(
+    w0: dict[str, Any], mig: dict[str, Any], want: list[str]
+) -> None:
+    """A fresh engine (as after a restart) counts the flows the snapshot shows under way
+    (``ebbtide.io/mig-flow`` record, MIG manager pending) against maxConcurrent, and keeps
+    minWholeNodes of whole nodes that are schedulable and not being converted."""
+    engine = Engine(mig_policy(**mig))  # type: ignore[arg-type]
+    b = SnapshotBuilder().node("w0", gpus=2, labels=WHOLE, **w0)
+    for i in (1, 2):
+        b.node(f"w{i}", gpus=2, labels=WHOLE)
+    got = idle_run(engine, b.build(), seconds=600)
+    converts = [d.target for _, d in got if isinstance(d, MigConvert)]
+    assert converts == want

@@ -235,8 +235,10 @@ def test_out_of_order_within_window_accepted() -> None:
     assert w.count(T0 + 12.5) == 1  # T0+2's interval has left a read at T0+12.5
 
 
-def test_event_ahead_advances_the_ring() -> None:
-    """A newer event moves the head: what it leaves behind is gone, later arrivals are late."""
+def test_a_window_trusts_event_time() -> None:
+    """A newer event moves the head however far ahead: what it leaves behind is gone and later
+    arrivals are late. That is why the engine bounds event time by its clock (see
+    ``test_engine_inputs.py::test_a_fast_clock_cannot_blind_a_window``)."""
     w = window(window_s=10.0)
     w.add(T0, 5.0)
     w.add(T0 + 1000.0, 7.0)

@@ -123,6 +123,7 @@ async def test_mig_convert_drains_reconfigures_and_moves_the_node_to_the_mig_poo
     node = {n.name: n for n in c.snapshot().nodes}["w1"]
     assert node.cordoned
     assert node.mig_state == "pending"
+    assert node.mig_flow  # a restarted engine counts it against maxConcurrent
     assert not node.is_mig
     c.advance(T0 + 30)  # grace over: drained, reconfiguring
     assert on_w1 not in pods(c)
@@ -133,6 +134,7 @@ async def test_mig_convert_drains_reconfigures_and_moves_the_node_to_the_mig_poo
     node = {n.name: n for n in c.snapshot().nodes}["w1"]
     assert node.mig_state == "success"
     assert not node.cordoned
+    assert not node.mig_flow
     assert dict(node.labels) == MIG
     assert node.mig_capacity() == {"1g.10gb": 28}
     assert c.gpus_by_use()["mig"].mig == 4
@@ -159,7 +161,7 @@ async def test_failed_mig_reconfiguration_rolls_the_node_back() -> None:
 async def test_mig_revert_returns_whole_cards_and_the_whole_pool() -> None:
     """Revert: a MIG node becomes all-disabled whole cards labelled into the whole pool."""
     b = SnapshotBuilder().node("m0", gpus=2, labels=MIG, mig_config="all-1g.10gb")
-    b.pod("svc", "small", node="m0", mig={"1g.10gb": 1})
+    b.pod("ml", "small", node="m0", mig={"1g.10gb": 1}, labels=TRAINING)
     c = cluster(b)
     [result] = await apply(c, revert("m0"))
     assert result.outcome is Outcome.IN_PROGRESS
@@ -178,3 +180,54 @@ async def test_a_node_cordoned_before_conversion_stays_cordoned() -> None:
     c.advance(T0 + 1000)
     assert c.snapshot().nodes[0].cordoned
     assert c.snapshot().nodes[0].is_mig
+
+
+async def test_mig_drain_evicts_only_gpu_training_pods() -> None:
+    """A drain evicts the node's training GPU pods and leaves pods without GPUs (DaemonSet
+    agents, kube-system) running, as the Kubernetes flow does; the conversion goes on."""
+    b = SnapshotBuilder().node("w0", gpus=2, labels=WHOLE)
+    b.pod("ml", "trainer", node="w0", gpus=1, labels=TRAINING)
+    b.pod("kube-system", "agent", node="w0")
+    c = cluster(b)
+    [result] = await apply(c, convert("w0"))
+    assert result.outcome is Outcome.IN_PROGRESS
+    c.advance(T0 + 1000)
+    assert where(c) == {"kube-system/agent": ("w0", "Running")}
+    assert c.snapshot().nodes[0].mig_config == "all-1g.10gb"
+
+
+@pytest.mark.parametrize(
+    ("namespace", "labels", "workload", "why"),
+    [
+        pytest.param(
+            "serving", {}, "serving/chat", "not training", id="inference-pod-blocks-the-drain"
+        ),
+        pytest.param(
+            "kube-system",
+            TRAINING,
+            None,
+            "namespace kube-system is protected",
+            id="protected-gpu-pod-blocks-the-drain",
+        ),
+    ],
+)
+async def test_mig_drain_refused_like_a_real_cluster(
+    namespace: str, labels: dict[str, str], workload: str | None, why: str
+) -> None:
+    """A GPU pod a real drain may not evict makes the flow fail before evicting anything: the
+    node keeps its layout, its pool, its pods and its cordon state."""
+    b = SnapshotBuilder().node("m0", gpus=2, labels=MIG, mig_config="all-1g.10gb")
+    b.pod("ml", "trainer", node="m0", mig={"1g.10gb": 1}, labels=TRAINING)
+    b.pod(namespace, "held", node="m0", mig={"1g.10gb": 1}, labels=labels, workload=workload)
+    c = cluster(b)
+    before = c.snapshot().nodes
+    [result] = await apply(c, revert("m0"))
+    assert result.outcome is Outcome.FAILED
+    assert why in result.detail
+    c.advance(T0 + 1000)
+    assert c.snapshot().nodes == before
+    assert {k: p for k, (_, p) in where(c).items()} == {
+        "ml/trainer": "Running",
+        f"{namespace}/held": "Running",
+    }
+    assert [k for _, k in kinds(c, "m0")] == ["mig_failed"]
