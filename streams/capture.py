@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from streams.connection import KafkaConfig
-from streams.positions import StartLine
+from streams.positions import StartLine, partitions_of
 from streams.producer import KafkaProducer, RawMessage
 from streams.recording import BadLine, RecordingWriter, read_recording
 
@@ -62,7 +62,7 @@ async def record(
         partitions = [
             TopicPartition(topic, p)
             for topic in topics
-            for p in sorted(await _partitions_of(consumer, topic))
+            for p in sorted(await partitions_of(consumer, topic))
         ]
         consumer.assign(partitions)
         if from_beginning:
@@ -93,16 +93,6 @@ async def record(
             return writer.count
     finally:
         await consumer.stop()
-
-
-async def _partitions_of(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    deadline = time.monotonic() + 10
-    while (partitions := consumer.partitions_for_topic(topic)) is None:
-        if time.monotonic() > deadline:
-            raise ConnectionError(f"topic {topic!r} does not exist on the broker")
-        await consumer.topics()  # refreshes the cluster metadata
-        await asyncio.sleep(0.05)
-    return set(partitions)
 
 
 class IncompleteRead(RuntimeError):
@@ -149,7 +139,7 @@ class TopicReader:
         except KafkaError as exc:
             await self._consumer.stop()
             raise ConnectionError(f"cannot reach Kafka: {exc}") from exc
-        numbers = sorted(await _partitions_of(self._consumer, self.topic))
+        numbers = sorted(await partitions_of(self._consumer, self.topic))
         self._partitions = [TopicPartition(self.topic, p) for p in numbers]
         self._consumer.assign(self._partitions)
 
