@@ -120,8 +120,6 @@ async def main(rates: list[int], trials: int) -> None:
                 "KUBECONFIG": str(kubeapi.write_kubeconfig(tmp / "kubeconfig")),
                 "EBBTIDE_LOG_FORMAT": "json",
                 "EBBTIDE_KUBE__LEASE_NAMESPACE": "default",
-                "EBBTIDE_KAFKA__SESSION_TIMEOUT_MS": "2000",
-                "EBBTIDE_KAFKA__HEARTBEAT_INTERVAL_MS": "500",
                 "EBBTIDE_KAFKA__DECISIONS_TOPIC": "ebbtide.decisions",
             }
             log = tmp / "controller.log"

@@ -7,8 +7,10 @@ evaluates on every batch and at least every ``evaluate_every_s``, so recoveries 
 are noticed without new events, and hands decisions to the cluster when this replica leads), the
 **cluster runtime** (watches, leader election), the **policy reloader** and the HTTP endpoint.
 
-Every replica consumes every partition (its own consumer group, ``ebbtide-<identity>`` unless
-configured), so each keeps complete, warm windows and a follower can take over at once.
+Every replica consumes every partition, without a consumer group: it starts each partition at
+now minus the policy's longest window (and a margin), found by time, so a new or restarted replica
+rebuilds complete windows without re-reading the topics' retention, and a follower can take over
+at once. It is ready once caught up with the end offsets seen at its start.
 
 The decisions log (``ebbtide.decisions``) is the controllers' shared memory of what was done,
 and the one source of the budget ledger (:class:`policies.budgets.Ledger`, shared by the engine
@@ -55,7 +57,7 @@ from controller.metrics import Metrics, StateSources
 from controller.settings import Settings
 from policies.budgets import LogRecord
 from policies.decisions import Decision, Evict, Scale, decision_to_dict
-from policies.engine import Engine
+from policies.engine import DEFAULT_UTIL_WINDOW_S, Engine
 from policies.loader import check_policy, read_sources
 from policies.model import Policy
 from streams import prometheus as prom
@@ -153,12 +155,11 @@ class Controller:
                 kafka,
                 self.observe,
                 settings=ConsumerSettings(
-                    group_id=s.kafka.group_id or f"ebbtide-{s.kube.identity}",
+                    group_id=None,
+                    rewind_s=_longest_window_s(self.policy) + s.kafka.rewind_margin_s,
                     topics=(s.kafka.latency_topic, s.kafka.gpu_topic),
-                    session_timeout_ms=s.kafka.session_timeout_ms,
-                    heartbeat_interval_ms=s.kafka.heartbeat_interval_ms,
-                    commit_interval_s=0.5,
-                    drain_timeout_s=s.shutdown_timeout_s / 2,
+                    drain_timeout_s=s.shutdown_timeout_s / 4,
+                    close_timeout_s=s.shutdown_timeout_s / 8,
                 ),
                 decoder=EventDecoder(s.kafka.limits(), topics=s.kafka.topics()),
                 dead_letter=DeadLetter(producer, topic=s.kafka.deadletter_topic),
@@ -173,7 +174,7 @@ class Controller:
                 cluster=s.cluster,
                 dry_run=s.dry_run,
                 metrics_port=self.http.port,
-                group=self._consumer.settings.group_id,
+                rewind_s=self._consumer.settings.rewind_s,
             )
             consumer = self._guard("consumer", self._consumer.run)
             self._guard("cluster", self.runtime.run)
@@ -204,20 +205,27 @@ class Controller:
         return task
 
     async def _shutdown(self, consumer: asyncio.Task[None], evaluator: asyncio.Task[None]) -> None:
+        """Stop in order within ``shutdown_timeout_s``: each step waits only for what is left
+        of one deadline, and whatever still runs at the end is cancelled (a step can hang on
+        the broker or the API server; the pod's grace period cannot)."""
         started = time.monotonic()
         budget = self.settings.shutdown_timeout_s
+        deadline = started + budget
+
+        def left(reserve: float = 0.0) -> float:
+            return max(0.0, deadline - reserve - time.monotonic())
+
         assert self._consumer is not None
         self._consumer.stop()
         self._wake.set()
         # The evaluator finishes the action in flight, then sees _stopping and returns.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(evaluator), budget / 2)
-        remaining = max(0.1, budget - (time.monotonic() - started))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(consumer), remaining)
+        await asyncio.wait({evaluator}, timeout=budget / 2)
+        # The consumer applies what is queued and closes; its own timeouts bound both.
+        await asyncio.wait({consumer}, timeout=left(reserve=budget / 10))
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._audits, return_exceptions=True)
+        if pending := {*self._tasks, *self._audits}:
+            await asyncio.wait(pending, timeout=left())
         await self.http.close()
         log.info("controller.stopped", seconds=round(time.monotonic() - started, 3))
 
@@ -423,6 +431,9 @@ class Controller:
     # -- readiness and reload -------------------------------------------------------------------
 
     def _not_ready(self) -> list[str]:
+        """Why this replica must not be ready: ready means the cluster cache is synced and the
+        consumer was assigned its partitions and applied them up to the end offsets seen at
+        start (complete windows), then stays within ``ready_max_lag``."""
         problems = list(self._crashed)
         if not self.runtime.cluster.synced:
             problems.append("cluster cache not synced")
@@ -430,13 +441,18 @@ class Controller:
         http = self.settings.http
         if stats is None or stats.last_fetch_ok is None:
             problems.append("not consuming yet")
-        else:
-            age = time.monotonic() - stats.last_fetch_ok
-            if age > http.ready_max_fetch_age_s:
-                problems.append(f"no successful fetch for {age:.0f}s (broker unreachable?)")
-            lag = sum(stats.lag.values())
-            if lag > http.ready_max_lag:
-                problems.append(f"consumer lag {lag} > {http.ready_max_lag}")
+            return problems
+        age = time.monotonic() - stats.last_fetch_ok
+        if age > http.ready_max_fetch_age_s:
+            problems.append(f"no successful fetch for {age:.0f}s (broker unreachable?)")
+        if not stats.caught_up:
+            behind = ", ".join(
+                f"{topic}[{partition}] at {'-' if at is None else at}/{'?' if end is None else end}"
+                for (topic, partition), (at, end) in sorted(stats.behind.items())[:4]
+            )
+            problems.append(f"catching up with the events at start: {behind or 'nothing assigned'}")
+        elif (lag := sum(stats.lag.values())) > http.ready_max_lag:
+            problems.append(f"consumer lag {lag} > {http.ready_max_lag}")
         return problems
 
     def _read_policy_text(self) -> str:
@@ -473,6 +489,14 @@ class Controller:
         self.metrics.set_policy(policy.metadata.name, policy.digest())
         log.info("policy.reloaded", policy=policy.metadata.name, policy_hash=policy.digest())
         return True
+
+
+def _longest_window_s(policy: Policy) -> float:
+    """How far back the engine's windows reach: the longest SLO window, or the utilization
+    window (MIG ``convertAfter``, else the engine's default)."""
+    spec = policy.spec
+    util = spec.mig.convert_after if spec.mig is not None else DEFAULT_UTIL_WINDOW_S
+    return max([util, *(svc.slo.window for svc in spec.services.values())])
 
 
 def _parse_record(value: bytes) -> LogRecord | None:

@@ -45,9 +45,10 @@ class KafkaSettings(_Group):
 
     bootstrap: str = "127.0.0.1:9092"
     """Comma-separated ``host:port`` list."""
-    group_id: str | None = None
-    """Consumer group; default ``ebbtide-<identity>``. Each replica must consume every
-    partition to keep complete windows, so replicas must not share a group."""
+    rewind_margin_s: float = Field(30.0, ge=0)
+    """No consumer group: each replica reads every partition from the policy's longest window
+    plus this much before now (room for late events and producer clock skew), whether it is
+    new or restarted, and is ready once caught up with the end offsets seen at start."""
     latency_topic: str = "ebbtide.inference.latency"
     gpu_topic: str = "ebbtide.gpu.utilization"
     deadletter_topic: str = "ebbtide.deadletter"
@@ -67,8 +68,6 @@ class KafkaSettings(_Group):
     max_batch: int = Field(10_000, gt=0)
     """Most samples or histogram buckets in one event."""
     max_future_skew_s: float = Field(300.0, ge=0)
-    session_timeout_ms: int = Field(10_000, gt=0)
-    heartbeat_interval_ms: int = Field(3_000, gt=0)
 
     def connection(self) -> KafkaConfig:
         password = self.sasl_password.get_secret_value() if self.sasl_password else None

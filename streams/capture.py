@@ -21,10 +21,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from streams.connection import KafkaConfig
+from streams.positions import StartLine, partitions_of
 from streams.producer import KafkaProducer, RawMessage
 from streams.recording import BadLine, RecordingWriter, read_recording
 
-__all__ = ["PublishResult", "TopicReader", "publish", "record"]
+__all__ = ["IncompleteRead", "PublishResult", "TopicReader", "publish", "record"]
 
 log = structlog.get_logger(__name__)
 
@@ -61,7 +62,7 @@ async def record(
         partitions = [
             TopicPartition(topic, p)
             for topic in topics
-            for p in sorted(await _partitions_of(consumer, topic))
+            for p in sorted(await partitions_of(consumer, topic))
         ]
         consumer.assign(partitions)
         if from_beginning:
@@ -94,14 +95,24 @@ async def record(
         await consumer.stop()
 
 
-async def _partitions_of(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    deadline = time.monotonic() + 10
-    while (partitions := consumer.partitions_for_topic(topic)) is None:
-        if time.monotonic() > deadline:
-            raise ConnectionError(f"topic {topic!r} does not exist on the broker")
-        await consumer.topics()  # refreshes the cluster metadata
-        await asyncio.sleep(0.05)
-    return set(partitions)
+class IncompleteRead(RuntimeError):
+    """:meth:`TopicReader.since` could not read up to the end offsets seen at its start in time.
+
+    Callers that restore state from the read (budgets, cooldowns) must not act on part of it.
+    """
+
+    def __init__(
+        self, topic: str, *, progress: dict[int, tuple[int, int | None]], timeout_s: float
+    ) -> None:
+        self.topic = topic
+        self.progress = progress
+        """Per unfinished partition: (position reached, end offset seen at start or ``None``
+        when the broker never reported one)."""
+        where = ", ".join(
+            f"partition {p} at {pos}/{'?' if end is None else end}"
+            for p, (pos, end) in sorted(progress.items())
+        )
+        super().__init__(f"read of {topic!r} incomplete after {timeout_s:g}s: {where}")
 
 
 class TopicReader:
@@ -110,9 +121,10 @@ class TopicReader:
     Used for the controller's own decisions log: at start-up, the actions of the last hours
     (so budgets and cooldowns survive restarts); afterwards, the records other replicas write
     (so a follower knows what the leader did before it takes over). :meth:`since` ends when
-    each partition is read up to its high watermark as of the read (``highwater`` is what this
-    broker reports right; ``end_offsets`` is not); :meth:`follow` continues from there, so
-    nothing falls between the two.
+    each partition is read up to the end offset it had when the read began (its high watermark
+    in the first fetch answer: ``highwater`` is what this broker reports right, ``end_offsets``
+    is not), or raises :class:`IncompleteRead`: it never returns part of the data as if it were
+    all. :meth:`follow` continues from there, so nothing falls between the two.
     """
 
     def __init__(self, config: KafkaConfig, topic: str) -> None:
@@ -127,7 +139,7 @@ class TopicReader:
         except KafkaError as exc:
             await self._consumer.stop()
             raise ConnectionError(f"cannot reach Kafka: {exc}") from exc
-        numbers = sorted(await _partitions_of(self._consumer, self.topic))
+        numbers = sorted(await partitions_of(self._consumer, self.topic))
         self._partitions = [TopicPartition(self.topic, p) for p in numbers]
         self._consumer.assign(self._partitions)
 
@@ -135,29 +147,30 @@ class TopicReader:
         await self._consumer.stop()
 
     async def since(self, since_s: float, *, timeout_s: float = 15.0) -> list[bytes]:
-        """Every value from ``since_s`` (epoch seconds) to now, in partition order."""
+        """Every value from ``since_s`` (epoch seconds) on, in partition order, up to at least
+        the end offsets seen at the start; :class:`IncompleteRead` after ``timeout_s``. Call it
+        once, before :meth:`follow`."""
         consumer = self._consumer
-        starts = await consumer.offsets_for_times(
-            {tp: int(since_s * 1000) for tp in self._partitions}
-        )
-        pending = set()
-        for tp in self._partitions:
-            found = starts.get(tp)
-            if found is None:
-                await consumer.seek_to_end(tp)
-            else:
-                consumer.seek(tp, found.offset)
-                pending.add(tp)
+        line = StartLine()
+        await line.seek_to_time(consumer, self._partitions, since_s)
+        pending = set(self._partitions)
         values: list[bytes] = []
         deadline = time.monotonic() + timeout_s
-        while pending and time.monotonic() < deadline:
-            batches = await consumer.getmany(*pending, timeout_ms=200)
-            for messages in batches.values():
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                behind = line.behind(pending, {tp: await consumer.position(tp) for tp in pending})
+                progress = {tp.partition: (at or 0, end) for tp, (at, end) in behind.items()}
+                raise IncompleteRead(self.topic, progress=progress, timeout_s=timeout_s)
+            try:
+                fetched = await consumer.getmany(*pending, timeout_ms=int(min(left, 0.2) * 1000))
+            except KafkaError as exc:
+                log.warning("tail.fetch_failed", topic=self.topic, error=repr(exc))
+                continue
+            for messages in line.settle(consumer, fetched).values():
                 values.extend(m.value for m in messages if m.value is not None)
-            for tp in list(pending):
-                highwater = consumer.highwater(tp)
-                if highwater is not None and await consumer.position(tp) >= highwater:
-                    pending.discard(tp)
+            done = {tp: await consumer.position(tp) for tp in pending}
+            pending = set(line.behind(pending, done))
         return values
 
     async def follow(self, on_value: Callable[[bytes], None]) -> None:

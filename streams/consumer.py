@@ -1,5 +1,19 @@
 """The ingest path: Kafka → decode and validate → dead-letter or hand over → commit.
 
+Two ways to read, chosen by ``ConsumerSettings.group_id``:
+
+* **in a consumer group**: partitions are shared among the group's members and each resumes
+  where the group's committed offsets say; offsets are committed only once applied (below);
+* **without a group** (``group_id=None``): the consumer assigns itself every partition and starts
+  each at its first message ``rewind_s`` seconds back (or at its end), found by time. Nothing is
+  committed and nothing is left behind on the broker. This is for consumers whose state is the
+  recent past only, such as the controller's sliding windows: its state is in memory, so after
+  a restart it has to re-read its longest window whatever a group had committed.
+
+Either way the consumer is *caught up* (:attr:`ConsumerStats.caught_up`) once every assigned
+partition is applied up to the end offset it had when first fetched (see
+:mod:`streams.positions`): readiness means that, not merely a reachable broker.
+
 Two tasks joined by a bounded queue:
 
 * the **fetch** task calls ``getmany``, decodes every message with :class:`EventDecoder`, sends
@@ -10,11 +24,15 @@ Two tasks joined by a bounded queue:
   returned are the batch's offsets marked applied; applied offsets are committed every
   ``commit_interval_s``, on partition revocation and on stop.
 
-Delivery is therefore at-least-once: after a crash, events applied but not yet committed are
-consumed again. That is harmless because what the engine builds from them is idempotent in
-effect — a duplicate latency sample moves a sliding-window quantile by at most one sample, a
-duplicate utilization reading does not move a windowed mean by more than its own weight, and
-actions are keyed by the cluster state they act on (an already-evicted pod is not evicted again).
+In a group, delivery is therefore at-least-once: after a crash, events applied but not yet
+committed are consumed again. That is harmless because what the engine builds from them is
+idempotent in effect — a duplicate latency sample moves a sliding-window quantile by at most one
+sample, a duplicate utilization reading does not move a windowed mean by more than its own
+weight, and actions are keyed by the cluster state they act on (an already-evicted pod is not
+evicted again).
+
+Closing is bounded by ``close_timeout_s``: leaving a group waits for a join in progress (half a
+session on the embedded broker, a whole rebalance on Kafka), and shutdown has a deadline.
 
 Broker loss is survived by aiokafka's own reconnects; errors that escape it are logged and retried
 with capped exponential backoff. A handler that raises is retried the same way: the batch is
@@ -29,13 +47,15 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError
 
 from streams.connection import KafkaConfig
 from streams.events import DEFAULT_TOPICS, Event, EventDecoder, Rejection
+from streams.positions import StartLine, partitions_of
 from streams.producer import DeadLetter, RawMessage
 
 __all__ = ["Batch", "ConsumerSettings", "ConsumerStats", "EventConsumer", "Handler"]
@@ -61,7 +81,11 @@ Handler = Callable[[Batch], Awaitable[None]]
 class ConsumerSettings:
     """How the ingest path consumes; defaults suit production, tests shorten the timeouts."""
 
-    group_id: str = "ebbtide"
+    group_id: str | None = "ebbtide"
+    """The consumer group; ``None`` reads every partition without one, from ``rewind_s`` back."""
+    rewind_s: float = 0.0
+    """Without a group: start each partition at its first message this many seconds before the
+    clock's now (0: at its end). A group resumes from its committed offsets instead."""
     topics: tuple[str, ...] = tuple(DEFAULT_TOPICS.values())
     max_records: int = 5_000
     """Most messages in one ``getmany``, so one batch."""
@@ -73,6 +97,7 @@ class ConsumerSettings:
     fetch_max_wait_ms: int = 50
     """How long the broker may hold a fetch waiting for data: a bound on reaction time."""
     auto_offset_reset: str = "earliest"
+    """In a group: where a partition without a committed offset starts."""
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 3_000
     max_partition_fetch_bytes: int = 4 * 1024 * 1024
@@ -82,6 +107,14 @@ class ConsumerSettings:
     """On stop, how long queued batches may still be applied before they are abandoned."""
     probe_every_s: float = 2.0
     """How often an idle consumer asks the broker for metadata to know it is still reachable."""
+    close_timeout_s: float = 2.0
+    """On stop, how long closing the client (leaving the group) may take."""
+
+    def __post_init__(self) -> None:
+        if self.group_id is not None and self.rewind_s:
+            raise ValueError(
+                "rewind_s applies without a group only: a group resumes from its offsets"
+            )
 
 
 @dataclass(slots=True)
@@ -101,6 +134,12 @@ class ConsumerStats:
     metadata probe: an empty ``getmany`` says nothing, aiokafka returns one while disconnected)."""
     lag: dict[tuple[str, int], int] = field(default_factory=dict)
     """Per (topic, partition): the broker's high watermark minus the applied offset."""
+    caught_up: bool = False
+    """Partitions are assigned and each was applied up to the end offset it had when first
+    fetched. Stays true once reached: falling behind later is what ``lag`` measures."""
+    behind: dict[tuple[str, int], tuple[int | None, int | None]] = field(default_factory=dict)
+    """Until caught up, per (topic, partition) still behind: (applied offset or ``None``, end
+    offset seen at start or ``None`` while not yet fetched)."""
 
 
 class _Backoff:
@@ -148,6 +187,8 @@ class EventConsumer:
             fetch_max_wait_ms=self.settings.fetch_max_wait_ms,
         )
         self._queue: asyncio.Queue[Batch | None] = asyncio.Queue(self.settings.queue_batches)
+        self._line = StartLine()
+        self._fetched: dict[TopicPartition, int] = {}
         self._applied: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
         self._last_commit = 0.0
@@ -155,13 +196,26 @@ class EventConsumer:
         self._started = False
 
     async def start(self) -> None:
-        """Connect and join the group. Raises ``ConnectionError`` if Kafka is unreachable."""
+        """Connect, then subscribe (the group is joined while fetching) or, without a group,
+        assign every partition at its start. ``ConnectionError`` if Kafka is unreachable."""
+        consumer, settings = self._consumer, self.settings
         try:
-            await self._consumer.start()
-        except KafkaError as exc:
-            await self._consumer.stop()
+            await consumer.start()
+            if settings.group_id is not None:
+                consumer.subscribe(list(settings.topics), listener=_Revoked(self))
+            else:
+                partitions = [
+                    TopicPartition(topic, p)
+                    for topic in settings.topics
+                    for p in sorted(await partitions_of(consumer, topic))
+                ]
+                consumer.assign(partitions)
+                await self._line.seek_to_time(
+                    consumer, partitions, self._clock() - settings.rewind_s
+                )
+        except (KafkaError, ConnectionError) as exc:
+            await consumer.stop()
             raise ConnectionError(f"cannot reach Kafka: {exc}") from exc
-        self._consumer.subscribe(list(self.settings.topics), listener=_Revoked(self))
         self._started = True
 
     def stop(self) -> None:
@@ -191,8 +245,20 @@ class EventConsumer:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             await self.commit()
-            await self._consumer.stop()
+            await self._close()
             self._started = False
+
+    async def _close(self) -> None:
+        """Close the client within ``close_timeout_s``. Past it the group is not left politely:
+        the broker expires the member after its session timeout, as if it had crashed."""
+        try:
+            await asyncio.wait_for(self._consumer.stop(), self.settings.close_timeout_s)
+        except TimeoutError:
+            log.warning("ingest.close_timeout", seconds=self.settings.close_timeout_s)
+            # stop() was cancelled while waiting for the group coordinator; the fetcher and the
+            # connections it would have closed next are closed here (aiokafka has no timeout).
+            await self._consumer._fetcher.close()
+            await self._consumer._client.close()
 
     # -- fetch side -----------------------------------------------------------------------------
 
@@ -208,27 +274,52 @@ class EventConsumer:
     async def _fetch_loop(self) -> None:
         backoff = _Backoff(*self.settings.retry_backoff_s)
         last_probe = 0.0
-        while not self._stopping.is_set():
-            if time.monotonic() - last_probe >= self.settings.probe_every_s:
-                last_probe = time.monotonic()
-                await self._probe()
-            try:
-                records = await self._consumer.getmany(
-                    timeout_ms=self.settings.fetch_timeout_ms,
-                    max_records=self.settings.max_records,
-                )
-            except KafkaError as exc:
-                self.stats.fetch_failures += 1
-                log.warning("ingest.fetch_failed", error=repr(exc))
-                await backoff.wait()
-                continue
-            backoff.reset()
-            self._update_lag()
-            if records:
-                self.stats.last_fetch_ok = time.monotonic()
-                batch = await self._decode(records)
-                if batch is None or not await self._enqueue(batch):
-                    return  # stopped first: nothing of this batch is committed
+        stopped = asyncio.ensure_future(self._stopping.wait())
+        try:
+            while not stopped.done():
+                if time.monotonic() - last_probe >= self.settings.probe_every_s:
+                    last_probe = time.monotonic()
+                    await self._probe()
+                try:
+                    records = await self._fetch(stopped)
+                except KafkaError as exc:
+                    self.stats.fetch_failures += 1
+                    log.warning("ingest.fetch_failed", error=repr(exc))
+                    await backoff.wait()
+                    continue
+                if records is None:
+                    return  # stopped while waiting for the fetch
+                backoff.reset()
+                records = self._line.settle(self._consumer, records)
+                if records:
+                    self.stats.last_fetch_ok = time.monotonic()
+                    batch = await self._decode(records)
+                    if batch is None or not await self._enqueue(batch):
+                        return  # stopped first: nothing of this batch is committed
+                    self._fetched.update(batch.positions)
+                await self._track_progress()
+        finally:
+            stopped.cancel()
+            await asyncio.wait((stopped,))
+
+    async def _fetch(self, stopped: asyncio.Future[Any]) -> dict[TopicPartition, list[Any]] | None:
+        """One ``getmany``, given up (``None``) when stop is asked for meanwhile: in a group,
+        aiokafka's ``getmany`` ignores its timeout until the join in progress is over."""
+        fetching = asyncio.ensure_future(
+            self._consumer.getmany(
+                timeout_ms=self.settings.fetch_timeout_ms, max_records=self.settings.max_records
+            )
+        )
+        try:
+            await asyncio.wait((fetching, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not fetching.done():
+                fetching.cancel()
+                await asyncio.wait((fetching,))
+        if fetching.cancelled():
+            return None
+        records: dict[TopicPartition, list[Any]] = fetching.result()
+        return records
 
     async def _enqueue(self, batch: Batch) -> bool:
         """Wait for room in the queue (backpressure); False if asked to stop meanwhile."""
@@ -240,7 +331,7 @@ class EventConsumer:
                 if self._stopping.is_set():
                     return False
 
-    async def _decode(self, records: dict[TopicPartition, list[object]]) -> Batch | None:
+    async def _decode(self, records: dict[TopicPartition, list[Any]]) -> Batch | None:
         fetched_at = time.time()
         now = self._clock()
         decode = self._decoder.decode
@@ -251,7 +342,7 @@ class EventConsumer:
         for tp, messages in records.items():
             accepted_before = len(events)
             for message in messages:
-                value = message.value  # type: ignore[attr-defined]
+                value = message.value
                 result = (
                     decode(value, now=now, topic=tp.topic)
                     if value is not None
@@ -261,7 +352,7 @@ class EventConsumer:
                     rejected.append((_raw(tp, message), result))
                 else:
                     events.append(result)
-            positions[tp] = messages[-1].offset + 1  # type: ignore[attr-defined]
+            positions[tp] = messages[-1].offset + 1
             stats.consumed[tp.topic] += len(messages)
             stats.accepted[tp.topic] += len(events) - accepted_before
         for raw, rejection in rejected:
@@ -295,13 +386,25 @@ class EventConsumer:
                     return False
                 await backoff.wait()
 
-    def _update_lag(self) -> None:
-        consumer = self._consumer
-        for tp in consumer.assignment():
-            highwater = consumer.highwater(tp)
-            done = self._applied.get(tp, self._committed.get(tp))
-            if highwater is not None and done is not None:
-                self.stats.lag[tp.topic, tp.partition] = max(0, highwater - done)
+    async def _track_progress(self) -> None:
+        """Update lag and, until caught up, which partitions are still behind their line."""
+        consumer, stats = self._consumer, self.stats
+        assigned = consumer.assignment()
+        done: dict[TopicPartition, int] = {}
+        for tp in assigned:
+            if tp in self._fetched:  # something was fetched: applied is what counts
+                if tp in self._applied:
+                    done[tp] = self._applied[tp]
+                continue
+            with contextlib.suppress(IllegalStateError):  # revoked meanwhile
+                done[tp] = await consumer.position(tp)  # nothing in flight: fetched = applied
+        for tp, at in done.items():
+            if (highwater := consumer.highwater(tp)) is not None:
+                stats.lag[tp.topic, tp.partition] = max(0, highwater - at)
+        if not stats.caught_up:
+            behind = self._line.behind(assigned, done)
+            stats.behind = {(tp.topic, tp.partition): where for tp, where in behind.items()}
+            stats.caught_up = bool(assigned) and not behind
 
     # -- apply side -----------------------------------------------------------------------------
 
@@ -322,7 +425,10 @@ class EventConsumer:
                 await self.commit()
 
     async def commit(self, partitions: Sequence[TopicPartition] | None = None) -> None:
-        """Commit applied offsets (of ``partitions``, default all still assigned)."""
+        """Commit applied offsets (of ``partitions``, default all still assigned); without a
+        group there is nothing to commit to."""
+        if self.settings.group_id is None:
+            return
         assigned = self._consumer.assignment()
         wanted = assigned if partitions is None else set(partitions) & assigned
         offsets = {
@@ -345,7 +451,9 @@ class EventConsumer:
     async def release(self, partitions: Sequence[TopicPartition]) -> None:
         """Commit and forget ``partitions`` before they move to another group member."""
         await self.commit(partitions)
+        self._line.forget(partitions)
         for tp in partitions:
+            self._fetched.pop(tp, None)
             self._applied.pop(tp, None)
             self._committed.pop(tp, None)
             self.stats.lag.pop((tp.topic, tp.partition), None)

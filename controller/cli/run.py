@@ -47,8 +47,7 @@ async def make_runtime(settings: Settings, policy: Policy) -> ClusterRuntime:
 )
 @click.option("--kubeconfig", type=click.Path(path_type=Path), help="Default: in-cluster.")
 @click.option("--metrics-address", help="host:port for /metrics, /healthz, /readyz.")
-@click.option("--identity", help="This replica's name (Lease holder, consumer group).")
-@click.option("--group-id", help="Kafka consumer group (default ebbtide-<identity>).")
+@click.option("--identity", help="This replica's name (Lease holder).")
 def run(
     policies: tuple[Path, ...],
     bootstrap: str | None,
@@ -58,12 +57,9 @@ def run(
     kubeconfig: Path | None,
     metrics_address: str | None,
     identity: str | None,
-    group_id: str | None,
 ) -> None:
     """Run the controller: consume events, evaluate the policy, act on the cluster."""
-    kafka: dict[str, Any] = {
-        k: v for k, v in {"bootstrap": bootstrap, "group_id": group_id}.items() if v
-    }
+    kafka: dict[str, Any] = {"bootstrap": bootstrap} if bootstrap else {}
     kube: dict[str, Any] = {
         k: v for k, v in {"kubeconfig": kubeconfig, "identity": identity}.items() if v
     }

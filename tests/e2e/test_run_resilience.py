@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from confluent_kafka import Producer
 
 from support.e2e import HERE, World, eventually, ready
@@ -27,15 +26,6 @@ def policy_with(tmp: Path, **spec: object) -> Path:
     path = tmp / "policy.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
-
-
-async def committed(world: World, group: str, topic: str = LATENCY) -> int:
-    reader = AIOKafkaConsumer(bootstrap_servers=world.broker.bootstrap, group_id=group)
-    await reader.start()
-    try:
-        return (await reader.committed(TopicPartition(topic, 0))) or 0
-    finally:
-        await reader.stop()
 
 
 def burst(world: World, count: int) -> None:
@@ -55,10 +45,10 @@ def burst(world: World, count: int) -> None:
 async def test_a_crash_and_restart_loses_no_event_and_repeats_no_action(
     world: World, tmp_path: Path
 ) -> None:
-    """SIGKILL right after the controller acted, then a restart in the same consumer group: the
-    uncommitted events are consumed again (nothing lost), and the action is not repeated — the
-    restarted replica reads its past actions back from the decisions log, so the service's
-    cooldown and the budgets hold across the crash."""
+    """SIGKILL right after the controller acted, then a restart: the restarted replica re-reads
+    its windows' worth of events (nothing lost: it ends caught up), and the action is not
+    repeated — it reads its past actions back from the decisions log, so the service's cooldown
+    and the budgets hold across the crash."""
     policy = policy_with(tmp_path, cooldowns={"service": "2m", "trainingGrow": "2m"})
     first = world.start(policy=policy, identity="crashy")
     await ready(first)
@@ -71,21 +61,22 @@ async def test_a_crash_and_restart_loses_no_event_and_repeats_no_action(
 
     second = world.start(policy=policy, identity="crashy")
     await ready(second)
-    for _ in range(10):  # the breach goes on after the restart
+    for _ in range(10):  # the breach goes on after the restart, for 5 s
         world.latency(900)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # not a synchronisation: the pace of the breach
     assert [d for d in second.decisions() if d["outcome"] == "applied"] == []
     assert (world.replicas("ml", "train"), world.replicas("serving", "chat")) == replicas
     # Nothing lost: the restarted consumer ends with every message on the topic applied.
     await eventually(lambda: second.metric("ebbtide_consumer_lag", topic=LATENCY) == 0, 10)
     assert second.stop() == 0
-    assert await committed(world, "ebbtide-crashy") == world.sent[LATENCY]
 
 
-async def test_sigterm_during_a_burst_commits_exactly_what_was_applied(world: World) -> None:
+async def test_sigterm_during_a_burst_stops_in_time_and_a_restart_rereads_the_window(
+    world: World,
+) -> None:
     """SIGTERM while a 60k-event burst is being consumed: the process exits 0 within its
-    shutdown bound, and its committed offset is exactly what it applied — a second consumer of
-    the group gets precisely the rest (nothing lost, nothing twice)."""
+    shutdown bound; the replica that replaces it is ready only once it has applied the whole
+    burst (within its window, so nothing is lost) — and not a message more."""
     first = world.start(identity="burst")
     await ready(first)
     burst(world, 60_000)
@@ -93,17 +84,10 @@ async def test_sigterm_during_a_burst_commits_exactly_what_was_applied(world: Wo
     started = time.monotonic()
     assert first.stop(signal.SIGTERM, timeout=30) == 0
     assert time.monotonic() - started < 20  # shutdown_timeout_s
-    done = await committed(world, "ebbtide-burst")
-    assert 0 < done <= 60_000
 
     second = world.start(identity="burst")
     await ready(second)
-    await eventually(
-        lambda: second.metric("ebbtide_events_accepted_total", topic=LATENCY) >= 60_000 - done,
-        30,
-    )
-    await asyncio.sleep(1.0)
-    assert second.metric("ebbtide_events_accepted_total", topic=LATENCY) == 60_000 - done
+    assert second.metric("ebbtide_events_accepted_total", topic=LATENCY) == 60_000
     assert second.stop() == 0
 
 

@@ -94,7 +94,7 @@ async def test_a_crashed_root_task_stops_the_process_and_says_so(
     settings = load_settings(
         policies=[HERE / "policy.yaml"],
         cluster=f"sim:{EXAMPLES / 'scenario-small.yaml'}",
-        kafka={"bootstrap": kafka_broker.bootstrap, "group_id": "crash-test"},
+        kafka={"bootstrap": kafka_broker.bootstrap},
         http={"address": "127.0.0.1:0"},
     )
     policy = load_policy_files(settings)

@@ -140,7 +140,8 @@ def test_controller_is_highly_available_by_default(rendered: dict[str, Rendered]
     assert env["EBBTIDE_KUBE__IDENTITY"]["value"] == "$(POD_NAME)"
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["EBBTIDE_KUBE__LEASE_NAMESPACE"]["value"] == NAMESPACE
-    assert env["EBBTIDE_KAFKA__GROUP_ID"]["value"] == "ebbtide-$(POD_NAME)"
+    assert "EBBTIDE_KAFKA__GROUP_ID" not in env  # no consumer group: nothing left behind
+    assert env["EBBTIDE_KAFKA__REWIND_MARGIN_S"]["value"] == "30"
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
 

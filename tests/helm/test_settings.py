@@ -53,13 +53,13 @@ def _load(container: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Setting
 def test_controller_env_loads_into_settings(
     rendered: dict[str, Rendered], name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No unknown group field, no wrong type; identity, Lease, group and topics as rendered."""
+    """No unknown group field, no wrong type; identity, Lease, rewind and topics as rendered."""
     container = rendered[name].one("Deployment")["spec"]["template"]["spec"]["containers"][0]
     settings = _load(container, monkeypatch)
     assert settings.kube.identity == POD
     assert settings.kube.lease_namespace == NAMESPACE
     assert settings.kube.lease_name == "ebb-ebbtide"
-    assert settings.kafka.group_id == f"ebbtide-{POD}"
+    assert settings.kafka.rewind_margin_s == 30
     assert settings.kafka.gpu_topic == "ebbtide.gpu.utilization"
     assert settings.http.address == "0.0.0.0:9108"
     assert settings.dry_run is (name != "live")

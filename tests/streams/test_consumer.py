@@ -62,7 +62,7 @@ def consumer_for(
     topics: Topics,
     handler: Callable[[Batch], Awaitable[None]],
     *,
-    group: str,
+    group: str | None,
     dead_letter: DeadLetter | None = None,
     limits: Limits | None = None,
     **settings: Any,
@@ -121,8 +121,9 @@ async def test_round_trip_commits_and_a_restarted_consumer_resumes(
     two = Collector()
     consumer = consumer_for(kafka_config, topics, two, group=group)
     task = asyncio.create_task(consumer.run())
+    # A re-delivered event would precede the new ones of its partition: all 400 in means any
+    # re-delivery has arrived too, and the exact comparison below sees it.
     await wait_until(lambda: len(two.events) >= 400)
-    await asyncio.sleep(0.3)  # anything re-delivered would arrive now
     consumer.stop()
     await task
 
@@ -233,7 +234,7 @@ async def test_consumer_recovers_by_itself_after_a_broker_restart(
     await wait_until(lambda: len(seen.events) >= 100)
 
     broker.stop()
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(1.5)  # not a synchronisation: how long the outage lasts
     broker.start()
     await produce(config, topics, [latency_event(100 + i) for i in range(100)])
     await wait_until(lambda: len({e.latency_ms for e in seen.events}) == 200, within=60)
@@ -301,3 +302,82 @@ async def test_a_slow_handler_applies_backpressure(kafka_config: KafkaConfig) ->
     await task
     assert 0 < peak <= 2
     assert handled.batches >= 40
+
+
+@pytest.mark.slow
+async def test_stopping_during_a_group_join_is_bounded_by_the_close_timeout(
+    kafka_config: KafkaConfig,
+) -> None:
+    """A stop that arrives while the group join is still in progress (seconds on this broker,
+    a whole rebalance on Kafka) returns within close_timeout_s, and leaves no task behind."""
+    topics = Topics()
+    await topics.create(kafka_config)
+    consumer = consumer_for(
+        kafka_config,
+        topics,
+        Collector(),
+        group=f"g-{uuid.uuid4().hex[:6]}",
+        session_timeout_ms=10_000,  # the embedded broker answers a first join after 5 s
+        heartbeat_interval_ms=3_000,
+        close_timeout_s=0.5,
+    )
+    task = asyncio.create_task(consumer.run())
+    await wait_until(lambda: consumer.stats.last_fetch_ok is not None)  # connected
+    assert not consumer.stats.caught_up  # not assigned yet: the join is in progress
+    started = time.monotonic()
+    consumer.stop()
+    await task
+    assert time.monotonic() - started < 0.5 + 0.5
+
+
+@pytest.mark.slow
+async def test_without_a_group_each_partition_starts_at_the_rewind_time(
+    kafka_config: KafkaConfig,
+) -> None:
+    """Group-less, the consumer starts each partition at its first message ``rewind_s`` back:
+    older events are not read, every newer one is (also on a partition with none, which starts
+    at its end), it is caught up once they are applied, and nothing is committed."""
+    topics = Topics()
+    await topics.create(kafka_config)
+    await produce(kafka_config, topics, [latency_event(i) for i in range(300)])
+    cut = time.time()
+    while time.time() <= cut + 0.002:  # the broker's clock has to pass the cut (ms resolution)
+        pass
+    await produce(kafka_config, topics, [latency_event(1000 + i) for i in range(200)])
+    seen = Collector()
+    consumer = consumer_for(kafka_config, topics, seen, group=None, rewind_s=time.time() - cut)
+    task = asyncio.create_task(consumer.run())
+    await wait_until(lambda: consumer.stats.caught_up)
+    assert sorted(e.latency_ms for e in seen.events) == [float(1000 + i) for i in range(200)]
+    await produce(kafka_config, topics, [latency_event(2000)])
+    await wait_until(lambda: len(seen.events) == 201)
+    consumer.stop()
+    await task
+    assert consumer.stats.commits == 0
+    assert sum(consumer.stats.lag.values()) == 0
+
+
+@pytest.mark.slow
+async def test_caught_up_only_once_the_backlog_seen_at_start_is_applied(
+    kafka_config: KafkaConfig,
+) -> None:
+    """In a group, ``caught_up`` turns true only after the join, once every event the topics
+    held when first fetched was applied — never while nothing is assigned."""
+    topics, group = Topics(), f"g-{uuid.uuid4().hex[:6]}"
+    await topics.create(kafka_config)
+    await produce(kafka_config, topics, [latency_event(i) for i in range(3000)])
+    seen = Collector()
+    early: list[int] = []
+
+    async def apply(batch: Batch) -> None:
+        if consumer.stats.caught_up:  # a batch of the backlog is still being handed over
+            early.append(len(seen.events))
+        await seen(batch)
+
+    consumer = consumer_for(kafka_config, topics, apply, group=group, max_records=100)
+    task = asyncio.create_task(consumer.run())
+    await wait_until(lambda: consumer.stats.caught_up)
+    consumer.stop()
+    await task
+    assert early == []
+    assert len(seen.events) == 3000

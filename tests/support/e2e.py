@@ -184,8 +184,6 @@ class ControllerProcess:
             "EBBTIDE_KUBE__LEASE_DURATION_S": "2",
             "EBBTIDE_KUBE__RENEW_DEADLINE_S": "1.5",
             "EBBTIDE_KUBE__RETRY_PERIOD_S": "1",
-            "EBBTIDE_KAFKA__SESSION_TIMEOUT_MS": "2000",
-            "EBBTIDE_KAFKA__HEARTBEAT_INTERVAL_MS": "500",
             "EBBTIDE_EVALUATE_EVERY_S": "0.25",
             "EBBTIDE_RELOAD_EVERY_S": "0.5",
         }

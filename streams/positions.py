@@ -1,0 +1,115 @@
+"""Where a reader starts, and where it has to get to before it has caught up.
+
+A reader that rebuilds state from a topic (sliding windows, the decisions log) starts at a point
+in time, not at a committed offset: Kafka finds, per partition, the first message at or after
+that time (``offsets_for_times``). Where there is none the reader starts at the partition's end.
+
+The embedded broker's time lookup is not exact: on some topics it answers offset 0 for any time
+(every time it is asked). So, until a partition has given a message at or after the start time,
+older messages are dropped by their own timestamp too: a reader may fetch more than it needs,
+never keep less.
+
+It has *caught up* once every partition is read up to the end offset it had when the reader
+first fetched it. Both kinds of end come from the high watermark of a fetch answer, because the
+embedded broker's ``ListOffsets`` for the end (``seek_to_end``, ``end_offsets``) can be too low:
+until a partition headed for its end has been fetched once, what the fetch returns for it is
+older than the start and is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+__all__ = ["StartLine", "partitions_of"]
+
+
+async def partitions_of(
+    consumer: AIOKafkaConsumer, topic: str, timeout_s: float = 10.0
+) -> set[int]:
+    """The topic's partition numbers; ``ConnectionError`` if the broker does not know it."""
+    deadline = time.monotonic() + timeout_s
+    while (partitions := consumer.partitions_for_topic(topic)) is None:
+        if time.monotonic() > deadline:
+            raise ConnectionError(f"topic {topic!r} does not exist on the broker")
+        await consumer.topics()  # refreshes the cluster metadata
+        await asyncio.sleep(0.05)
+    return set(partitions)
+
+
+class StartLine:
+    """The start offsets and the end offsets seen at start of one reader's partitions."""
+
+    def __init__(self) -> None:
+        self.ends: dict[TopicPartition, int] = {}
+        """Per partition, its end offset when first fetched: the line to reach."""
+        self._to_end: set[TopicPartition] = set()
+        self._since_ms = 0
+        self._by_time: set[TopicPartition] = set()
+
+    async def seek_to_time(
+        self, consumer: AIOKafkaConsumer, partitions: Sequence[TopicPartition], since_s: float
+    ) -> None:
+        """Move each partition to its first message at or after ``since_s`` (epoch seconds), or
+        to its end when there is none (tansu answers "none" with timestamp -1 and offset 0, Kafka
+        with offset -1, which aiokafka turns into ``None``)."""
+        self._since_ms = int(since_s * 1000)
+        found = await consumer.offsets_for_times({tp: self._since_ms for tp in partitions})
+        for tp in partitions:
+            at = found.get(tp)
+            if at is None or at.timestamp < 0:
+                self._to_end.add(tp)
+                await consumer.seek_to_end(tp)
+            else:
+                self._by_time.add(tp)
+                consumer.seek(tp, at.offset)
+
+    def settle(
+        self, consumer: AIOKafkaConsumer, records: Mapping[TopicPartition, list[Any]]
+    ) -> dict[TopicPartition, list[Any]]:
+        """After each fetch: note the end offsets seen for the first time, move partitions headed
+        for their end there, and return ``records`` without what is older than the start."""
+        headed = set(self._to_end)
+        for tp in consumer.assignment():
+            if tp not in self.ends and (highwater := consumer.highwater(tp)) is not None:
+                self.ends[tp] = highwater
+                if tp in self._to_end:
+                    consumer.seek(tp, highwater)
+                    self._to_end.discard(tp)
+        out: dict[TopicPartition, list[Any]] = {}
+        for tp, messages in records.items():
+            if tp in headed:
+                continue
+            if tp in self._by_time:
+                first = next(
+                    (i for i, m in enumerate(messages) if m.timestamp >= self._since_ms), None
+                )
+                if first is None:
+                    continue
+                self._by_time.discard(tp)
+                messages = messages[first:]
+            out[tp] = messages
+        return out
+
+    def behind(
+        self, partitions: Iterable[TopicPartition], done: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, tuple[int | None, int | None]]:
+        """Partitions not yet read up to their line: (offset done or ``None``, line or ``None``
+        while no fetch has reported it)."""
+        out: dict[TopicPartition, tuple[int | None, int | None]] = {}
+        for tp in partitions:
+            at, end = done.get(tp), self.ends.get(tp)
+            if end is None or at is None or at < end:
+                out[tp] = (at, end)
+        return out
+
+    def forget(self, partitions: Iterable[TopicPartition]) -> None:
+        """Drop partitions that moved to another group member."""
+        for tp in partitions:
+            self.ends.pop(tp, None)
+            self._to_end.discard(tp)
+            self._by_time.discard(tp)
