@@ -28,8 +28,17 @@ Convert (whole cards → MIG) and revert (MIG → ``all-disabled``) are the same
 
 **Rollback** is one patch too: restore the previous config label (when ours is still there),
 uncordon unless it was cordoned before, delete the record; a Warning Event and a MIG-failure count
-go with it. Every transition is a single conditional patch that applies the step *and* records
-it, so a controller that dies anywhere finds either the old phase (and redoes an idempotent
+go with it. When the config label had already been changed and the previous one names a layout,
+the MIG manager has to put that layout back first: the rollback patch restores the label, keeps
+the node cordoned and records the phase ``restoring`` with its own deadline; the node is
+uncordoned (and the record deleted) only once the manager reports ``success`` for the old layout,
+so no GPU pod lands on half-configured cards. If it reports ``failed`` or stays silent past the
+deadline, the node is left cordoned for an operator with an ``EbbtideMigRestoreFailed`` Warning
+(its record deleted, so nothing waits on it any more). The flow's outcome, FAILED, is reported
+when the rollback starts; the budget unit comes back then.
+
+Every transition is a single conditional patch that applies the step *and* records it, so a
+controller that dies anywhere finds either the old phase (and redoes an idempotent
 step) or the new one: it resumes or rolls back, never starts over, never forgets a cordon.
 A 409 means the node moved under us: re-read and decide again.
 
@@ -39,13 +48,15 @@ once — uncordoned unless it was cordoned before, its record deleted, a Warning
 undoing our own cordon is the one write that takes the cluster back to where it was, and waiting
 for the switch to be lifted could leave the node cordoned indefinitely. A flow already
 ``reconfiguring`` is paused where it stands: the MIG manager is repartitioning, and uncordoning
-before it reports a known layout would schedule GPU pods onto it. Lost leadership pauses any flow
-(a follower writes nothing); the next leader resumes it from the record.
+before it reports a known layout would schedule GPU pods onto it. A flow ``restoring`` goes on:
+waiting for the old layout and uncordoning only take the node back to where it was. Lost
+leadership pauses any flow (a follower writes nothing); the next leader resumes it from the
+record.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, TypeVar
 
@@ -68,7 +79,14 @@ from controller.kube.migrecord import (
     uses_gpus,
 )
 from controller.kube.recorder import ObjectRef, Recorder
-from controller.kube.translate import DEPLOYMENT, PYTORCHJOB, STATEFULSET, Priorities, pod_from
+from controller.kube.translate import (
+    DEPLOYMENT,
+    PYTORCHJOB,
+    STATEFULSET,
+    Priorities,
+    WorkloadKind,
+    pod_from,
+)
 from controller.safety import SafetyGate, Target, Verdict
 from policies.decisions import Evict, Explanation, MigConvert
 from policies.drain import DrainRule, plan_drain
@@ -88,8 +106,6 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 MERGE_PATCH: Final = "application/merge-patch+json"
-#: Owners a drain recognises a service's pod by (the actuator's default workload kinds).
-_DRAIN_KINDS: Final = (DEPLOYMENT, STATEFULSET, PYTORCHJOB)
 #: A drain needs no priorities.
 _NO_PRIORITIES: Final = Priorities()
 _CONFLICT_RETRIES: Final = 3
@@ -152,6 +168,7 @@ class MigFlow:
         *,
         evict: Callable[[Evict], Awaitable[ActionResult]],
         nodes: Callable[[], Iterable[Obj]],
+        workload_kinds: Sequence[WorkloadKind] = (DEPLOYMENT, STATEFULSET, PYTORCHJOB),
         settings: MigFlowSettings | None = None,
         limits: ApiLimits | None = None,
     ) -> None:
@@ -161,6 +178,8 @@ class MigFlow:
         self._recorder = recorder
         self._evict = evict
         self._nodes = nodes
+        self._kinds = tuple(workload_kinds)
+        """The owners a drain recognises a service's pod by: the kinds the actuator scales."""
         self.settings = settings or MigFlowSettings()
         self._limits = limits or ApiLimits()
 
@@ -292,6 +311,8 @@ class MigFlow:
         record = record_of(node)
         if record is None:
             return ActionResult(decision, Outcome.ALREADY_DONE, "the flow has finished")
+        if record.phase == "restoring":
+            return await self._await_restore(decision, node, record)
         if self._gate.dry_run_for(decision) or self._gate.halted() is not None:
             why = self._gate.halted() or "dry-run"
             if record.phase == "draining":
@@ -311,7 +332,7 @@ class MigFlow:
             pod
             for p in pods
             if not p["metadata"].get("deletionTimestamp")
-            and (pod := pod_from(p, priorities=_NO_PRIORITIES, kinds=_DRAIN_KINDS)) is not None
+            and (pod := pod_from(p, priorities=_NO_PRIORITIES, kinds=self._kinds)) is not None
         ]
         drain = plan_drain(DrainRule.of(self._gate.policy), live)
         if drain.refusal is not None:
@@ -397,7 +418,7 @@ class MigFlow:
         if record is None:
             return None
         decision = record.decision(name)
-        if record.phase != "draining":
+        if record.phase == "reconfiguring":
             return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({halted})")
         why = f"{halted} turned on mid-flow"
         result = await self._settle(lambda: self._read_then_release(decision, why))
@@ -410,6 +431,8 @@ class MigFlow:
         record = record_of(node)
         if record is None:
             return ActionResult(decision, Outcome.ALREADY_DONE, "the flow has finished")
+        if record.phase == "restoring":
+            return await self._await_restore(decision, node, record)
         return await self._release(decision, node, record, why)
 
     async def _release(
@@ -432,21 +455,74 @@ class MigFlow:
     async def _write_rollback(
         self, decision: MigDecision, node: Obj, record: FlowRecord, what: str
     ) -> ActionResult:
-        """One patch: restore the config label if ours is on, uncordon unless it was cordoned
-        before, delete the record; a Warning Event and a MIG-failure count go with it."""
+        """One patch: restore the config label if ours is on; then either uncordon (unless it
+        was cordoned before) and delete the record, or, when the manager must put an old layout
+        back, keep the cordon and record ``restoring``. A Warning Event and a MIG-failure count
+        go with it."""
         labels: dict[str, str | None] = {}
         restored = ""
-        if labels_of(node).get(CONFIG_LABEL) == record.target:
+        ours = labels_of(node).get(CONFIG_LABEL) == record.target
+        if ours:
             labels = {CONFIG_LABEL: record.previous, STATE_LABEL: None}
             restored = f"; {CONFIG_LABEL} restored to {record.previous or '(none)'}"
-        patch: Obj = {
-            "metadata": {"labels": labels, "annotations": {FLOW_ANNOTATION: None}},
-            "spec": {"unschedulable": True if record.was_cordoned else None},
-        }
+        if ours and record.previous is not None:
+            deadline = self._gate.now() + self.settings.reconfigure_timeout_s
+            nxt = replace(record, phase="restoring", deadline=deadline)
+            patch: Obj = {
+                "metadata": {"labels": labels, "annotations": {FLOW_ANNOTATION: nxt.to_json()}}
+            }
+            cordon = "kept cordoned until the MIG manager reports the old layout back"
+        else:
+            patch = {
+                "metadata": {"labels": labels, "annotations": {FLOW_ANNOTATION: None}},
+                "spec": {"unschedulable": True if record.was_cordoned else None},
+            }
+            cordon = "left cordoned as it was before" if record.was_cordoned else "uncordoned"
         await self._patch_node(node, patch)
-        cordon = "left cordoned as it was before" if record.was_cordoned else "uncordoned"
         detail = f"{what}{restored}; {cordon}"
         return await self._done(decision, Outcome.FAILED, detail, self._ref(node))
+
+    async def _await_restore(
+        self, decision: MigDecision, node: Obj, record: FlowRecord
+    ) -> ActionResult:
+        """A rolled-back flow waits for the MIG manager to put the old layout back, then
+        uncordons; on ``failed`` or silence past the deadline it leaves the node cordoned for an
+        operator. Its outcome (FAILED) was reported when the rollback started: these steps are
+        Events and log lines, reported as IN_PROGRESS so the ledger's verdict stands."""
+        labels = labels_of(node)
+        state = labels.get(STATE_LABEL)
+        restored = labels.get(CONFIG_LABEL) == record.previous and state == "success"
+        late = self._gate.now() >= record.deadline
+        if not restored and state != "failed" and not late:
+            detail = f"rolled back; waiting for the MIG manager to restore {record.previous}"
+            return ActionResult(
+                decision, Outcome.IN_PROGRESS, f"{detail} (state {state or 'unset'})"
+            )
+        if not (verdict := self._gate.check_write()).ok:
+            return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({verdict.reason})")
+        if restored:
+            unschedulable = True if record.was_cordoned else None
+            reason = ("EbbtideMigRestored", "Normal")
+            detail = f"{decision.node} is back at {record.previous}; " + (
+                "left cordoned as it was before" if record.was_cordoned else "uncordoned"
+            )
+        else:
+            unschedulable = True
+            reason = ("EbbtideMigRestoreFailed", "Warning")
+            how = "reported failed" if state == "failed" else "no success before the deadline"
+            detail = (
+                f"the MIG manager did not restore {record.previous} ({how}); "
+                f"{decision.node} left cordoned: check its GPUs, then uncordon it"
+            )
+        patch: Obj = {
+            "metadata": {"annotations": {FLOW_ANNOTATION: None}},
+            "spec": {"unschedulable": unschedulable},
+        }
+        await self._patch_node(node, patch)
+        await self._done(
+            decision, Outcome.IN_PROGRESS, detail, self._ref(node), reason=reason, count=False
+        )
+        return ActionResult(decision, Outcome.IN_PROGRESS, detail)
 
     # --- helpers -------------------------------------------------------------------------------
 

@@ -41,10 +41,12 @@ STATE_LABEL: Final = "nvidia.com/mig.config.state"
 FLOW_ANNOTATION: Final = "ebbtide.io/mig-flow"
 
 Direction = Literal["convert", "revert"]
-Phase = Literal["draining", "reconfiguring"]
+Phase = Literal["draining", "reconfiguring", "restoring"]
 MigDecision = MigConvert | MigRevert
 Obj = dict[str, Any]
-_KNOWN: Final = {(d, p) for d in ("convert", "revert") for p in ("draining", "reconfiguring")}
+_KNOWN: Final = {
+    (d, p) for d in ("convert", "revert") for p in ("draining", "reconfiguring", "restoring")
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -206,6 +206,23 @@ async def test_revert_happy_path(
     assert_released(node)
 
 
+async def settled(manager: MigManager, *, within: float = 5.0) -> None:
+    """The manager has applied the layout a new node came with (it reacts to the creation)."""
+    deadline = time.monotonic() + within
+    while not manager.applied:
+        assert time.monotonic() < deadline, "the MIG manager never saw the node"
+        await asyncio.sleep(0.02)
+
+
+async def settle_restore(act: KubeActuator, server: KubeAPIServer, *, within: float = 5.0) -> None:
+    """Tick ``resume_all`` until the rolled-back flow's record is gone."""
+    deadline = time.monotonic() + within
+    while FLOW_ANNOTATION in (node_of(server)["metadata"].get("annotations") or {}):
+        assert time.monotonic() < deadline, "the rolled-back flow never settled"
+        await act.resume_all()
+        await asyncio.sleep(0.02)
+
+
 @pytest.mark.parametrize(
     ("outcome", "settings", "why"),
     [
@@ -214,7 +231,7 @@ async def test_revert_happy_path(
     ],
     ids=["manager-failed", "manager-never-answers"],
 )
-async def test_manager_failure_or_silence_rolls_back(
+async def test_manager_failure_or_silence_rolls_back_and_waits_for_the_old_layout(
     kubeapi: KubeAPIServer,
     kube_client: ApiClient,
     mig_manager: MigManager,
@@ -222,9 +239,12 @@ async def test_manager_failure_or_silence_rolls_back(
     settings: Obj,
     why: str,
 ) -> None:
-    """Manager failed or silent past the deadline: config restored, uncordoned, Warning."""
-    mig_manager.script("gpu-1", outcome)
+    """Manager failed or silent past the deadline: the flow fails (Warning), its config label
+    is restored, and the node stays cordoned until the manager reports the old layout back;
+    only then is it uncordoned."""
     await gpu_node(kubeapi)
+    await settled(mig_manager)
+    mig_manager.script("gpu-1", outcome, then="success", delay=0.3)
     act = actuator(kube_client, kubeapi, **settings)
     await act.apply([convert()])
     done = await drive(act)
@@ -232,12 +252,40 @@ async def test_manager_failure_or_silence_rolls_back(
     assert why in done.detail
     node = node_of(kubeapi)
     assert node["metadata"]["labels"][CONFIG_LABEL] == "all-disabled"
+    assert node["spec"].get("unschedulable") is True, "uncordoned before the old layout is back"
+    assert json.loads(node["metadata"]["annotations"][FLOW_ANNOTATION])["phase"] == "restoring"
+    await settle_restore(act, kubeapi)
+    node = node_of(kubeapi)
+    assert node["metadata"]["labels"][STATE_LABEL] == "success"
     assert node["metadata"]["labels"]["ebbtide.io/pool"] == "whole"
     assert_released(node)
+    assert mig_manager.applied[-1] == ("gpu-1", "all-disabled", "success")
     [warning] = [e for e in kubeapi.objects("events") if e["type"] == "Warning"]
     assert warning["reason"] == "EbbtideMigFailed"
     assert "[mig-convert-idle]" in warning["message"]
+    assert "EbbtideMigRestored" in reasons(kubeapi)
     assert act.stats.mig_failures == 1
+
+
+@pytest.mark.parametrize("restore", ["failed", "never"])
+async def test_an_old_layout_not_restored_leaves_the_node_cordoned_for_an_operator(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager, restore: Any
+) -> None:
+    """When the manager cannot put the old layout back either, the node is not uncordoned
+    onto cards in an unknown state: it stays cordoned, the record goes, a Warning says why."""
+    await gpu_node(kubeapi)
+    await settled(mig_manager)
+    mig_manager.script("gpu-1", "failed", then=restore)
+    act = actuator(kube_client, kubeapi, reconfigure_s=0.5)
+    await act.apply([convert()])
+    assert (await drive(act)).outcome is Outcome.FAILED
+    await settle_restore(act, kubeapi)
+    node = node_of(kubeapi)
+    assert node["spec"].get("unschedulable") is True
+    assert node["metadata"]["labels"][CONFIG_LABEL] == "all-disabled"
+    [gave_up] = [e for e in kubeapi.objects("events") if e["reason"] == "EbbtideMigRestoreFailed"]
+    assert gave_up["type"] == "Warning"
+    assert "check its GPUs, then uncordon it" in gave_up["message"]
 
 
 async def test_previously_cordoned_node_stays_cordoned(

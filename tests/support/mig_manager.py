@@ -60,6 +60,7 @@ A100_80GB_PROFILES: Mapping[str, Mapping[str, int]] = {
 class _Script:
     outcome: Outcome
     delay: float | None
+    then: Outcome | None = None
 
 
 class MigManager:
@@ -83,9 +84,17 @@ class MigManager:
         self.applied: list[tuple[str, str, Outcome]] = []
         """(node, config, outcome) for every reconfiguration that finished or was left pending."""
 
-    def script(self, node: str, outcome: Outcome, *, delay: float | None = None) -> None:
-        """Decide how the next reconfigurations of ``node`` end."""
-        self._scripts[node] = _Script(outcome, delay)
+    def script(
+        self,
+        node: str,
+        outcome: Outcome,
+        *,
+        delay: float | None = None,
+        then: Outcome | None = None,
+    ) -> None:
+        """Decide how the next reconfigurations of ``node`` end: all as ``outcome``, or with
+        ``then``, the next one as ``outcome`` and those after it as ``then``."""
+        self._scripts[node] = _Script(outcome, delay, then)
 
     async def start(self) -> None:
         store = self._server.store
@@ -154,6 +163,8 @@ class MigManager:
         script = self._scripts.get(name, _Script("success", None))
         try:
             await self._label(name, "pending")
+            if script.then is not None:  # this reconfiguration is under way: the next one is
+                self._scripts[name] = _Script(script.then, script.delay)
             if script.outcome == "never":
                 self.applied.append((name, config, "never"))
                 return
