@@ -61,7 +61,7 @@ from policies.engine import DEFAULT_UTIL_WINDOW_S, Engine
 from policies.loader import check_policy, read_sources
 from policies.model import Policy
 from streams import prometheus as prom
-from streams.capture import TopicReader
+from streams.capture import IncompleteRead, TopicReader
 from streams.connection import ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer
 from streams.events import EventDecoder
@@ -74,6 +74,8 @@ log = structlog.get_logger("ebbtide")
 _NOT_DONE = frozenset({Outcome.REFUSED, Outcome.BLOCKED, Outcome.FAILED})
 #: Tries to have the broker acknowledge an intent record before the action is refused.
 INTENT_ATTEMPTS = 3
+#: Seconds between tries to read the decisions log back after an incomplete read.
+RESTORE_RETRY_S = 5.0
 
 
 def load_policy_files(settings: Settings) -> Policy:
@@ -119,6 +121,8 @@ class Controller:
         self._audits: set[asyncio.Task[None]] = set()
         self._producer: KafkaProducer | None = None
         self._decisions_log: TopicReader | None = None
+        self._unrestored: str | None = None
+        """Why the decisions log has not been read back (no action until it has)."""
         self.http = HealthServer(
             settings.http.address,
             registry=self.metrics.registry,
@@ -234,6 +238,7 @@ class Controller:
     async def observe(self, batch: Batch) -> None:
         """The consumer's handler: the engine ingests the batch; then it counts as applied."""
         events = batch.events
+        self.engine.advance(self._clock())  # the bound on event time: now, not the last tick
         self.engine.observe_many(events)
         if events:
             newest = max(e.time for e in events)
@@ -265,12 +270,21 @@ class Controller:
         log.info("warm_start.done", events=len(result.events), skipped=dict(result.skipped))
 
     async def _restore_actions(self) -> None:
-        """Read back the decisions log over the longest budget or cooldown window into the
-        ledger, so budgets and cooldowns hold across a restart or a change of leader: no
-        action is repeated because the replica that took it is gone."""
+        """Start reading the decisions log and read it back over the longest budget or
+        cooldown window into the ledger (:meth:`_read_back`)."""
         topic = self.settings.kafka.decisions_topic
         if topic is None:
             return
+        self._decisions_log = TopicReader(self.settings.kafka.connection(), topic)
+        await self._decisions_log.start()
+        await self._read_back()
+
+    async def _read_back(self) -> None:
+        """Read the log back so budgets and cooldowns hold across a restart or a change of
+        leader: no action is repeated because the replica that took it is gone. A read that
+        could not reach the log's end is not used (part of the log would undercount what was
+        spent): the replica says so, stays unready, refuses to act, and tries again."""
+        assert self._decisions_log is not None
         spec = self.policy.spec
         horizon = max(
             spec.budgets.evictions.per,
@@ -279,11 +293,15 @@ class Controller:
             spec.cooldowns.service,
             *(s.cooldown or 0.0 for s in spec.services.values()),
         )
-        self._decisions_log = TopicReader(self.settings.kafka.connection(), topic)
-        await self._decisions_log.start()
-        values = await self._decisions_log.since(self._clock() - horizon)
+        try:
+            values = await self._decisions_log.since(self._clock() - horizon)
+        except IncompleteRead as exc:
+            self._unrestored = f"the decisions log was not read back: {exc}"
+            log.error("restore.incomplete", error=str(exc), retry_in_s=RESTORE_RETRY_S)
+            return
         for value in values:
             self._on_record(value)
+        self._unrestored = None
         log.info("restore.done", records=len(values), horizon_s=horizon)
 
     def _on_record(self, value: bytes) -> None:
@@ -296,6 +314,9 @@ class Controller:
             await asyncio.Event().wait()  # no decisions log configured: nothing to follow
             return
         try:
+            while self._unrestored is not None:
+                await asyncio.sleep(RESTORE_RETRY_S)
+                await self._read_back()
             await self._decisions_log.follow(self._on_record)
         finally:
             await self._decisions_log.stop()
@@ -350,6 +371,9 @@ class Controller:
         for d in decisions:
             if not self.runtime.is_leader():
                 out.append(ActionResult(d, Outcome.REFUSED, NOT_LEADER))
+                continue
+            if self._unrestored is not None:
+                out.append(ActionResult(d, Outcome.REFUSED, self._unrestored))
                 continue
             started = time.perf_counter()
             refusal = None
@@ -435,6 +459,8 @@ class Controller:
         consumer was assigned its partitions and applied them up to the end offsets seen at
         start (complete windows), then stays within ``ready_max_lag``."""
         problems = list(self._crashed)
+        if self._unrestored is not None:
+            problems.append(self._unrestored)
         if not self.runtime.cluster.synced:
             problems.append("cluster cache not synced")
         stats = self._consumer.stats if self._consumer else None

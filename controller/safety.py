@@ -45,6 +45,7 @@ from typing import Final
 from controller.cluster import Outcome
 from policies.budgets import Budgets, BudgetState, Ledger, SlidingBudget
 from policies.decisions import Decision, Evict, MigConvert, Scale
+from policies.drain import disrupt_forbidden
 from policies.model import DO_NOT_DISRUPT, Policy
 from policies.snapshot import FrozenMap
 
@@ -91,12 +92,6 @@ GO: Final = Verdict()
 
 def _refuse(reason: str) -> Verdict:
     return Verdict(Outcome.REFUSED, reason)
-
-
-def disrupt_forbidden(annotations: Mapping[str, str]) -> bool:
-    """``ebbtide.io/do-not-disrupt`` is set to anything but ``false``."""
-    value = annotations.get(DO_NOT_DISRUPT)
-    return value is not None and value.strip().lower() != "false"
 
 
 def _matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:

@@ -108,6 +108,7 @@ class KubeActuator:
             self.recorder,
             evict=self.evict,
             nodes=nodes,
+            workload_kinds=workload_kinds,
             settings=mig,
             limits=self._limits,
         )

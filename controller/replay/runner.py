@@ -264,10 +264,12 @@ class _Replay:
         summary.ticks += 1
         self.k += 1
         self.next_tick = self.t0 + self.k * self.dt
+        self.engine.advance(self.next_tick)  # events up to the next tick are on time
 
     def _start(self, ts: float) -> None:
         dt = self.dt
         self.t0 = self.next_tick = math.ceil(ts / dt) * dt
+        self.engine.advance(self.t0)
         self.cluster = self.make_cluster(self.t0)
         self.wall0 = time.perf_counter()
         tl = self.timeline = Timeline(start=self.t0, dt=dt, capacity=self.points)

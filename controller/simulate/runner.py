@@ -319,6 +319,7 @@ class _Loop:
 
     def tick(self, k: int) -> None:
         now = self.t0 + k * self.dt
+        self.meter.advance(now)  # this tick's events are stamped now: on time
         dt, b = self.dt, self.bench
         factor = b.shape.factor(now)
         snap = self._refresh()
