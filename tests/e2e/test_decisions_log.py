@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from controller import app
 from controller.app import Controller, load_policy_files
 from controller.cluster import Outcome
 from controller.kube.migrecord import FlowRecord
@@ -20,6 +21,7 @@ from controller.settings import Settings, load_settings
 from controller.sim.runtime import SimRuntime
 from policies.decisions import Decision, Evict, Explanation, MigConvert, Scale, decision_to_dict
 from streams.broker import EmbeddedBroker
+from streams.capture import IncompleteRead, TopicReader
 from streams.connection import ensure_topics
 from streams.events import InferenceLatency
 from streams.producer import KafkaProducer, ProduceError
@@ -203,3 +205,42 @@ async def test_an_unacknowledged_intent_is_retried_then_refuses_the_action(
         assert controller.runtime.cluster.snapshot() is before  # type: ignore[attr-defined]
         assert used(controller)["scale_steps"] == 0
     assert not controller.crashed
+
+
+async def test_an_incomplete_read_back_is_not_used_and_no_action_is_taken_until_complete(
+    settings: Settings,
+    write: Callable[[Decision, str], object],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A decisions log that could not be read to its end is not guessed from: the replica is
+    unready and refuses every action with the reason, tries again, and once the read is
+    complete counts what the log holds and acts."""
+    now = time.time()
+    for i in range(4):
+        await write(evict(f"ml/train-{i}", now - 10), "applied")  # type: ignore[misc]
+    real_since = TopicReader.since
+    calls = []
+
+    async def since_once_incomplete(self: TopicReader, since_s: float, **kw: float) -> list[bytes]:
+        calls.append(since_s)
+        if len(calls) == 1:
+            raise IncompleteRead(self.topic, progress={0: (1, 4)}, timeout_s=15)
+        return await real_since(self, since_s, **kw)
+
+    monkeypatch.setattr(TopicReader, "since", since_once_incomplete)
+    monkeypatch.setattr(app, "RESTORE_RETRY_S", 0.05)
+    controller = make_controller(settings)
+    await controller._restore_actions()
+    assert used(controller)["evictions"] == 0  # nothing of the partial read was used
+    (problem,) = [p for p in controller._not_ready() if "decisions log" in p]
+    assert "partition 0 at 1/4" in problem
+    results = await breach_until_decided(controller)
+    assert {r.outcome for r in results} == {Outcome.REFUSED}  # type: ignore[attr-defined]
+    assert all("not read back" in r.detail for r in results)  # type: ignore[attr-defined]
+    follower = asyncio.create_task(controller._follow_decisions())
+    try:
+        await eventually(lambda: used(controller)["evictions"] == 4, 10)
+    finally:
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+    assert not [p for p in controller._not_ready() if "decisions log" in p]
