@@ -127,7 +127,7 @@ async def main(rates: list[int], trials: int) -> None:
                 controller = subprocess.Popen(
                     [sys.executable, "-m", "controller", "run", "--policy", str(policy),
                      "--bootstrap", broker.bootstrap, "--identity", "bench",
-                     "--metrics-address", f"127.0.0.1:{port}"],
+                     "--metrics-address", f"127.0.0.1:{port}", "--live"],
                     stdout=out, stderr=subprocess.STDOUT, env=env,
                 )  # fmt: skip
             try:

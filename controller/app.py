@@ -97,7 +97,7 @@ class Controller:
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.settings = settings
+        self.settings = settings.for_policy(policy)
         self.runtime = runtime
         self._clock = clock
         self.policy = policy

@@ -22,6 +22,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from policies.model import Policy
 from streams.connection import KafkaConfig, Secret
 from streams.events import Limits
 
@@ -162,8 +163,10 @@ class Settings(BaseSettings):
     """Policy files; several merge into one policy."""
     cluster: str = "kube"
     """``kube`` (the Kubernetes API) or ``sim:SCENARIO.yaml`` (a simulated cluster)."""
-    dry_run: bool = False
-    """Decide and report, write nothing (whatever the policy says)."""
+    dry_run: bool | None = None
+    """Decide and report, write nothing (whatever the policy says). Unset: dry-run against a
+    real cluster (``kube``) unless the policy says ``dryRun: false``, live on a simulated one;
+    :meth:`for_policy` settles it."""
     evaluate_every_s: float = Field(1.0, gt=0)
     """Evaluate at least this often, so recoveries and idleness are seen without new events."""
     reload_every_s: float = Field(2.0, gt=0)
@@ -173,6 +176,17 @@ class Settings(BaseSettings):
     kube: KubeSettings = KubeSettings()
     http: HttpSettings = HttpSettings()
     warm_start: WarmStartSettings = WarmStartSettings()
+
+    def for_policy(self, policy: Policy) -> Settings:
+        """These settings with ``dry_run`` settled for ``policy``: safe by default, so a
+        controller pointed at a real cluster writes nothing until told to (``--no-dry-run``,
+        ``EBBTIDE_DRY_RUN=false``, or the policy's own ``dryRun: false``)."""
+        if self.dry_run is not None:
+            return self
+        live = self.cluster != "kube" or (
+            "dry_run" in policy.spec.model_fields_set and not policy.spec.dry_run
+        )
+        return self.model_copy(update={"dry_run": not live})
 
     @model_validator(mode="after")
     def _cluster_mode(self) -> Settings:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import structlog
 from pydantic import ValidationError
 
 from controller.app import Controller, load_policy_files
@@ -15,6 +16,8 @@ from controller.settings import Settings, load_settings
 from policies.model import Policy
 
 __all__ = ["COMMANDS"]
+
+log = structlog.get_logger("ebbtide")
 
 
 async def make_runtime(settings: Settings, policy: Policy) -> ClusterRuntime:
@@ -38,7 +41,13 @@ async def make_runtime(settings: Settings, policy: Policy) -> ClusterRuntime:
 )
 @click.option("--bootstrap", help="Kafka bootstrap servers. Env: EBBTIDE_KAFKA__BOOTSTRAP.")
 @click.option("--cluster", help="kube (default) or sim:SCENARIO.yaml.")
-@click.option("--dry-run/--no-dry-run", default=None, help="Decide and report; write nothing.")
+@click.option(
+    "--dry-run/--no-dry-run",
+    " /--live",
+    default=None,
+    help="Decide and report; write nothing. Default: dry-run against a real cluster (kube) "
+    "unless the policy says dryRun: false; live on a simulated one. Env: EBBTIDE_DRY_RUN.",
+)
 @click.option(
     "--config",
     "config_file",
@@ -81,9 +90,16 @@ def run(
 
     async def main() -> None:
         policy = load_policy_files(settings)
-        runtime = await make_runtime(settings, policy)
+        resolved = settings.for_policy(policy)
+        if resolved.dry_run:
+            log.warning(
+                "controller.dry_run",
+                why="--dry-run" if settings.dry_run else "the default against a real cluster",
+                go_live="--live, EBBTIDE_DRY_RUN=false or the policy's dryRun: false",
+            )
+        runtime = await make_runtime(resolved, policy)
         try:
-            controller = Controller(settings, runtime, policy)
+            controller = Controller(resolved, runtime, policy)
             await controller.run()
         finally:
             await runtime.close()

@@ -67,7 +67,8 @@ class KubeRuntime:
                 retry_period_s=k.retry_period_s,
             ),
         )
-        self.gate = SafetyGate(policy, is_leader=self.is_leader, dry_run=settings.dry_run)
+        dry_run = bool(settings.for_policy(policy).dry_run)
+        self.gate = SafetyGate(policy, is_leader=self.is_leader, dry_run=dry_run)
         kinds = workload_kinds(k.workload_kinds)
         self.state = KubeClusterState(
             api, ClusterStateSettings(node_selector=k.node_selector or None, workload_kinds=kinds)

@@ -100,7 +100,7 @@ class SimRuntime:
     @classmethod
     def from_file(cls, scenario: Path, policy: Policy, settings: Settings) -> SimRuntime:
         sim = SimCluster.from_scenario(load_scenario(scenario), start=time.time(), policy=policy)
-        return cls(sim, SafetyGate(policy, dry_run=settings.dry_run))
+        return cls(sim, SafetyGate(policy, dry_run=bool(settings.for_policy(policy).dry_run)))
 
     @property
     def cluster(self) -> Cluster:

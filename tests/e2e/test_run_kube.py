@@ -94,10 +94,16 @@ async def test_an_idle_node_is_converted_to_mig(world: World) -> None:
     assert controller.stop() == 0
 
 
-async def test_dry_run_writes_nothing_but_reports_what_it_would_do(world: World) -> None:
-    """With --dry-run a breach and an idle node produce decisions marked dry_run, and the only
-    writes the API server sees are Events and the Lease."""
-    controller = world.start("--dry-run")
+@pytest.mark.parametrize(
+    "env", [{}, {"EBBTIDE_DRY_RUN": None}], ids=["--dry-run", "the-default-against-kube"]
+)
+async def test_dry_run_writes_nothing_but_reports_what_it_would_do(
+    world: World, env: dict[str, str | None]
+) -> None:
+    """With --dry-run, and by default against a real cluster, a breach and an idle node produce
+    decisions marked dry_run, and the only writes the API server sees are Events and the
+    Lease."""
+    controller = world.start(*([] if env else ["--dry-run"]), env=env)
     await ready(controller)
 
     def feed() -> None:

@@ -462,7 +462,9 @@ async def test_ticks_find_flows_in_the_watch_cache_and_list_no_nodes(
     await gpu_pod(kubeapi, "train-0", app="train")
     await block_with_pdb(kubeapi)
     lease = {"lease_namespace": "default", "lease_duration_s": 2, "renew_deadline_s": 1.5}
-    settings = Settings(policies=[tmp_path / "p.yaml"], kube={**lease, "retry_period_s": 1})
+    settings = Settings(
+        policies=[tmp_path / "p.yaml"], kube={**lease, "retry_period_s": 1}, dry_run=False
+    )
     runtime = KubeRuntime(kube_client, settings, policy())
     task = asyncio.create_task(runtime.run(), name="runtime")
     try:

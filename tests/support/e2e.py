@@ -128,8 +128,10 @@ class World:
     sent: dict[str, int] = field(default_factory=dict)
     """Messages produced per topic."""
 
-    def start(self, *extra: str, identity: str = "e2e", env: dict[str, str] | None = None,
+    def start(self, *extra: str, identity: str = "e2e", env: dict[str, str | None] | None = None,
               policy: Path = HERE / "policy.yaml") -> ControllerProcess:  # fmt: skip
+        """A controller process (acting: ``EBBTIDE_DRY_RUN=false``); an ``env`` value of
+        ``None`` or ``""`` unsets that variable."""
         process = ControllerProcess.start(self, *extra, identity=identity, env=env, policy=policy)
         self.processes.append(process)
         return process
@@ -173,7 +175,7 @@ class ControllerProcess:
     log: Path
 
     @classmethod
-    def start(cls, world: World, *extra: str, identity: str, env: dict[str, str] | None,
+    def start(cls, world: World, *extra: str, identity: str, env: dict[str, str | None] | None,
               policy: Path) -> ControllerProcess:  # fmt: skip
         port = free_port()
         log = world.tmp / f"controller-{identity}-{uuid.uuid4().hex[:4]}.log"
@@ -186,6 +188,7 @@ class ControllerProcess:
             "EBBTIDE_KUBE__RETRY_PERIOD_S": "1",
             "EBBTIDE_EVALUATE_EVERY_S": "0.25",
             "EBBTIDE_RELOAD_EVERY_S": "0.5",
+            "EBBTIDE_DRY_RUN": "false",  # the tests act; a real cluster defaults to dry-run
         }
         with log.open("wb") as out:
             process = subprocess.Popen(
@@ -193,7 +196,7 @@ class ControllerProcess:
                  "--bootstrap", world.broker.bootstrap, "--identity", identity,
                  "--metrics-address", f"127.0.0.1:{port}", *extra],
                 stdout=out, stderr=subprocess.STDOUT,
-                env=os.environ | settings_env | (env or {}),
+                env={k: v for k, v in (os.environ | settings_env | (env or {})).items() if v},
             )  # fmt: skip
         return cls(process, port, log)
 
@@ -263,6 +266,7 @@ async def in_process_controller(kubeapi: KubeAPIServer, tmp: Path) -> AsyncItera
               "lease_namespace": "default", "lease_duration_s": 2, "renew_deadline_s": 1.5,
               "retry_period_s": 1},
         http={"address": "127.0.0.1:0"},
+        dry_run=False,
     )  # fmt: skip
     policy = load_policy_files(settings)
     runtime = await KubeRuntime.connect(settings, policy)
