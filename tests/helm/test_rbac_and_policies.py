@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -108,26 +109,80 @@ def test_configmap_policies_pass_policy_validate(
     assert result.output.startswith("ok: policy 'balanced'")
 
 
-def test_several_policy_files_merge_and_validate(chart: Any, tmp_path: Path) -> None:
-    """Two documents in `policies` become two --policy flags that merge into one valid policy."""
-    out = render(
-        chart,
-        {
-            "policies": {
-                "extra.yaml": {
-                    "apiVersion": "ebbtide.io/v1alpha1",
-                    "kind": "Policy",
-                    "metadata": {"name": "extra"},
-                    "spec": {"pools": {"spare": {"nodeSelector": {"ebbtide.io/pool": "spare"}}}},
-                }
-            }
-        },
-    )
-    cm = load_yaml(out["ebbtide/templates/configmap-policies.yaml"])
-    assert sorted(cm["data"]) == ["balanced.yaml", "extra.yaml"]
+SLO = {"percentile": 99, "objectiveMs": 300}
+EXTRA_POOL = {
+    "apiVersion": "ebbtide.io/v1alpha1",
+    "kind": "Policy",
+    "metadata": {"name": "extra"},
+    "spec": {"pools": {"spare": {"nodeSelector": {"ebbtide.io/pool": "spare"}}}},
+}
+
+
+def validate_files(data: dict[str, str], tmp_path: Path) -> Any:
+    """`ebbtide policy validate` on the ConfigMap's files, written out as the pod sees them."""
     paths = []
-    for file, text in sorted(cm["data"].items()):
+    for file, text in sorted(data.items()):
         (tmp_path / file).write_text(text)
         paths.append(str(tmp_path / file))
-    result = CliRunner().invoke(cli, ["policy", "validate", *paths])
+    return CliRunner().invoke(cli, ["policy", "validate", *paths])
+
+
+def policy_files(out: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The ConfigMap's file names and the Deployment's --policy flags."""
+    cm = load_yaml(out["ebbtide/templates/configmap-policies.yaml"])
+    deploy = load_yaml(out["ebbtide/templates/deployment.yaml"])
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    flags = [a.removeprefix("--policy=/etc/ebbtide/policies.d/") for a in args if "--policy=" in a]
+    return sorted(cm["data"]), flags
+
+
+def test_your_policy_replaces_the_default(chart: Any, tmp_path: Path) -> None:
+    """A policy of your own is the only one the controller reads: the default's chat service
+    and MIG rules do not slip in beside it."""
+    library = load_yaml((REPO / "policies/library/latency-first.yaml").read_text())
+    out = render(chart, {"policies": {"mine.yaml": library}})
+    assert policy_files(out) == (["mine.yaml"], ["mine.yaml"])
+    cm = load_yaml(out["ebbtide/templates/configmap-policies.yaml"])
+    result = validate_files(cm["data"], tmp_path)
     assert result.exit_code == 0, result.output
+
+
+def test_merging_with_the_default_when_asked(chart: Any, tmp_path: Path) -> None:
+    """With mergeDefaultPolicies, two documents become two --policy flags that merge into one
+    valid policy."""
+    out = render(chart, {"policies": {"extra.yaml": EXTRA_POOL}, "mergeDefaultPolicies": True})
+    assert policy_files(out) == (["balanced.yaml", "extra.yaml"], ["balanced.yaml", "extra.yaml"])
+    cm = load_yaml(out["ebbtide/templates/configmap-policies.yaml"])
+    result = validate_files(cm["data"], tmp_path)
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    ("spec", "path"),
+    [
+        pytest.param({"training": {"selector": {"a": "b"}}}, "spec.training", id="training-twice"),
+        pytest.param(
+            {"services": {"chat": {"namespace": "x", "pool": "whole", "slo": SLO}}},
+            "spec.services.chat",
+            id="same-service",
+        ),
+        pytest.param(
+            {"pools": {"whole": {"nodeSelector": {"a": "b"}}}}, "spec.pools.whole", id="same-pool"
+        ),
+    ],
+)
+def test_a_merge_the_controller_would_refuse_fails_the_install(
+    chart: Any, spec: dict[str, Any], path: str, tmp_path: Path
+) -> None:
+    """Merged on purpose with a conflicting document: `helm install` fails at template time
+    with the key and both file names, which is what the controller would refuse at start."""
+    doc = {**EXTRA_POOL, "spec": {**EXTRA_POOL["spec"], **spec}}
+    with pytest.raises(Exception, match=rf"{path} is defined in both balanced.yaml and mine.yaml"):
+        render(chart, {"policies": {"mine.yaml": doc}, "mergeDefaultPolicies": True})
+    data = {
+        "balanced.yaml": (REPO / "policies/library/balanced.yaml").read_text(),
+        "mine.yaml": json.dumps(doc),
+    }
+    refused = validate_files(data, tmp_path)
+    assert refused.exit_code != 0
+    assert "defined twice" in refused.output

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
+from ruamel.yaml import YAML
 
 from .conftest import CHART, NAMESPACE, VALUE_SETS, Rendered, helm, values_for
 
@@ -252,3 +254,12 @@ def test_monitoring_objects(rendered: dict[str, Rendered]) -> None:
     dash = r.one("ConfigMap", "-dashboard")
     assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert dash["metadata"]["namespace"] == "monitoring"
+
+
+def test_chart_readme_lists_every_top_level_value() -> None:
+    """The chart README's values table names every top-level key of values.yaml."""
+    values = YAML(typ="safe").load((Path(CHART) / "values.yaml").read_text())
+    readme = (Path(CHART) / "README.md").read_text()
+    table = [line for line in readme.splitlines() if line.startswith("| `")]
+    missing = [key for key in values if not any(f"`{key}" in row for row in table)]
+    assert missing == []

@@ -85,7 +85,6 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str | None, str]] = [
         "/policies/p.yaml/spec",
         "missing property 'pools'",
     ),
-    ("no policy at all", {"policies": {"balanced.yaml": None}}, "/policies", "minProperties"),
 ]
 
 
@@ -134,3 +133,9 @@ def test_every_default_value_is_described_by_the_schema() -> None:
         return out
 
     assert missing(defaults, schema, "") == []
+
+
+def test_no_policy_at_all_fails_the_install(chart: Any) -> None:
+    """Dropping the default policy without giving one of your own fails at template time."""
+    with pytest.raises(Exception, match="no policy file"):
+        render(chart, {"defaultPolicies": {"balanced.yaml": None}})

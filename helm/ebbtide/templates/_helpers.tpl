@@ -175,3 +175,40 @@ runAsUser: {{ . }}
 {{- define "ebbtide.metricsSelector" -}}
 job="{{ include "ebbtide.fullname" . }}",namespace="{{ .Release.Namespace }}"
 {{- end }}
+
+{{- /*
+The policy files the controller reads: `policies`, which replace `defaultPolicies` unless
+`mergeDefaultPolicies` (or unless `policies` is empty). The controller merges several files into
+one policy: pools and services are unions by name, protectedNamespaces is concatenated, and any
+other spec key defined twice is a conflict it refuses to start with; such a merge fails here, at
+install time, naming both files.
+*/}}
+{{- define "ebbtide.policies" -}}
+{{- $files := dict -}}
+{{- if or (not .Values.policies) .Values.mergeDefaultPolicies -}}
+{{- range $file, $doc := .Values.defaultPolicies }}{{ if $doc }}{{ $_ := set $files $file $doc }}{{ end }}{{ end -}}
+{{- end -}}
+{{- range $file, $doc := .Values.policies }}{{ if $doc }}{{ $_ := set $files $file $doc }}{{ end }}{{ end -}}
+{{- if not $files -}}
+{{- fail "policies: no policy file (set policies, or keep defaultPolicies)" -}}
+{{- end -}}
+{{- $seen := dict -}}
+{{- range $file := keys $files | sortAlpha -}}
+{{- range $key, $value := (get $files $file).spec | default dict -}}
+{{- $paths := list (printf "spec.%s" $key) -}}
+{{- if has $key (list "pools" "services") -}}
+{{- $paths = list -}}
+{{- range $name, $_ := $value }}{{ $paths = append $paths (printf "spec.%s.%s" $key $name) }}{{ end -}}
+{{- else if eq $key "protectedNamespaces" -}}
+{{- $paths = list -}}
+{{- end -}}
+{{- range $path := $paths -}}
+{{- if hasKey $seen $path -}}
+{{- fail (printf "policies: %s is defined in both %s and %s, so the controller would refuse to start; your policies replace defaultPolicies unless mergeDefaultPolicies is true" $path (get $seen $path) $file) -}}
+{{- end -}}
+{{- $_ := set $seen $path $file -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $files -}}
+{{- end -}}
