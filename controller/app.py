@@ -149,7 +149,9 @@ class Controller:
             loop.add_signal_handler(sig, self.stop)
         topics = [s.kafka.latency_topic, s.kafka.gpu_topic, s.kafka.deadletter_topic]
         await ensure_topics(
-            kafka, topics + ([s.kafka.decisions_topic] if s.kafka.decisions_topic else [])
+            kafka,
+            topics + ([s.kafka.decisions_topic] if s.kafka.decisions_topic else []),
+            replication_factor=s.kafka.replication_factor,
         )
         await self.warm_start()
         await self._restore_actions()

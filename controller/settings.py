@@ -55,6 +55,9 @@ class KafkaSettings(_Group):
     deadletter_topic: str = "ebbtide.deadletter"
     decisions_topic: str | None = "ebbtide.decisions"
     """Audit log of every decision and its outcome; empty to disable."""
+    replication_factor: int | None = Field(None, ge=1)
+    """Replicas of the topics the controller creates when they do not exist (the decisions log
+    carries budgets across restarts); unset: three, or every broker of a smaller cluster."""
     client_id: str = "ebbtide"
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None

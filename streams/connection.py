@@ -16,7 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from aiokafka.helpers import create_ssl_context
 
-__all__ = ["KafkaConfig", "Secret", "ensure_topics"]
+__all__ = ["KafkaConfig", "Secret", "default_replication", "ensure_topics"]
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -72,26 +72,44 @@ class KafkaConfig:
         return kwargs
 
 
+def default_replication(brokers: int) -> int:
+    """Three replicas, as Kafka's internal topics default to, or every broker of a smaller
+    cluster (a factor above the broker count is refused)."""
+    return max(1, min(3, brokers))
+
+
 async def ensure_topics(
     config: KafkaConfig,
     topics: list[str],
     *,
     partitions: int = 1,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
     timeout_s: float = 15.0,
 ) -> None:
-    """Create the topics that do not exist yet; existing ones are left as they are."""
+    """Create the topics that do not exist yet; existing ones are left as they are. Without a
+    ``replication_factor``, each is replicated as Kafka's own default for internal topics is:
+    three times, or once per broker on a smaller cluster."""
     admin = AIOKafkaAdminClient(**config.client_kwargs(), request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
         existing = set(await admin.list_topics())
         missing = [t for t in topics if t not in existing]
         if missing:
+            if replication_factor is None:
+                brokers = (await admin.describe_cluster())["brokers"]
+                replication_factor = default_replication(len(brokers))
             # Created concurrently by another client is what we wanted.
             with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics(
+                response = await admin.create_topics(
                     [NewTopic(t, partitions, replication_factor) for t in missing]
                 )
+                refused = [
+                    f"{topic}: {message or f'error {code}'}"
+                    for topic, code, message in response.topic_errors
+                    if code not in (0, TopicAlreadyExistsError.errno)
+                ]
+                if refused:
+                    raise ConnectionError(f"Kafka refused to create topics: {'; '.join(refused)}")
     except (KafkaError, TimeoutError) as exc:
         raise ConnectionError(
             f"cannot reach Kafka at {config.bootstrap} to create topics: {exc}"

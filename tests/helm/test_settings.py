@@ -79,6 +79,14 @@ def test_sasl_tls_settings_point_at_the_mounted_files(
     assert kafka.ssl_cafile == Path("/etc/ebbtide/kafka-tls/ca.crt")
     assert kafka.ssl_certfile == Path("/etc/ebbtide/kafka-tls/tls.crt")
     assert kafka.ssl_keyfile == Path("/etc/ebbtide/kafka-tls/tls.key")
+    assert kafka.replication_factor == 3
+    assert (
+        _load(
+            rendered["default"].one("Deployment")["spec"]["template"]["spec"]["containers"][0],
+            monkeypatch,
+        ).kafka.replication_factor
+        is None
+    )
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     for path in (kafka.sasl_password_file, kafka.ssl_cafile, kafka.ssl_keyfile):
         assert str(path.parent) in mounts
