@@ -24,6 +24,7 @@ from policies.model import Policy
 from policies.snapshot import Snapshot
 
 __all__ = [
+    "MIG_FAILED_HOLD_OFF_S",
     "NOT_FREED",
     "NOT_LEADER",
     "RETRY_HOLD_OFF_S",
@@ -37,6 +38,8 @@ __all__ = [
 #: How long a pod whose eviction a PodDisruptionBudget refused is skipped as a victim, and how
 #: long a service waits to try again after part of its response was not carried out.
 RETRY_HOLD_OFF_S: Final = 60.0
+#: How long a node whose MIG reconfiguration failed is left out of MIG planning.
+MIG_FAILED_HOLD_OFF_S: Final = 3600.0
 #: The start of the detail of a follower's refusal (a follower decides but never acts).
 NOT_LEADER: Final = "not the leader"
 #: The start of the detail of a scale-up refused because freeing its GPUs was not carried out.
@@ -135,15 +138,22 @@ def feed_back(engine: Engine, results: Iterable[ActionResult], *, now: float) ->
     come back. A PodDisruptionBudget's "not now" holds its pod off for
     :data:`RETRY_HOLD_OFF_S` and lets the service try again at once with the next victim (as
     does a follower's "not the leader"); any other refusal or failure would repeat itself, so
-    the service waits :data:`RETRY_HOLD_OFF_S` before the next try."""
+    the service waits :data:`RETRY_HOLD_OFF_S` before the next try. A node whose MIG flow
+    failed is left out of MIG planning for :data:`MIG_FAILED_HOLD_OFF_S`: its budget unit
+    comes back, but another try would likely fail again after draining its training."""
     for r in results:
         if r.outcome not in _NOT_DONE:
             continue
         blocked = r.outcome is Outcome.BLOCKED
         at_once = blocked or r.detail.startswith((NOT_LEADER, NOT_FREED))
+        hold = None
+        if blocked:
+            hold = now + RETRY_HOLD_OFF_S
+        elif r.outcome is Outcome.FAILED and r.decision.action in ("mig_convert", "mig_revert"):
+            hold = now + MIG_FAILED_HOLD_OFF_S
         engine.not_done(
             r.decision,
             reason=r.detail,
             retry_at=now if at_once else now + RETRY_HOLD_OFF_S,
-            hold_until=now + RETRY_HOLD_OFF_S if blocked else None,
+            hold_until=hold,
         )

@@ -454,7 +454,8 @@ class Engine:
         at ``retry_at`` (default: at once), never later than the cooldown would have allowed.
         With ``hold_until``,
         an eviction's pod (a PodDisruptionBudget answered 429) is not picked as a victim again
-        before then: the next one in victim order is taken instead."""
+        before then: the next one in victim order is taken instead; a MIG flow's node is not
+        planned for before then."""
         self._ledger.settle(decision.id, action=decision.action, done=False, at=decision.at)
         svc = None if decision.cause is None else self._services.get(decision.cause)
         if svc is not None:
@@ -470,7 +471,7 @@ class Engine:
                 not_before = min(retry, decision.at + quiet)
                 self._cooldowns.retry(key, decision.at, not_before=not_before)
         if isinstance(decision, MigConvert | MigRevert):
-            self._flights.drop(decision.node)
+            self._flights.drop(decision.node, hold_until=hold_until)
         if hold_until is not None and isinstance(decision, Evict):
             self._held[decision.pod] = (hold_until, reason)
 

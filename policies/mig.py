@@ -94,16 +94,21 @@ class IdleTracker:
 class MigFlights:
     """Conversions and reverts the engine decided and the cluster has not finished yet."""
 
-    __slots__ = ("_flights",)
+    __slots__ = ("_flights", "_held")
 
     def __init__(self) -> None:
         self._flights: dict[str, tuple[float, str]] = {}
+        self._held: dict[str, float] = {}
+        """Nodes whose last flow failed, and until when nothing is planned for them."""
 
     def start(self, node: str, now: float, target_config: str) -> None:
         self._flights[node] = (now, target_config)
 
     def settle(self, nodes: Mapping[str, Node], now: float, stuck_after: float) -> None:
-        """Forget flights the snapshot shows finished, and ones stuck longer than allowed."""
+        """Forget flights the snapshot shows finished, ones stuck longer than allowed, and
+        holds that have run out."""
+        for name in [n for n, until in self._held.items() if until <= now]:
+            del self._held[name]
         for name, (since, target) in sorted(self._flights.items()):
             node = nodes.get(name)
             done = (
@@ -121,12 +126,17 @@ class MigFlights:
         return len(busy)
 
     def busy(self, node: Node) -> bool:
-        """A flight is decided here or shown under way by the snapshot: plan nothing for it."""
-        return node.name in self._flights or _under_way(node)
+        """A flight is decided here or shown under way by the snapshot, or the node's last
+        flow failed lately: plan nothing for it."""
+        return node.name in self._flights or node.name in self._held or _under_way(node)
 
-    def drop(self, node: str) -> None:
-        """The cluster did not start it (refused, failed): free its ``maxConcurrent`` slot."""
+    def drop(self, node: str, *, hold_until: float | None = None) -> None:
+        """The cluster did not start it (refused) or it failed: free its ``maxConcurrent``
+        slot; with ``hold_until``, plan nothing for the node before then (a reconfiguration
+        that failed would fail again, draining the node's training each time)."""
         self._flights.pop(node, None)
+        if hold_until is not None:
+            self._held[node] = max(hold_until, self._held.get(node, hold_until))
 
 
 def _drain(inv: Inventory, node: Node) -> DrainPlan:

@@ -4,7 +4,7 @@ outcomes and the decisions log; and an action that did not happen starts no cool
 from __future__ import annotations
 
 import pytest
-from policy_fixtures import T0, make_policy, run
+from policy_fixtures import T0, make_policy, run, util
 from test_engine import breach_cluster
 
 from policies.budgets import Ledger, LogRecord
@@ -129,3 +129,30 @@ def test_a_refused_response_retries_after_the_hold_off_not_the_cooldown() -> Non
     again = [(t2, ds) for t2, ds in run(engine, snap, t + 1, t + 25, 900.0) if ds]
     assert again, "the service was not decided for again after the hold-off"
     assert again[0][0] == t + 20
+
+
+def test_a_failed_mig_flow_gives_its_unit_back_but_holds_its_node_off() -> None:
+    """A conversion that failed no longer counts against the MIG budget, but its node is not
+    planned again before the hold ends (another try would drain its training and likely fail
+    again); other nodes may be converted meanwhile."""
+    from test_mig_and_budgets import idle_run
+
+    from policies.decisions import MigConvert
+    from policies.snapshot import SnapshotBuilder
+
+    engine = Engine(make_policy())
+    b = SnapshotBuilder()
+    for i in range(2):
+        b.node(f"w{i}", gpus=2, labels={"ebbtide.io/pool": "whole"})
+    snap = b.build()
+    first = next(d for _, d in idle_run(engine, snap, seconds=600) if isinstance(d, MigConvert))
+    engine.not_done(first, reason="the MIG manager reported failed", hold_until=T0 + 4000)
+    assert engine.budget_states(T0 + 601)[2].used == 0
+    later = []
+    for s in range(630, 1800, 30):
+        for node in snap.nodes:
+            for gpu in node.gpus:
+                engine.observe(util(T0 + s, node.name, gpu.index, 1.0))
+        later += [d.target for d in engine.evaluate(T0 + s, snap) if isinstance(d, MigConvert)]
+    assert later, "the other node was not converted meanwhile"
+    assert first.target not in later
