@@ -22,7 +22,7 @@ from aiokafka.errors import KafkaError
 
 from streams.connection import KafkaConfig
 from streams.producer import KafkaProducer, RawMessage
-from streams.recording import BadLine, RecordingWriter, read_recording
+from streams.recording import BadLine, RecordingError, RecordingWriter, read_recording
 
 __all__ = ["PublishResult", "TopicReader", "publish", "record"]
 
@@ -197,6 +197,8 @@ async def publish(
     The events' own ``ts`` fields are sent as recorded, unless ``retime``: then they are moved
     so the first event happens now and later ones follow at the recording's pace divided by
     ``speed`` — what a live controller, which judges windows by its own clock, needs to see.
+    A damaged recording raises :class:`~streams.recording.RecordingError` saying how many
+    messages were sent before the damage (they stay sent).
     """
     retimer = _Retimer(speed or 1.0) if retime else None
     started = time.monotonic()
@@ -204,29 +206,33 @@ async def publish(
     shift_ms = 0
     sent = bad = 0
     async with KafkaProducer(config) as producer:
-        for message in read_recording(recording):
-            if isinstance(message, BadLine):
-                bad += 1
-                log.warning("publish.bad_line", line=message.line, reason=message.reason)
-                continue
-            if message.ts_ms is not None and first_ts is None:
-                first_ts = message.ts_ms
-                shift_ms = int(time.time() * 1000) - first_ts
-            if message.ts_ms is not None and first_ts is not None and speed is not None:
-                delay = (message.ts_ms - first_ts) / 1000 / speed - (time.monotonic() - started)
-                if delay > 0:
-                    await producer.flush()
-                    await asyncio.sleep(delay)
-            await producer.send(
-                (topic_map or {}).get(message.topic, message.topic),
-                retimer(message.value) if retimer else message.value,
-                key=message.key,
-                headers=message.headers,
-                timestamp_ms=message.ts_ms + shift_ms if message.ts_ms is not None else None,
-            )
-            sent += 1
-            if on_progress is not None and sent % 1000 == 0:
-                on_progress(sent)
+        try:
+            for message in read_recording(recording):
+                if isinstance(message, BadLine):
+                    bad += 1
+                    log.warning("publish.bad_line", line=message.line, reason=message.reason)
+                    continue
+                if message.ts_ms is not None and first_ts is None:
+                    first_ts = message.ts_ms
+                    shift_ms = int(time.time() * 1000) - first_ts
+                if message.ts_ms is not None and first_ts is not None and speed is not None:
+                    delay = (message.ts_ms - first_ts) / 1000 / speed - (time.monotonic() - started)
+                    if delay > 0:
+                        await producer.flush()
+                        await asyncio.sleep(delay)
+                await producer.send(
+                    (topic_map or {}).get(message.topic, message.topic),
+                    retimer(message.value) if retimer else message.value,
+                    key=message.key,
+                    headers=message.headers,
+                    timestamp_ms=message.ts_ms + shift_ms if message.ts_ms is not None else None,
+                )
+                sent += 1
+                if on_progress is not None and sent % 1000 == 0:
+                    on_progress(sent)
+        except RecordingError as exc:
+            await producer.flush()
+            raise RecordingError(f"{exc}; published {sent} messages before it") from exc
         await producer.flush()
     return PublishResult(sent=sent, bad_lines=bad, seconds=time.monotonic() - started)
 

@@ -32,7 +32,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
-from controller.replay.runner import ReplayResult
+from controller.replay.runner import REPORT_FILE, SUMMARY_FILE, ReplayResult
 from controller.replay.summary import ACTIONS, USES
 
 __all__ = ["FIGURES_ID", "MAX_SERVICE_PLOTS", "render_report", "write_outputs"]
@@ -294,8 +294,8 @@ for (const f of JSON.parse(document.getElementById("{FIGURES_ID}").textContent))
 
 def write_outputs(result: ReplayResult, out_dir: Path) -> tuple[Path, Path]:
     """Write ``summary.json`` and ``report.html`` into ``out_dir``; return their paths."""
-    summary = out_dir / "summary.json"
+    summary = out_dir / SUMMARY_FILE
     summary.write_text(json.dumps(result.summary.to_dict(), indent=2) + "\n", encoding="utf-8")
-    report = out_dir / "report.html"
+    report = out_dir / REPORT_FILE
     report.write_text(render_report(result), encoding="utf-8")
     return summary, report
