@@ -142,7 +142,7 @@ def read_recording(path: Path) -> Iterator[RecordedMessage | BadLine]:
     first: tuple[int, bytes] | None = None
     with _open(path, "r") as stream:
         try:
-            for number, line in enumerate(stream, start=1):  # noqa: B007 (read in except)
+            for number, line in enumerate(stream, start=1):
                 if number == 1 and b'"ebbtide_recording"' in line:
                     header = True
                     continue

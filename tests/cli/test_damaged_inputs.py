@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from controller.cli.replay import replay_command
 from controller.replay.source import read_event_batches
-from streams.recording import RecordingError, RecordingWriter, read_recording
 from streams.producer import RawMessage
+from streams.recording import RecordingError, RecordingWriter, read_recording
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "examples" / "sample-events.jsonl"
@@ -71,7 +71,8 @@ def test_replay_of_a_damaged_recording_is_one_line_and_leaves_no_report(
     )
     assert result.exit_code == 1, result.output
     (line,) = result.output.strip().splitlines()
-    assert line.startswith(f"Error: {path}: ") and words in line
+    assert line.startswith(f"Error: {path}: ")
+    assert words in line
     assert list(out.iterdir()) == []
 
 
