@@ -39,11 +39,16 @@ async def record(
     idle_s: float | None = None,
     from_beginning: bool = True,
     on_progress: Callable[[int], None] | None = None,
+    on_started: Callable[[int], None] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> int:
     """Capture ``topics`` into ``out`` until a limit is reached; return the message count.
 
-    Stops after ``max_events`` messages, after ``duration_s`` seconds, or once nothing arrived
-    for ``idle_s`` seconds — whichever comes first (or when cancelled, keeping what it wrote).
+    Stops after ``max_events`` messages, after ``duration_s`` seconds, once nothing arrived
+    for ``idle_s`` seconds, or when ``stop`` is set — whichever comes first; the file is then
+    closed validly (a gzip trailer, every line flushed). ``on_started`` gets the number of
+    partitions once every position is fixed: with ``from_beginning=False`` a message sent
+    after it is recorded and none sent before it is.
     """
     consumer = AIOKafkaConsumer(
         **config.client_kwargs(),
@@ -66,10 +71,16 @@ async def record(
         consumer.assign(partitions)
         if from_beginning:
             await consumer.seek_to_beginning(*partitions)
+        else:
+            await _seek_to_now(consumer, partitions)
+        if on_started is not None:
+            on_started(len(partitions))
         started = last_seen = time.monotonic()
         with RecordingWriter(out, source="kafka", topics=list(topics)) as writer:
             while max_events is None or writer.count < max_events:
                 now = time.monotonic()
+                if stop is not None and stop.is_set():
+                    break
                 if duration_s is not None and now - started >= duration_s:
                     break
                 if idle_s is not None and now - last_seen >= idle_s:
@@ -92,6 +103,19 @@ async def record(
             return writer.count
     finally:
         await consumer.stop()
+
+
+async def _seek_to_now(consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> None:
+    """Fix each partition's position at its end now, not lazily at the first fetch (which
+    would also miss what arrives in between). The end is the high watermark a fetch reports:
+    this broker's ``ListOffsets`` answer (``end_offsets``, ``seek_to_end``) can be too low."""
+    await consumer.seek_to_end(*partitions)
+    await consumer.getmany(*partitions, timeout_ms=500)
+    for tp in partitions:
+        highwater = consumer.highwater(tp)
+        if highwater is not None:
+            consumer.seek(tp, highwater)
+        await consumer.position(tp)
 
 
 async def _partitions_of(consumer: AIOKafkaConsumer, topic: str) -> set[int]:

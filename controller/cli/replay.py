@@ -4,21 +4,20 @@ The command wires :mod:`controller.replay` together: load and check the policy, 
 simulated cluster (from ``--cluster SCENARIO``, or inferred from the recording and the policy,
 see :mod:`controller.replay.inventory`), replay, write ``summary.json``, ``decisions.jsonl`` and
 ``report.html`` into ``--out``, and print a short summary. A progress bar (bytes of the file
-read) goes to stderr when it is a terminal. Errors a user can fix (a missing, damaged or
+read, rate, ETA) goes to stderr when it is a terminal. Errors a user can fix (a missing, damaged or
 foreign recording, an invalid policy or scenario) are one line and exit 1, and leave no
 report behind.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import click
 
-from controller.cli.options import duration_option, load_policy_files, one_line
+from controller.cli.options import duration_option, load_policy_files, one_line, progress
 from controller.replay.inventory import infer_cluster
 from controller.replay.report import write_outputs
 from controller.replay.runner import (
@@ -137,19 +136,9 @@ def _replay(
         notes, make = inferred.notes, inferred.simulate
     size = recording.stat().st_size
     started = time.perf_counter()
-    if sys.stderr.isatty():
-        with click.progressbar(length=size, label="replaying", file=sys.stderr) as bar:
-            done = [0]
-
-            def progress(position: int) -> None:
-                bar.update(position - done[0])
-                done[0] = position
-
-            result = replay(recording, policy=policy, cluster=make, out_dir=out,
-                            settings=settings, progress=progress, notes=notes)  # fmt: skip
-    else:
+    with progress(size, "replaying", "B") as on_progress:
         result = replay(recording, policy=policy, cluster=make, out_dir=out,
-                        settings=settings, notes=notes)  # fmt: skip
+                        settings=settings, progress=on_progress, notes=notes)  # fmt: skip
     result.wall_s = time.perf_counter() - started
     return result
 

@@ -7,6 +7,7 @@ Exceptions that mean "the user's input or environment is wrong" become a
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -15,7 +16,7 @@ import click
 from controller.kube.client import KubeConfigError
 from streams.broker import BrokerError
 
-__all__ = ["UserError", "run_async"]
+__all__ = ["UserError", "run_async", "stop_on_signals"]
 
 T = TypeVar("T")
 
@@ -37,3 +38,14 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         raise click.Abort() from None
     except UserError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event the running loop sets on SIGINT or SIGTERM (what Ctrl-C, ``timeout``, systemd
+    and container runtimes send), so a command finishes what it is writing and exits 0
+    instead of dying mid-write or printing ``Aborted!``."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from controller.cli import options, stream_commands
 from controller.cli.replay import replay_command
+from controller.cli.stream_commands import publish
 from controller.replay.source import read_event_batches
+from streams.broker import EmbeddedBroker
 from streams.producer import RawMessage
 from streams.recording import RecordingError, RecordingWriter, read_recording
 
@@ -116,3 +121,61 @@ def test_rejected_lines_are_listed_with_numbers(tmp_path: Path) -> None:
     listed = json.loads((out / "summary.json").read_text())["events"]["rejected_lines"]
     assert [e["line"] for e in listed[:4]] == [2, 3, 4, 5]
     assert len(listed) == 4 + 5  # the sample's own five rejections follow
+
+
+def _topic_copy(tmp_path: Path, name: str) -> Path:
+    """The sample on a topic of this test's own, so publishing it disturbs no other test."""
+    topic = f"damaged.{uuid.uuid4().hex[:8]}"
+    lines = SAMPLE.read_text().splitlines()[1:]
+    path = tmp_path / name
+    text = "\n".join(json.dumps(json.loads(ln) | {"topic": topic}) for ln in lines) + "\n"
+    path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
+    return path
+
+
+@pytest.mark.slow
+def test_publish_of_a_truncated_recording_says_how_many_it_sent(
+    kafka_broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """publish of a cut-off .gz: exit 1, one line naming the file, the damage and the count
+    of messages that did go out before it."""
+    whole = _topic_copy(tmp_path, "whole.jsonl.gz")
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    result = CliRunner().invoke(
+        publish, [str(cut), "--bootstrap", kafka_broker.bootstrap, "--as-fast-as-possible"]
+    )
+    assert result.exit_code == 1, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"Error: {cut}: truncated after ")
+    sent = int(line.split("; published ")[1].split()[0])
+    assert 0 < sent < 437
+
+
+@pytest.mark.slow
+def test_publish_on_a_terminal_shows_progress_and_refuses_damage_up_front(
+    kafka_broker: EmbeddedBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a terminal publish counts the records first (a bar with rate and ETA needs the
+    total), so a damaged file is refused before a single message is sent."""
+    for module in (options, stream_commands):
+        monkeypatch.setattr(module, "stderr_is_terminal", lambda: True)
+    calls: list[int] = []
+    real = options.progress
+
+    @contextlib.contextmanager
+    def spy(length: int, label: str, unit: str) -> Iterator[Callable[[int], None] | None]:
+        calls.append(length)
+        with real(length, label, unit) as update:
+            yield update
+
+    monkeypatch.setattr(stream_commands, "progress", spy)
+    ok = _topic_copy(tmp_path, "ok.jsonl")
+    boot = kafka_broker.bootstrap
+    result = CliRunner().invoke(publish, [str(ok), "--bootstrap", boot, "--speed", "1000"])
+    assert result.exit_code == 0, result.output
+    assert calls == [437]  # every record of the sample
+    assert "publishing" in result.output
+    result = CliRunner().invoke(publish, [str(_text(tmp_path)), "--bootstrap", boot])
+    assert result.exit_code == 1
+    assert result.output.strip().endswith("; published nothing")
