@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import click
 from pydantic import ValidationError
 
-from controller.app import Controller, load_policy_files
+from controller.app import Controller
+from controller.cli.options import load_policy_files
 from controller.cli.runner import run_async
 from controller.cluster import ClusterRuntime
-from controller.settings import Settings, load_settings
+from controller.settings import ConfigFileError, Settings, load_settings
 from policies.model import Policy
 
 __all__ = ["COMMANDS"]
@@ -28,13 +30,31 @@ async def make_runtime(settings: Settings, policy: Policy) -> ClusterRuntime:
     return await KubeRuntime.connect(settings, policy)
 
 
+def _address(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: ``host:port`` with a port from 1 to 65535."""
+    if value is None:
+        return None
+    _, colon, port = value.rpartition(":")
+    if not (colon and port.isdigit() and 0 < int(port) < 65536):
+        raise click.BadParameter(f"HOST:PORT with a port from 1 to 65535; got {value!r}")
+    return value
+
+
+def _settings_problem(error: Mapping[str, Any]) -> str:
+    """One pydantic error as the user would fix it."""
+    loc = ".".join(str(p) for p in error["loc"])
+    if loc == "policies" and error["type"] == "too_short":
+        return "no policy: give --policy FILE (or EBBTIDE_POLICIES=FILE[,FILE...])"
+    return f"{loc}: {error['msg']}"
+
+
 @click.command()
 @click.option(
     "--policy",
     "policies",
     multiple=True,
     type=click.Path(path_type=Path),
-    help="Policy file (repeatable; several merge). Env: EBBTIDE_POLICIES='[...]'.",
+    help="Policy file (repeatable; several merge). Env: EBBTIDE_POLICIES=FILE[,FILE...].",
 )
 @click.option("--bootstrap", help="Kafka bootstrap servers. Env: EBBTIDE_KAFKA__BOOTSTRAP.")
 @click.option("--cluster", help="kube (default) or sim:SCENARIO.yaml.")
@@ -46,7 +66,8 @@ async def make_runtime(settings: Settings, policy: Policy) -> ClusterRuntime:
     help="YAML settings file. Env: EBBTIDE_CONFIG.",
 )
 @click.option("--kubeconfig", type=click.Path(path_type=Path), help="Default: in-cluster.")
-@click.option("--metrics-address", help="host:port for /metrics, /healthz, /readyz.")
+@click.option("--metrics-address", callback=_address,
+              help="host:port for /metrics, /healthz, /readyz.")  # fmt: skip
 @click.option("--identity", help="This replica's name (Lease holder, consumer group).")
 @click.option("--group-id", help="Kafka consumer group (default ebbtide-<identity>).")
 def run(
@@ -77,14 +98,14 @@ def run(
             kube=kube or None,
             http={"address": metrics_address} if metrics_address else None,
         )
+    except ConfigFileError as exc:
+        raise click.ClickException(str(exc)) from None
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
+        problems = "; ".join(_settings_problem(e) for e in exc.errors())
         raise click.UsageError(f"invalid settings: {problems}") from None
+    policy = load_policy_files(tuple(settings.policies))
 
     async def main() -> None:
-        policy = load_policy_files(settings)
         runtime = await make_runtime(settings, policy)
         try:
             controller = Controller(settings, runtime, policy)

@@ -38,7 +38,8 @@ bootstrap_option = click.option(
 
 
 @click.command()
-@click.option("--port", type=int, default=9092, help="Port on 127.0.0.1 (0: any free port).")
+@click.option("--port", type=click.IntRange(0, 65535), default=9092,
+              help="Port on 127.0.0.1 (0: any free port).")  # fmt: skip
 @click.option("--partitions", type=int, default=4, help="Partitions of each Ebbtide topic.")
 def broker(port: int, partitions: int) -> None:
     """Run the embedded Kafka-protocol broker (tansu) with Ebbtide's topics until Ctrl-C."""
