@@ -1,20 +1,25 @@
-"""``ebbtide run``: the controller process (see :mod:`controller.app`)."""
+"""``ebbtide run``: the controller process (see :mod:`controller.app`).
+
+The process wiring (aiohttp, aiokafka, the engine) and the cluster adapters are imported when
+the command runs, not when the CLI loads: ``ebbtide --version`` and ``policy validate`` should
+not pay for them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from pydantic import ValidationError
 
-from controller.app import Controller
 from controller.cli.options import load_policy_files
 from controller.cli.runner import run_async
-from controller.cluster import ClusterRuntime
 from controller.settings import ConfigFileError, Settings, load_settings
 from policies.model import Policy
+
+if TYPE_CHECKING:
+    from controller.cluster import ClusterRuntime
 
 __all__ = ["COMMANDS"]
 
@@ -104,6 +109,8 @@ def run(
         problems = "; ".join(_settings_problem(e) for e in exc.errors())
         raise click.UsageError(f"invalid settings: {problems}") from None
     policy = load_policy_files(tuple(settings.policies))
+
+    from controller.app import Controller
 
     async def main() -> None:
         runtime = await make_runtime(settings, policy)
