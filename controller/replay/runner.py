@@ -143,6 +143,8 @@ class ReplayResult:
     markers: list[dict[str, object]] = field(default_factory=list)
     """The first :data:`MAX_MARKERS` decisions: ``{ts, action, target, reason, outcome}``."""
     wall_s: float = 0.0
+    command: str = "replay"
+    """What produced it (``replay`` or ``simulate``): the report's title says so."""
 
 
 class _Replay:
