@@ -39,6 +39,7 @@ from streams.events import Event, EventDecoder, Rejection
 from streams.producer import RawMessage
 
 __all__ = [
+    "DAMAGE",
     "BadLine",
     "RecordedMessage",
     "RecordingError",
