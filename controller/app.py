@@ -238,7 +238,10 @@ class Controller:
     # -- ingest ---------------------------------------------------------------------------------
 
     async def observe(self, batch: Batch) -> None:
-        """The consumer's handler: the engine ingests the batch; then it counts as applied."""
+        """The consumer's handler: the engine ingests the batch; then it counts as applied.
+        Events older than the longest SLO window count in no window: they are counted
+        (``ebbtide_events_stale_total``) and warned about once per burst, since they usually
+        mean old data is being replayed into a live controller or a producer's clock is off."""
         events = batch.events
         self.engine.advance(self._clock())  # the bound on event time: now, not the last tick
         self.engine.observe_many(events)
@@ -246,6 +249,18 @@ class Controller:
             newest = max(e.time for e in events)
             if self._newest_event is None or newest > self._newest_event:
                 self._newest_event = newest
+            now = self._clock()
+            services = self.policy.spec.services.values()
+            horizon = now - max((s.slo.window for s in services), default=0.0)
+            stale = [e.time for e in events if e.time < horizon]
+            if stale and self.metrics.stale(len(stale), now=now):
+                log.warning(
+                    "events.stale",
+                    count=len(stale),
+                    oldest_age_s=round(now - min(stale)),
+                    hint="old events count in no window; replaying old data? use "
+                    "`ebbtide publish --retime`, or check the producer's clock",
+                )
         self._wake.set()
 
     async def warm_start(self) -> None:

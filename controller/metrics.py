@@ -12,6 +12,7 @@ Two kinds, on one private registry:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -23,7 +24,10 @@ from policies.engine import Engine
 from policies.slo import State
 from streams.consumer import ConsumerStats
 
-__all__ = ["Metrics", "StateSources"]
+__all__ = ["STALE_WARN_EVERY_S", "Metrics", "StateSources"]
+
+#: At most one ``events.stale`` warning per this many seconds: one per burst, not one per batch.
+STALE_WARN_EVERY_S = 60.0
 
 _SLO_STATES: tuple[State, ...] = ("ok", "breaching", "recovering")
 #: Seconds: from 1 ms to 2 min, dense where an event-driven controller should be.
@@ -184,10 +188,26 @@ class Metrics:
             "ebbtide_mig_conversion_failures", "MIG conversions that failed and rolled back.",
             registry=r,
         )  # fmt: skip
+        self.events_stale = Counter(
+            "ebbtide_events_stale",
+            "Accepted events older than the policy's longest SLO window when they arrived: they "
+            "count in no window (a replay of old data, a stalled producer, a wrong clock).",
+            registry=r,
+        )
+        self._stale_warned_at = -math.inf
         r.register(_StateCollector(sources))
         # Series exist from the start at 0, so rate() sees the first failure of each action.
         for action in ("scale", "evict", "mig_convert", "mig_revert"):
             self.actions.labels(action, "failed")
+
+    def stale(self, count: int, *, now: float) -> bool:
+        """Count ``count`` stale events; ``True`` when a warning is due (the first of a burst:
+        none was due in the last :data:`STALE_WARN_EVERY_S` seconds)."""
+        self.events_stale.inc(count)
+        if now - self._stale_warned_at < STALE_WARN_EVERY_S:
+            return False
+        self._stale_warned_at = now
+        return True
 
     def set_policy(self, name: str, digest: str) -> None:
         self.policy_info.clear()

@@ -9,18 +9,23 @@ from the environment or from a file (``sasl_password_file``, e.g. a mounted Secr
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from policies.model import Policy
 from streams.connection import KafkaConfig, Secret
@@ -28,6 +33,7 @@ from streams.events import Limits
 
 __all__ = [
     "DEFAULT_WORKLOAD_KINDS",
+    "ConfigFileError",
     "HttpSettings",
     "KafkaSettings",
     "KubeSettings",
@@ -162,8 +168,9 @@ class Settings(BaseSettings):
         env_prefix="EBBTIDE_", env_nested_delimiter="__", extra="forbid", frozen=True
     )
 
-    policies: list[Path] = Field(default_factory=list, min_length=1)
-    """Policy files; several merge into one policy."""
+    policies: Annotated[list[Path], NoDecode] = Field(default_factory=list, min_length=1)
+    """Policy files; several merge into one policy. ``EBBTIDE_POLICIES`` takes one path, a
+    comma- or colon-separated list, or a JSON list."""
     cluster: str = "kube"
     """``kube`` (the Kubernetes API) or ``sim:SCENARIO.yaml`` (a simulated cluster)."""
     dry_run: bool | None = None
@@ -191,6 +198,16 @@ class Settings(BaseSettings):
         )
         return self.model_copy(update={"dry_run": not live})
 
+    @field_validator("policies", mode="before")
+    @classmethod
+    def _path_list(cls, value: Any) -> Any:
+        """A plain string (as the environment gives) is a path or a list of them."""
+        if not isinstance(value, str):
+            return value
+        if value.lstrip().startswith("["):
+            return json.loads(value)
+        return [p for p in re.split(r"[,:]", value) if p.strip()]
+
     @model_validator(mode="after")
     def _cluster_mode(self) -> Settings:
         if self.cluster != "kube" and not self.cluster.startswith("sim:"):
@@ -212,14 +229,32 @@ class Settings(BaseSettings):
         return tuple(sources)
 
 
+class ConfigFileError(ValueError):
+    """The ``--config`` file is missing or is not YAML; the message is one line."""
+
+
+def _check_yaml(path: Path) -> None:
+    """Refuse a missing or malformed config file in one line with FILE:LINE:COL, before
+    pydantic-settings reads it (its errors are multi-line parser tracebacks)."""
+    if not path.is_file():
+        raise ConfigFileError(f"config file {path} does not exist")
+    try:
+        YAML(typ="safe").load(path.read_text(encoding="utf-8"))
+    except YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigFileError(f"config file {where}: invalid YAML: {problem}") from exc
+
+
 def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:
     """Settings from flags (``None`` values are left to lower layers), the environment and the
-    config file (``config_file``, else ``$EBBTIDE_CONFIG``)."""
+    config file (``config_file``, else ``$EBBTIDE_CONFIG``); :class:`ConfigFileError` when
+    that file is missing or not YAML."""
     path = config_file or (Path(p) if (p := os.environ.get("EBBTIDE_CONFIG")) else None)
     cls: type[Settings] = Settings
     if path is not None:
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {path} does not exist")
+        _check_yaml(path)
 
         class FromFile(Settings):
             model_config = SettingsConfigDict(**{**Settings.model_config, "yaml_file": path})

@@ -13,13 +13,18 @@ Design:
   events due by an evaluation are observed before it, in time order.
 * Case files are validated like policies (unknown keys are errors, ``FILE:LINE:COL``).
 * A failing expectation is reported with a unified diff of what was expected against the
-  decisions made at that time, so the author sees at once what differs.
+  decisions made at that time, so the author sees at once what differs. Both sides are
+  written as YAML flow mappings (``{to: 3, dryRun: false}``), the language of the case file.
+* A case whose latency events name a service the policy does not define fails: the engine
+  would ignore those events, so the case would pass or fail for a reason it does not show.
 """
 
 from __future__ import annotations
 
 import difflib
 import heapq
+import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -260,21 +265,46 @@ def load_cases(source: Source) -> tuple[CaseFile | None, list[PolicyError]]:
     return validate_document(CaseFile, source)
 
 
+#: A string YAML reads back as the same string without quotes.
+_PLAIN = re.compile(r"[A-Za-z_][\w./-]*")
+_YAML_WORDS = frozenset({"true", "false", "null", "yes", "no", "on", "off", "y", "n", "~"})
+
+
+def _yaml(value: object) -> str:
+    """``value`` as YAML flow text: ``serving/chat``, ``false``, ``null``, ``["a"]``."""
+    if isinstance(value, str) and _PLAIN.fullmatch(value) and value.lower() not in _YAML_WORDS:
+        return value
+    return json.dumps(value)  # JSON is YAML flow syntax
+
+
 def _matches(matcher: Matcher, got: dict[str, object]) -> bool:
     return all(k in got and got[k] == v for k, v in matcher.items())
 
 
 def _brief(d: dict[str, object]) -> str:
-    parts = [f"{k}: {d[k]}" for k in _BRIEF if k in d]
+    parts = [f"{k}: {_yaml(d[k])}" for k in _BRIEF if k in d]
     return "{" + ", ".join(parts) + "}"
 
 
 def _matcher_text(m: Matcher) -> str:
-    return "{" + ", ".join(f"{k}: {v}" for k, v in m.items()) + "}"
+    return "{" + ", ".join(f"{k}: {_yaml(v)}" for k, v in m.items()) + "}"
 
 
 def run_case(policy: Policy, case: Case, evaluate_every: float) -> CaseResult:
     """Run one case through a fresh engine and check its expectations."""
+    defined = {f"{svc.namespace}/{name}" for name, svc in policy.spec.services.items()}
+    unknown = sorted(
+        {f"{e.namespace}/{e.service}" for e in case.events if e.service is not None} - defined
+    )
+    if unknown:
+        return CaseResult(
+            case.name,
+            passed=False,
+            failures=(
+                f"events for services the policy does not define: {', '.join(unknown)} "
+                f"(it defines {', '.join(sorted(defined)) or 'none'}; is the namespace right?)",
+            ),
+        )
     engine = Engine(policy)
     horizon = max(e.span()[1] for e in case.expect)
     ticks = {i * evaluate_every for i in range(int(horizon // evaluate_every) + 1)}

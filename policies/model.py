@@ -56,6 +56,7 @@ __all__ = [
     "VictimKey",
     "format_duration",
     "format_loc",
+    "format_percent",
     "parse_duration",
     "parse_percent",
     "policy_json_schema",
@@ -103,13 +104,22 @@ def format_duration(seconds: float) -> str:
 
 
 def parse_percent(value: object) -> float:
-    """``"40%"`` → ``0.4``; bare numbers are refused (is 0.4 forty percent or 0.4 percent?)."""
+    """``"40%"`` → ``0.4``; bare numbers are refused (is 0.4 forty percent or 0.4 percent?),
+    and so is more than 100% — in percent, as the author wrote it, not as a fraction."""
     if isinstance(value, bool) or not isinstance(value, str):
         raise ValueError(f"a percentage is a string ending in %, e.g. 40%; got {value!r}")
     match = _PERCENT_RE.match(value.strip())
     if not match:
         raise ValueError(f"invalid percentage {value!r}: write it like 40% or 12.5%")
-    return float(match.group(1)) / 100.0
+    percent = float(match.group(1))
+    if percent > 100:
+        raise ValueError(f"a percentage here is at most 100%; got {value.strip()}")
+    return percent / 100.0
+
+
+def format_percent(fraction: float) -> str:
+    """``0.9`` → ``"90%"``: the inverse of :func:`parse_percent`."""
+    return f"{fraction * 100:.10g}%"
 
 
 Duration = Annotated[
@@ -121,11 +131,11 @@ Duration = Annotated[
     ),
 ]
 PositiveDuration = Annotated[Duration, Field(gt=0)]
+_PERCENT_PATTERN: Final = r"^\d+(\.\d+)?\s*%$"
 Percent = Annotated[
     float,
     BeforeValidator(parse_percent),
-    Field(ge=0.0, le=1.0),
-    WithJsonSchema({"type": "string", "pattern": r"^\d+(\.\d+)?\s*%$", "examples": ["40%"]}),
+    WithJsonSchema({"type": "string", "pattern": _PERCENT_PATTERN, "examples": ["40%"]}),
 ]
 _Name = Annotated[
     str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -411,9 +421,33 @@ def format_loc(loc: Loc) -> str:
 
 
 def policy_json_schema() -> dict[str, Any]:
-    """JSON Schema (2020-12) of the policy file, by alias, for editors."""
+    """JSON Schema (2020-12) of the policy file, by alias, for editors. Defaults are written
+    as a policy file writes them (``30s``, ``90%``), not as the model holds them (``30.0``,
+    ``0.9``): an editor inserts them as they are, and the validator must accept them."""
     schema = Policy.model_json_schema(by_alias=True, mode="validation")
+    defs: dict[str, Any] = schema.get("$defs", {})
+    for node in [schema, *defs.values()]:
+        for prop in node.get("properties", {}).values():
+            if "default" in prop:
+                prop["default"] = _as_written(prop["default"], prop, defs)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = "https://ebbtide.io/schemas/policy.v1alpha1.json"
     schema["title"] = "Ebbtide policy"
     return schema
+
+
+def _as_written(value: Any, prop: dict[str, Any], defs: dict[str, Any]) -> Any:
+    """``value`` (a default as the model holds it) as the policy file spells it, following
+    ``prop``'s ``$ref`` into nested objects (budgets, cooldowns)."""
+    if "$ref" in prop:
+        prop = defs[prop["$ref"].rsplit("/", 1)[1]]
+    if isinstance(value, dict):
+        props = prop.get("properties", {})
+        return {k: _as_written(v, props.get(k, {}), defs) for k, v in value.items()}
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    if prop.get("pattern") == _DURATION_RE.pattern:
+        return format_duration(value)
+    if prop.get("pattern") == _PERCENT_PATTERN:
+        return format_percent(value)
+    return value

@@ -23,7 +23,7 @@ from aiokafka.errors import KafkaError
 from streams.connection import KafkaConfig
 from streams.positions import StartLine, partitions_of
 from streams.producer import KafkaProducer, RawMessage
-from streams.recording import BadLine, RecordingWriter, read_recording
+from streams.recording import BadLine, RecordingError, RecordingWriter, read_recording
 
 __all__ = ["IncompleteRead", "PublishResult", "TopicReader", "publish", "record"]
 
@@ -40,11 +40,16 @@ async def record(
     idle_s: float | None = None,
     from_beginning: bool = True,
     on_progress: Callable[[int], None] | None = None,
+    on_started: Callable[[int], None] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> int:
     """Capture ``topics`` into ``out`` until a limit is reached; return the message count.
 
-    Stops after ``max_events`` messages, after ``duration_s`` seconds, or once nothing arrived
-    for ``idle_s`` seconds — whichever comes first (or when cancelled, keeping what it wrote).
+    Stops after ``max_events`` messages, after ``duration_s`` seconds, once nothing arrived
+    for ``idle_s`` seconds, or when ``stop`` is set — whichever comes first; the file is then
+    closed validly (a gzip trailer, every line flushed). ``on_started`` gets the number of
+    partitions once every position is fixed: with ``from_beginning=False`` a message sent
+    after it is recorded and none sent before it is.
     """
     consumer = AIOKafkaConsumer(
         **config.client_kwargs(),
@@ -67,10 +72,16 @@ async def record(
         consumer.assign(partitions)
         if from_beginning:
             await consumer.seek_to_beginning(*partitions)
+        else:
+            await _seek_to_now(consumer, partitions)
+        if on_started is not None:
+            on_started(len(partitions))
         started = last_seen = time.monotonic()
         with RecordingWriter(out, source="kafka", topics=list(topics)) as writer:
             while max_events is None or writer.count < max_events:
                 now = time.monotonic()
+                if stop is not None and stop.is_set():
+                    break
                 if duration_s is not None and now - started >= duration_s:
                     break
                 if idle_s is not None and now - last_seen >= idle_s:
@@ -93,6 +104,19 @@ async def record(
             return writer.count
     finally:
         await consumer.stop()
+
+
+async def _seek_to_now(consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> None:
+    """Fix each partition's position at its end now, not lazily at the first fetch (which
+    would also miss what arrives in between). The end is the high watermark a fetch reports:
+    this broker's ``ListOffsets`` answer (``end_offsets``, ``seek_to_end``) can be too low."""
+    await consumer.seek_to_end(*partitions)
+    await consumer.getmany(*partitions, timeout_ms=500)
+    for tp in partitions:
+        highwater = consumer.highwater(tp)
+        if highwater is not None:
+            consumer.seek(tp, highwater)
+        await consumer.position(tp)
 
 
 class IncompleteRead(RuntimeError):
@@ -210,6 +234,8 @@ async def publish(
     The events' own ``ts`` fields are sent as recorded, unless ``retime``: then they are moved
     so the first event happens now and later ones follow at the recording's pace divided by
     ``speed`` — what a live controller, which judges windows by its own clock, needs to see.
+    A damaged recording raises :class:`~streams.recording.RecordingError` saying how many
+    messages were sent before the damage (they stay sent).
     """
     retimer = _Retimer(speed or 1.0) if retime else None
     started = time.monotonic()
@@ -217,29 +243,33 @@ async def publish(
     shift_ms = 0
     sent = bad = 0
     async with KafkaProducer(config) as producer:
-        for message in read_recording(recording):
-            if isinstance(message, BadLine):
-                bad += 1
-                log.warning("publish.bad_line", line=message.line, reason=message.reason)
-                continue
-            if message.ts_ms is not None and first_ts is None:
-                first_ts = message.ts_ms
-                shift_ms = int(time.time() * 1000) - first_ts
-            if message.ts_ms is not None and first_ts is not None and speed is not None:
-                delay = (message.ts_ms - first_ts) / 1000 / speed - (time.monotonic() - started)
-                if delay > 0:
-                    await producer.flush()
-                    await asyncio.sleep(delay)
-            await producer.send(
-                (topic_map or {}).get(message.topic, message.topic),
-                retimer(message.value) if retimer else message.value,
-                key=message.key,
-                headers=message.headers,
-                timestamp_ms=message.ts_ms + shift_ms if message.ts_ms is not None else None,
-            )
-            sent += 1
-            if on_progress is not None and sent % 1000 == 0:
-                on_progress(sent)
+        try:
+            for message in read_recording(recording):
+                if isinstance(message, BadLine):
+                    bad += 1
+                    log.warning("publish.bad_line", line=message.line, reason=message.reason)
+                    continue
+                if message.ts_ms is not None and first_ts is None:
+                    first_ts = message.ts_ms
+                    shift_ms = int(time.time() * 1000) - first_ts
+                if message.ts_ms is not None and first_ts is not None and speed is not None:
+                    delay = (message.ts_ms - first_ts) / 1000 / speed - (time.monotonic() - started)
+                    if delay > 0:
+                        await producer.flush()
+                        await asyncio.sleep(delay)
+                await producer.send(
+                    (topic_map or {}).get(message.topic, message.topic),
+                    retimer(message.value) if retimer else message.value,
+                    key=message.key,
+                    headers=message.headers,
+                    timestamp_ms=message.ts_ms + shift_ms if message.ts_ms is not None else None,
+                )
+                sent += 1
+                if on_progress is not None and sent % 1000 == 0:
+                    on_progress(sent)
+        except RecordingError as exc:
+            await producer.flush()
+            raise RecordingError(f"{exc}; published {sent} messages before it") from exc
         await producer.flush()
     return PublishResult(sent=sent, bad_lines=bad, seconds=time.monotonic() - started)
 

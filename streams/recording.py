@@ -11,6 +11,11 @@ valid JSON is kept as text in ``value`` with ``"raw": true`` (or base64 with ``"
 when it was not UTF-8), so a replay dead-letters exactly what the live controller did. A line of
 the file that is itself not a record is yielded as :class:`BadLine`, never raised.
 
+A file that cannot be read to its end (a gzip stream cut short by a killed writer, a ``.gz``
+that is not gzip) or that has neither a header nor a single record (an empty file, some other
+text) raises :class:`RecordingError`, saying which file and after how many records: commands
+turn it into one line and a non-zero exit instead of silently replaying nothing.
+
 Reading is on the replay hot path: each line is parsed once by msgspec, with ``value`` kept as
 raw JSON bytes (``msgspec.Raw``) that go straight to the event decoder.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 import base64
 import gzip
 import math
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,9 +39,13 @@ from streams.events import Event, EventDecoder, Rejection
 from streams.producer import RawMessage
 
 __all__ = [
+    "DAMAGE",
     "BadLine",
     "RecordedMessage",
+    "RecordingError",
     "RecordingWriter",
+    "damaged",
+    "not_a_recording",
     "parse_line",
     "read_events",
     "read_header",
@@ -79,6 +89,30 @@ class BadLine:
     text: bytes
 
 
+class RecordingError(ValueError):
+    """The file is not a readable recording: truncated, corrupt, or not a recording at all."""
+
+
+#: What reading a damaged file raises: a gzip stream cut short (``EOFError``), a ``.gz`` that
+#: is not gzip (``gzip.BadGzipFile``, an ``OSError``), a corrupt deflate block (``zlib.error``).
+DAMAGE = (EOFError, OSError, zlib.error)
+
+
+def damaged(path: Path, exc: BaseException, *, line: int, records: int) -> RecordingError:
+    """The error for ``exc`` (one of :data:`DAMAGE`) raised after ``line`` lines were read."""
+    if line == 0 and isinstance(exc, gzip.BadGzipFile):
+        return RecordingError(f"{path}: not a gzip file, though its name ends in .gz")
+    what = "truncated" if isinstance(exc, EOFError) else "corrupt"
+    return RecordingError(f"{path}: {what} after {records} records (line {line}): {exc}")
+
+
+def not_a_recording(path: Path, first: tuple[int, bytes] | None) -> RecordingError:
+    """The error for a file with neither a header nor a record; ``first`` is its first
+    non-blank line and that line's number."""
+    found = "it is empty" if first is None else f"line {first[0]} is {first[1][:60]!r}"
+    return RecordingError(f"{path}: not an Ebbtide recording (no header, no record): {found}")
+
+
 def _open(path: Path, mode: str) -> IO[bytes]:
     if path.suffix == ".gz":
         return gzip.open(path, mode + "b")  # type: ignore[return-value]
@@ -102,14 +136,29 @@ def read_header(path: Path) -> dict[str, Any] | None:
 
 
 def read_recording(path: Path) -> Iterator[RecordedMessage | BadLine]:
-    """Yield every message of the recording in file order; bad lines as :class:`BadLine`."""
+    """Yield every message of the recording in file order; bad lines as :class:`BadLine`.
+    Raises :class:`RecordingError` for a damaged file, after yielding what it could read."""
+    number = records = 0
+    header = False
+    first: tuple[int, bytes] | None = None
     with _open(path, "r") as stream:
-        for number, line in enumerate(stream, start=1):
-            if number == 1 and b'"ebbtide_recording"' in line:
-                continue
-            if not line.strip():
-                continue
-            yield parse_line(number, line)
+        try:
+            for number, line in enumerate(stream, start=1):
+                if number == 1 and b'"ebbtide_recording"' in line:
+                    header = True
+                    continue
+                if not line.strip():
+                    continue
+                message = parse_line(number, line)
+                if isinstance(message, RecordedMessage):
+                    records += 1
+                elif first is None:
+                    first = (number, line)
+                yield message
+        except DAMAGE as exc:
+            raise damaged(path, exc, line=number, records=records) from exc
+    if not (header or records):
+        raise not_a_recording(path, first)
 
 
 def parse_line(number: int, line: bytes) -> RecordedMessage | BadLine:

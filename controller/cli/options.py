@@ -1,8 +1,11 @@
-"""Option helpers shared by the commands that take policies and durations (replay, simulate)."""
+"""Option helpers shared by the commands: policies, durations, progress on a terminal."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +14,7 @@ import click
 from policies.loader import PolicyLoadError, check_policy, read_sources
 from policies.model import Policy, parse_duration
 
-__all__ = ["duration_option", "load_policy_files", "one_line"]
+__all__ = ["duration_option", "load_policy_files", "one_line", "progress", "stderr_is_terminal"]
 
 
 def one_line(what: str, errors: Sequence[Any], hint: str = "") -> click.ClickException:
@@ -42,3 +45,30 @@ def duration_option(_ctx: click.Context, _param: click.Parameter, value: str) ->
     if seconds <= 0:
         raise click.BadParameter("must be longer than 0s")
     return seconds
+
+
+def stderr_is_terminal() -> bool:
+    """Progress goes to stderr only on a terminal: pipes and CI logs stay clean."""
+    return sys.stderr.isatty()
+
+
+@contextmanager
+def progress(length: int, label: str, unit: str) -> Iterator[Callable[[int], None] | None]:
+    """A callback taking how far the work has got (out of ``length``) that draws a bar with
+    the rate in ``unit`` per second and the ETA on stderr; ``None`` when stderr is not a
+    terminal, so callers skip the bookkeeping."""
+    if not stderr_is_terminal():
+        yield None
+        return
+    started = time.monotonic()
+    with click.progressbar(
+        length=length, label=label, file=sys.stderr, show_eta=True, item_show_func=lambda s: s
+    ) as bar:
+        done = [0]
+
+        def update(position: int) -> None:
+            rate = position / max(time.monotonic() - started, 1e-9)
+            bar.update(position - done[0], f"{rate:,.0f} {unit}/s")
+            done[0] = position
+
+        yield update

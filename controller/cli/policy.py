@@ -60,7 +60,7 @@ def explain(files: tuple[Path, ...]) -> None:
 
 @policy.command()
 def schema() -> None:
-    """Print the policy JSON Schema (for editors: yaml-language-server $schema)."""
+    """Print the policy JSON Schema (shipped as docs/policy.schema.json, for editors)."""
     click.echo(json.dumps(policy_json_schema(), indent=2, sort_keys=True))
 
 

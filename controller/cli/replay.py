@@ -4,27 +4,37 @@ The command wires :mod:`controller.replay` together: load and check the policy, 
 simulated cluster (from ``--cluster SCENARIO``, or inferred from the recording and the policy,
 see :mod:`controller.replay.inventory`), replay, write ``summary.json``, ``decisions.jsonl`` and
 ``report.html`` into ``--out``, and print a short summary. A progress bar (bytes of the file
-read) goes to stderr when it is a terminal. Errors a user can fix (a missing recording, an
-invalid policy or scenario) are one line and exit 1.
+read, rate, ETA) goes to stderr when it is a terminal. Errors a user can fix (a missing, damaged or
+foreign recording, an invalid policy or scenario) are one line and exit 1, and leave no
+report behind.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import click
 
-from controller.cli.options import duration_option, load_policy_files, one_line
+from controller.cli.options import duration_option, load_policy_files, one_line, progress
 from controller.replay.inventory import infer_cluster
 from controller.replay.report import write_outputs
-from controller.replay.runner import ReplayCluster, ReplayResult, ReplaySettings, replay
+from controller.replay.runner import (
+    ReplayCluster,
+    ReplayResult,
+    ReplaySettings,
+    clear_outputs,
+    replay,
+)
 from controller.sim import SimCluster, load_scenario
-from policies.model import format_duration
+from policies.model import Policy, format_duration
+from streams.recording import RecordingError
 
 __all__ = ["COMMANDS", "replay_command"]
+
+#: Rejected lines printed after the summary (``summary.json`` lists more).
+PRINTED_REJECTIONS = 5
 
 
 def _print_summary(result: ReplayResult, report: Path) -> None:
@@ -42,6 +52,14 @@ def _print_summary(result: ReplayResult, report: Path) -> None:
         click.echo(
             f"  {key}: P{v['percentile']:g} <= {v['objective_ms']:g}ms attained {att}; "
             f"{v['breaches_total']} breaches, {format_duration(v['breach_seconds'])} in breach"
+        )
+    listed = ev["rejected_lines"]
+    for entry in listed[:PRINTED_REJECTIONS]:
+        click.echo(f"  rejected line {entry['line']}: {entry['reason'][:160]}")
+    if ev["rejected"] > PRINTED_REJECTIONS:
+        click.echo(
+            f"  ... and {ev['rejected'] - PRINTED_REJECTIONS} more rejected lines "
+            f"(the first {len(listed)} are listed in summary.json)"
         )
     acts = s["actions"]["by_type"]
     click.echo("  actions: " + ", ".join(f"{a} {n}" for a, n in acts.items()))
@@ -82,7 +100,26 @@ def replay_command(
     """Replay RECORDING through the policy against a simulated cluster; write a report."""
     if not recording.is_file():
         raise click.ClickException(f"recording not found: {recording}")
+    settings = ReplaySettings(evaluate_every=evaluate_every, speed=speed, points=points)
     policy = load_policy_files(policies)
+    try:
+        result = _replay(recording, policy, scenario=scenario, out=out, settings=settings)
+    except RecordingError as exc:
+        if out.is_dir():
+            clear_outputs(out)
+        raise click.ClickException(f"{exc}; no report written") from exc
+    _, report = write_outputs(result, out)
+    _print_summary(result, report)
+
+
+def _replay(
+    recording: Path,
+    policy: Policy,
+    *,
+    scenario: Path | None,
+    out: Path,
+    settings: ReplaySettings,
+) -> ReplayResult:
     notes: tuple[str, ...] = ()
     make: Callable[[float], ReplayCluster]
     if scenario is not None:
@@ -97,25 +134,13 @@ def replay_command(
     else:
         inferred = infer_cluster(recording, policy)
         notes, make = inferred.notes, inferred.simulate
-    settings = ReplaySettings(evaluate_every=evaluate_every, speed=speed, points=points)
     size = recording.stat().st_size
     started = time.perf_counter()
-    if sys.stderr.isatty():
-        with click.progressbar(length=size, label="replaying", file=sys.stderr) as bar:
-            done = [0]
-
-            def progress(position: int) -> None:
-                bar.update(position - done[0])
-                done[0] = position
-
-            result = replay(recording, policy=policy, cluster=make, out_dir=out,
-                            settings=settings, progress=progress, notes=notes)  # fmt: skip
-    else:
+    with progress(size, "replaying", "B") as on_progress:
         result = replay(recording, policy=policy, cluster=make, out_dir=out,
-                        settings=settings, notes=notes)  # fmt: skip
+                        settings=settings, progress=on_progress, notes=notes)  # fmt: skip
     result.wall_s = time.perf_counter() - started
-    _, report = write_outputs(result, out)
-    _print_summary(result, report)
+    return result
 
 
 COMMANDS = [replay_command]

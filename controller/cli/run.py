@@ -1,19 +1,26 @@
-"""``ebbtide run``: the controller process (see :mod:`controller.app`)."""
+"""``ebbtide run``: the controller process (see :mod:`controller.app`).
+
+The process wiring (aiohttp, aiokafka, the engine) and the cluster adapters are imported when
+the command runs, not when the CLI loads: ``ebbtide --version`` and ``policy validate`` should
+not pay for them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import structlog
 from pydantic import ValidationError
 
-from controller.app import Controller, load_policy_files
+from controller.cli.options import load_policy_files
 from controller.cli.runner import run_async
-from controller.cluster import ClusterRuntime
-from controller.settings import Settings, load_settings
+from controller.settings import ConfigFileError, Settings, load_settings
 from policies.model import Policy
+
+if TYPE_CHECKING:
+    from controller.cluster import ClusterRuntime
 
 __all__ = ["COMMANDS"]
 
@@ -31,13 +38,31 @@ async def make_runtime(settings: Settings, policy: Policy) -> ClusterRuntime:
     return await KubeRuntime.connect(settings, policy)
 
 
+def _address(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: ``host:port`` with a port from 1 to 65535."""
+    if value is None:
+        return None
+    _, colon, port = value.rpartition(":")
+    if not (colon and port.isdigit() and 0 < int(port) < 65536):
+        raise click.BadParameter(f"HOST:PORT with a port from 1 to 65535; got {value!r}")
+    return value
+
+
+def _settings_problem(error: Mapping[str, Any]) -> str:
+    """One pydantic error as the user would fix it."""
+    loc = ".".join(str(p) for p in error["loc"])
+    if loc == "policies" and error["type"] == "too_short":
+        return "no policy: give --policy FILE (or EBBTIDE_POLICIES=FILE[,FILE...])"
+    return f"{loc}: {error['msg']}"
+
+
 @click.command()
 @click.option(
     "--policy",
     "policies",
     multiple=True,
     type=click.Path(path_type=Path),
-    help="Policy file (repeatable; several merge). Env: EBBTIDE_POLICIES='[...]'.",
+    help="Policy file (repeatable; several merge). Env: EBBTIDE_POLICIES=FILE[,FILE...].",
 )
 @click.option("--bootstrap", help="Kafka bootstrap servers. Env: EBBTIDE_KAFKA__BOOTSTRAP.")
 @click.option("--cluster", help="kube (default) or sim:SCENARIO.yaml.")
@@ -55,7 +80,8 @@ async def make_runtime(settings: Settings, policy: Policy) -> ClusterRuntime:
     help="YAML settings file. Env: EBBTIDE_CONFIG.",
 )
 @click.option("--kubeconfig", type=click.Path(path_type=Path), help="Default: in-cluster.")
-@click.option("--metrics-address", help="host:port for /metrics, /healthz, /readyz.")
+@click.option("--metrics-address", callback=_address,
+              help="host:port for /metrics, /healthz, /readyz.")  # fmt: skip
 @click.option("--identity", help="This replica's name (Lease holder).")
 def run(
     policies: tuple[Path, ...],
@@ -82,21 +108,23 @@ def run(
             kube=kube or None,
             http={"address": metrics_address} if metrics_address else None,
         )
+    except ConfigFileError as exc:
+        raise click.ClickException(str(exc)) from None
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
+        problems = "; ".join(_settings_problem(e) for e in exc.errors())
         raise click.UsageError(f"invalid settings: {problems}") from None
+    policy = load_policy_files(tuple(settings.policies))
+    resolved = settings.for_policy(policy)
+    if resolved.dry_run:
+        log.warning(
+            "controller.dry_run",
+            why="--dry-run" if settings.dry_run else "the default against a real cluster",
+            go_live="--live, EBBTIDE_DRY_RUN=false or the policy's dryRun: false",
+        )
+
+    from controller.app import Controller
 
     async def main() -> None:
-        policy = load_policy_files(settings)
-        resolved = settings.for_policy(policy)
-        if resolved.dry_run:
-            log.warning(
-                "controller.dry_run",
-                why="--dry-run" if settings.dry_run else "the default against a real cluster",
-                go_live="--live, EBBTIDE_DRY_RUN=false or the policy's dryRun: false",
-            )
         runtime = await make_runtime(resolved, policy)
         try:
             controller = Controller(resolved, runtime, policy)

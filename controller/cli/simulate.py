@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from controller.cli.options import duration_option, load_policy_files, one_line
+from controller.cli.options import duration_option, load_policy_files, one_line, progress
 from controller.replay.report import write_outputs
 from controller.sim import load_scenario
 from controller.simulate.load import (
@@ -46,6 +46,11 @@ from policies.model import format_duration, parse_duration
 __all__ = ["COMMANDS", "format_compare", "simulate"]
 
 COMPARE_FILE = "compare.json"
+#: How the overall and the per-pool utilization figures weigh GPUs (they differ with MIG).
+UTIL_WEIGHTING = (
+    "mean GPU util weighs each physical GPU the same (a MIG GPU as the mean of its instances); "
+    "a pool's weighs each of its devices, MIG instances included"
+)
 _LABELS = {
     "ebbtide": "ebbtide",
     "polling": "polling autoscaler (HPA, 30s/30s-old P99)",
@@ -129,6 +134,8 @@ def _print_summary(summary: dict[str, Any], fig: RunFigures, span: float, report
         f"simulated {format_duration(span)} ({fig.events} events) in {fig.wall_s:.1f}s; "
         f"policy {summary['policy']['name']} {summary['policy']['digest']}"
     )
+    util = "-" if fig.mean_gpu_util_pct is None else f"{fig.mean_gpu_util_pct:.1f}%"
+    click.echo(f"  all GPUs: mean utilization {util} (each physical GPU weighs the same)")
     for key, v in summary["slo"].items():
         click.echo(
             f"  {key}: P{v['percentile']:g} <= {v['objective_ms']:g}ms attained "
@@ -139,7 +146,10 @@ def _print_summary(summary: dict[str, Any], fig: RunFigures, span: float, report
     click.echo("  actions: " + ", ".join(f"{a} {n}" for a, n in acts.items()))
     for name, p in summary["pools"].items():
         util = "-" if p["mean_util_pct"] is None else f"{p['mean_util_pct']:.1f}%"
-        click.echo(f"  pool {name}: mean utilization {util}, {p['idle_gpu_seconds']:g} idle GPU-s")
+        click.echo(
+            f"  pool {name}: mean utilization {util} (per device), "
+            f"{p['idle_gpu_seconds']:g} idle GPU-s"
+        )
     click.echo(f"report: {report}")
 
 
@@ -192,6 +202,14 @@ def simulate(
             raise click.BadParameter(str(exc), param_hint="--burst") from exc
     else:
         parsed = default_bursts(duration)
+    for b in parsed:
+        if b.start_s + b.duration_s > duration:
+            raise click.BadParameter(
+                f"{format_duration(b.start_s)}:{format_duration(b.duration_s)}:{b.factor:g} "
+                f"ends at {format_duration(b.start_s + b.duration_s)}, after the run's "
+                f"--duration {format_duration(duration)}",
+                param_hint="--burst",
+            )
     make_shape, attribution = _shape_maker(load, parsed)
     settings = SimulateSettings(duration_s=duration, seed=seed, start_of_day_s=start_of_day)
     bench = Bench.of(loaded, policy, make_shape, settings)
@@ -214,7 +232,10 @@ def simulate(
     }
     if attribution:
         header["attribution"] = attribution
-    result, fig = run_controller(bench, "ebbtide", out, record=record, record_header=header)
+    with progress(int(duration), "simulating", "sim-s") as on_progress:
+        result, fig = run_controller(
+            bench, "ebbtide", out, record=record, record_header=header, progress=on_progress
+        )
     _, report = write_outputs(result, out)
     _print_summary(result.summary.to_dict(), fig, duration, report)
     if attribution:
@@ -247,6 +268,7 @@ def simulate(
     )
     click.echo(f"compared on the same load ({bench.shape.describe()}, seed {seed}):")
     click.echo(format_compare(rows))
+    click.echo(f"({UTIL_WEIGHTING})")
     click.echo(f"comparison: {out / COMPARE_FILE}")
 
 

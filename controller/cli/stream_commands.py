@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -12,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from controller.cli.runner import run_async
+from controller.cli.options import progress, stderr_is_terminal
+from controller.cli.runner import run_async, stop_on_signals
 from streams import prometheus as prom
 from streams.broker import EmbeddedBroker
 from streams.capture import publish as publish_recording
@@ -21,6 +21,7 @@ from streams.connection import KafkaConfig, ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer
 from streams.events import DEFAULT_TOPICS, InferenceLatency, event_schema
 from streams.producer import DEAD_LETTER_TOPIC, DeadLetter, KafkaProducer
+from streams.recording import BadLine, RecordingError, read_recording
 
 __all__ = ["COMMANDS"]
 
@@ -37,7 +38,8 @@ bootstrap_option = click.option(
 
 
 @click.command()
-@click.option("--port", type=int, default=9092, help="Port on 127.0.0.1 (0: any free port).")
+@click.option("--port", type=click.IntRange(0, 65535), default=9092,
+              help="Port on 127.0.0.1 (0: any free port).")  # fmt: skip
 @click.option("--partitions", type=int, default=4, help="Partitions of each Ebbtide topic.")
 def broker(port: int, partitions: int) -> None:
     """Run the embedded Kafka-protocol broker (tansu) with Ebbtide's topics until Ctrl-C."""
@@ -45,10 +47,7 @@ def broker(port: int, partitions: int) -> None:
     async def serve() -> None:
         with EmbeddedBroker(port=port) as b:
             await ensure_topics(KafkaConfig(b.bootstrap), list(ALL_TOPICS), partitions=partitions)
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
+            stop = stop_on_signals()
             click.echo(b.bootstrap)
             await stop.wait()
 
@@ -87,15 +86,21 @@ def record(
     end: str,
     step: str,
 ) -> None:
-    """Capture Kafka topics, or Prometheus history, to a recording (gzip if OUT ends in .gz)."""
+    """Capture Kafka topics, or Prometheus history, to a recording (gzip if OUT ends in .gz).
+
+    Ctrl-C or SIGTERM stops a Kafka capture cleanly: the file is closed valid and complete."""
     if (bootstrap is None) == (prometheus is None):
         raise click.UsageError("give exactly one of --bootstrap and --from-prometheus")
     if prometheus is not None:
         count = _record_prometheus(prometheus, out, queries, start=start, end=end, step=step)
     else:
         assert bootstrap is not None
-        count = run_async(
-            record_topics(
+
+        def started(partitions: int) -> None:
+            click.echo(f"recording {partitions} partitions to {out}; Ctrl-C to stop", err=True)
+
+        async def capture() -> int:
+            return await record_topics(
                 KafkaConfig(bootstrap),
                 out,
                 topics=[t for t in topics.split(",") if t],
@@ -103,8 +108,11 @@ def record(
                 duration_s=duration,
                 idle_s=idle,
                 from_beginning=from_beginning,
+                on_started=started,
+                stop=stop_on_signals(),
             )
-        )
+
+        count = run_async(capture())
     click.echo(f"recorded {count} messages to {out}")
 
 
@@ -136,17 +144,37 @@ def _record_prometheus(
 def publish(
     recording: Path, bootstrap: str, speed: float, as_fast_as_possible: bool, retime: bool
 ) -> None:
-    """Play a recording back into Kafka, in per-key order, with its timing scaled."""
+    """Play a recording back into Kafka, in per-key order, with its timing scaled.
+
+    Event times stay as recorded unless --retime; with --retime and a --speed above 1 a live
+    controller, whose windows and cooldowns run on its own clock, sees the incident compressed
+    and decides differently from `ebbtide replay` (see the README). On a terminal a progress
+    bar shows the rate and the ETA."""
     config = KafkaConfig(bootstrap)
-    result = run_async(
-        publish_recording(
-            config, recording, speed=None if as_fast_as_possible else speed, retime=retime
+    total = _count_records(recording) if stderr_is_terminal() else 0
+    with progress(total, "publishing", "msg") as on_progress:
+        result = run_async(
+            publish_recording(
+                config,
+                recording,
+                speed=None if as_fast_as_possible else speed,
+                retime=retime,
+                on_progress=on_progress,
+            )
         )
-    )
     click.echo(
         f"published {result.sent} messages in {result.seconds:.1f}s"
         + (f"; skipped {result.bad_lines} lines that are not records" if result.bad_lines else "")
     )
+
+
+def _count_records(recording: Path) -> int:
+    """The records to publish, for the progress bar (a pass over the file: a damaged one is
+    refused before anything is sent)."""
+    try:
+        return sum(1 for m in read_recording(recording) if not isinstance(m, BadLine))
+    except RecordingError as exc:
+        raise click.ClickException(f"{exc}; published nothing") from exc
 
 
 @click.command()

@@ -17,10 +17,14 @@ Figures (each ``{id, kind, title, data, layout}``; ``kind`` is what tests look f
 
 * ``latency`` — per service (the worst :data:`MAX_SERVICE_PLOTS` by attainment): the windowed
   percentile (per timeline bucket, its maximum), the objective, and breach bands (layout shapes);
+  buttons switch the y axis between linear and log, and it starts on log when the peak is more
+  than :data:`LOG_SCALE_RATIO` times the objective (a 21 s peak would flatten a 300 ms line);
 * ``utilization`` — per pool, mean GPU utilization;
 * ``gpus-by-use`` — per pool, stacked GPUs that are inference / training / idle / MIG /
   reconfiguring;
-* ``actions`` — actions per bucket, stacked by type, on the same time axis.
+* ``actions`` — actions per bucket, stacked by type, on the same time axis;
+* ``decisions`` — each decision as a marker (one row per action type), its target, outcome and
+  reason on hover; the page also lists them in a table.
 """
 
 from __future__ import annotations
@@ -32,13 +36,28 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
-from controller.replay.runner import ReplayResult
+from controller.replay.runner import REPORT_FILE, SUMMARY_FILE, ReplayResult
 from controller.replay.summary import ACTIONS, USES
 
-__all__ = ["FIGURES_ID", "MAX_SERVICE_PLOTS", "render_report", "write_outputs"]
+__all__ = ["FIGURES_ID", "LOG_SCALE_RATIO", "MAX_SERVICE_PLOTS", "render_report", "write_outputs"]
 
 FIGURES_ID: Final = "ebbtide-figures"
 MAX_SERVICE_PLOTS: Final = 24
+#: A latency plot starts with a log y axis when its peak exceeds the objective this many times.
+LOG_SCALE_RATIO: Final = 10.0
+_AXIS_BUTTONS: Final = [
+    {
+        "type": "buttons",
+        "direction": "left",
+        "x": 1.0,
+        "xanchor": "right",
+        "y": 1.18,
+        "buttons": [
+            {"label": scale, "method": "relayout", "args": [{"yaxis.type": scale}]}
+            for scale in ("linear", "log")
+        ],
+    }
+]
 _COLORS: Final = {
     "inference": "#1f77b4",
     "training": "#2ca02c",
@@ -104,6 +123,12 @@ def build_figures(result: ReplayResult) -> list[dict[str, Any]]:
             for b in s["breaches"]
         ]
         pct = f"P{s['percentile']:g}"
+        ys = [v for v in series.get(f"p:{key}", []) if v is not None]
+        log_axis = bool(ys) and max(ys) > LOG_SCALE_RATIO * s["objective_ms"]
+        layout = _layout(f"{key}: windowed {pct} vs objective", "ms", x_range, shapes=bands)
+        layout["updatemenus"] = _AXIS_BUTTONS
+        if log_axis:
+            layout["yaxis"] = {"title": {"text": "ms (log)"}, "type": "log"}
         figures.append(
             {
                 "id": f"latency-{i}",
@@ -128,9 +153,7 @@ def build_figures(result: ReplayResult) -> list[dict[str, Any]]:
                         "line": {"dash": "dash", "color": "#d62728"},
                     },
                 ],
-                "layout": _layout(
-                    f"{key}: windowed {pct} vs objective", "ms", x_range, shapes=bands
-                ),
+                "layout": layout,
             }
         )
     pools = sorted(summary["pools"])
@@ -192,7 +215,42 @@ def build_figures(result: ReplayResult) -> list[dict[str, Any]]:
             "layout": _layout("Actions per interval", "actions", x_range, barmode="stack"),
         }
     )
+    figures.append(_decisions_figure(result.markers, x_range))
     return figures
+
+
+def _decision_rows(markers: list[dict[str, Any]]) -> list[list[str]]:
+    """The decision list's table rows, HTML-escaped."""
+    keys = ("action", "target", "outcome", "reason")
+    return [[_iso(m["ts"]), *(html.escape(str(m[k])) for k in keys)] for m in markers]
+
+
+def _decisions_figure(markers: list[dict[str, Any]], x_range: list[float]) -> dict[str, Any]:
+    """Each decision as a marker on its action's row; hover shows target, outcome, reason."""
+    data = []
+    for action in ACTIONS:
+        mine = [m for m in markers if m["action"] == action]
+        if not mine:
+            continue
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": action,
+                "x": [m["ts"] * 1000.0 for m in mine],
+                "y": [action] * len(mine),
+                "text": [
+                    f"{m['target']} ({m['outcome']})<br>{html.escape(str(m['reason']))}"
+                    for m in mine
+                ],
+                "hovertemplate": "%{x}<br>%{text}<extra>%{fullData.name}</extra>",
+                "marker": {"color": _COLORS[action], "size": 9, "symbol": "diamond"},
+            }
+        )
+    layout = _layout("Decisions (hover for target and reason)", "action", x_range)
+    layout["yaxis"] = {"type": "category", "categoryorder": "array", "categoryarray": ACTIONS}
+    return {"id": "decisions", "kind": "decisions", "title": "Decisions", "data": data,
+            "layout": layout}  # fmt: skip
 
 
 def _iso(t: float | None) -> str:
@@ -251,11 +309,24 @@ def render_report(result: ReplayResult) -> str:
         f'<h3>{e(f["title"])}</h3><div id="{f["id"]}" class="fig"></div>' for f in figures
     )
     notes = "".join(f"<li>{e(n)}</li>" for n in s["inventory"])
+    decision_rows = _decision_rows(result.markers)
+    decisions = (
+        _table(["time", "action", "target", "outcome", "reason"], decision_rows)
+        if decision_rows
+        else "<p>none</p>"
+    )
+    listed = len(result.markers)
+    more = (
+        f"<p>The first {listed} of {acts['total']}; all are in decisions.jsonl.</p>"
+        if acts["total"] > listed
+        else ""
+    )
+    what = e(result.command)
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
-<title>Ebbtide replay: {e(s["policy"]["name"])}</title>
+<title>Ebbtide {what}: {e(s["policy"]["name"])}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
 table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; }}
@@ -265,7 +336,7 @@ th, td {{ border: 1px solid #ccc; padding: 0.3em 0.8em; text-align: left; }}
 <script>{_plotly_js()}</script>
 </head>
 <body>
-<h1>Ebbtide replay</h1>
+<h1>Ebbtide {what}</h1>
 <p>Policy <b>{e(s["policy"]["name"])}</b> (sha256 <code>{e(s["policy"]["sha256"])}</code>),
 {_iso(s["time"]["start"])} to {_iso(s["time"]["end"])}, evaluated every
 {s["time"]["evaluate_every_s"]:g}s ({s["time"]["ticks"]} ticks).
@@ -281,6 +352,9 @@ Events: {ev["total"]} total, {ev["accepted"]} accepted, {ev["rejected"]} rejecte
 <ul>{notes or "<li>from the scenario</li>"}</ul>
 <h2>Over time</h2>
 {divs}
+<h2>Decisions</h2>
+{decisions}
+{more}
 {_json_script(FIGURES_ID, figures)}
 <script>
 for (const f of JSON.parse(document.getElementById("{FIGURES_ID}").textContent)) {{
@@ -294,8 +368,8 @@ for (const f of JSON.parse(document.getElementById("{FIGURES_ID}").textContent))
 
 def write_outputs(result: ReplayResult, out_dir: Path) -> tuple[Path, Path]:
     """Write ``summary.json`` and ``report.html`` into ``out_dir``; return their paths."""
-    summary = out_dir / "summary.json"
+    summary = out_dir / SUMMARY_FILE
     summary.write_text(json.dumps(result.summary.to_dict(), indent=2) + "\n", encoding="utf-8")
-    report = out_dir / "report.html"
+    report = out_dir / REPORT_FILE
     report.write_text(render_report(result), encoding="utf-8")
     return summary, report

@@ -47,7 +47,7 @@ from typing import IO, Final, Protocol
 import msgspec
 
 from controller.cluster import ActionResult, Cluster, Outcome, feed_back
-from controller.replay.source import read_event_batches
+from controller.replay.source import SourceStats, read_event_batches
 from controller.replay.summary import USES, Summary
 from controller.replay.timeline import Timeline
 from controller.sim import GpuUse
@@ -60,15 +60,20 @@ from streams.events import EventDecoder, GpuUtilization, Rejection
 
 __all__ = [
     "DECISIONS_FILE",
+    "REPORT_FILE",
+    "SUMMARY_FILE",
     "ReplayCluster",
     "ReplayResult",
     "ReplaySettings",
+    "clear_outputs",
     "count_action",
     "decision_line",
     "replay",
 ]
 
 DECISIONS_FILE: Final = "decisions.jsonl"
+SUMMARY_FILE: Final = "summary.json"
+REPORT_FILE: Final = "report.html"
 #: Decisions drawn one by one (with hover text) on the report's action plot.
 MAX_MARKERS: Final = 2000
 
@@ -103,7 +108,13 @@ def count_action(
     timeline.add(f"actions:{d.action}", bucket, 1.0)
     if len(markers) < MAX_MARKERS:
         markers.append(
-            {"ts": d.at, "action": d.action, "target": d.target, "outcome": result.outcome.value}
+            {
+                "ts": d.at,
+                "action": d.action,
+                "target": d.target,
+                "reason": d.explanation.reason,
+                "outcome": result.outcome.value,
+            }
         )
 
 
@@ -130,8 +141,10 @@ class ReplayResult:
     summary: Summary
     timeline: Timeline
     markers: list[dict[str, object]] = field(default_factory=list)
-    """The first :data:`MAX_MARKERS` decisions: ``{ts, action, target, outcome}``."""
+    """The first :data:`MAX_MARKERS` decisions: ``{ts, action, target, reason, outcome}``."""
     wall_s: float = 0.0
+    command: str = "replay"
+    """What produced it (``replay`` or ``simulate``): the report's title says so."""
 
 
 class _Replay:
@@ -293,7 +306,9 @@ class _Replay:
         util_sum = self.util_sum
         next_tick = self.next_tick
         accepted = 0
-        for batch in read_event_batches(path, decoder, progress=progress):
+        stats = SourceStats()
+        self.summary.rejected_lines = stats.rejected_lines
+        for batch in read_event_batches(path, decoder, progress=progress, stats=stats):
             accepted += len(batch)  # less the rejections, below
             for item in batch:
                 cls = type(item)
@@ -355,6 +370,14 @@ def _fewer_collections() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
+def clear_outputs(out_dir: Path) -> None:
+    """Remove a replay's outputs from ``out_dir``: an earlier run's, before a new one starts,
+    or a failed run's partial ``decisions.jsonl``, so ``out_dir`` never looks complete when
+    it is not."""
+    for name in (DECISIONS_FILE, SUMMARY_FILE, REPORT_FILE):
+        (out_dir / name).unlink(missing_ok=True)
+
+
 def replay(
     path: Path,
     *,
@@ -369,19 +392,29 @@ def replay(
     """Replay ``path`` under ``policy``; writes ``out_dir/decisions.jsonl`` as it goes and
     returns the accounting (see :func:`controller.replay.report.write_outputs`). ``cluster`` makes
     the simulated cluster given the replay's start ``T_0`` (known at the first event).
-    ``progress`` is called with the bytes of the file read so far after each batch."""
+    ``progress`` is called with the bytes of the file read so far after each batch.
+
+    An earlier run's outputs in ``out_dir`` are removed first, and this run's
+    ``decisions.jsonl`` when it fails (a damaged recording raises
+    :class:`~streams.recording.RecordingError`), so ``out_dir`` never looks complete when it
+    is not."""
     settings = settings or ReplaySettings()
     if not (settings.evaluate_every > 0 and math.isfinite(settings.evaluate_every)):
         raise ValueError(f"evaluate_every must be positive; got {settings.evaluate_every}")
     out_dir.mkdir(parents=True, exist_ok=True)
+    clear_outputs(out_dir)
     started = time.perf_counter()
-    with (
-        open(out_dir / DECISIONS_FILE, "wb") as decisions,
-        asyncio.Runner() as runner,
-        _fewer_collections(),
-    ):
-        run = _Replay(policy, cluster, decisions=decisions, settings=settings, runner=runner)
-        run.summary.notes = notes
-        run.run(path, decoder or EventDecoder(), progress)
+    try:
+        with (
+            open(out_dir / DECISIONS_FILE, "wb") as decisions,
+            asyncio.Runner() as runner,
+            _fewer_collections(),
+        ):
+            run = _Replay(policy, cluster, decisions=decisions, settings=settings, runner=runner)
+            run.summary.notes = notes
+            run.run(path, decoder or EventDecoder(), progress)
+    except BaseException:
+        clear_outputs(out_dir)
+        raise
     timeline = run.timeline or Timeline(start=0.0, dt=settings.evaluate_every)
     return ReplayResult(run.summary, timeline, run.markers, time.perf_counter() - started)

@@ -18,6 +18,10 @@ Design:
   which produces the exact rejection; rare lines pay twice, common ones once.
 * Lines are read ``BATCH_BYTES`` at a time and yielded as lists, so the replay loop pays one
   generator step per batch, not per event. Memory is one batch, whatever the file's length.
+* A damaged file or one that is not a recording raises
+  :class:`~streams.recording.RecordingError` with the same words as ``read_recording``; the
+  first :data:`MAX_LISTED` rejected lines are kept in :class:`SourceStats` with their numbers,
+  so a report can say *where* the recording is bad, not only how often.
 """
 
 from __future__ import annotations
@@ -25,18 +29,30 @@ from __future__ import annotations
 import gzip
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 import msgspec
 
 from streams.events import Event, EventDecoder, Rejection
-from streams.recording import BadLine, parse_line  # the slow path, for exact rejections
+from streams.recording import DAMAGE, BadLine, damaged, not_a_recording, parse_line
 
-__all__ = ["BATCH_BYTES", "read_event_batches"]
+__all__ = ["BATCH_BYTES", "MAX_LISTED", "SourceStats", "read_event_batches"]
 
 #: Bytes of the file read (and decoded) per batch.
 BATCH_BYTES = 1 << 20
+#: Rejected lines listed (with number and reason) in :class:`SourceStats`.
+MAX_LISTED = 20
+
+
+@dataclass(slots=True)
+class SourceStats:
+    """What reading found besides events: records read and the first rejected lines."""
+
+    records: int = 0
+    rejected_lines: list[tuple[int, str]] = field(default_factory=list)
+    """``(line number, "code: detail")`` of the first :data:`MAX_LISTED` rejections."""
 
 
 class _FastLine(msgspec.Struct):
@@ -61,13 +77,18 @@ def _open(raw: IO[bytes], path: Path) -> IO[bytes]:
     return raw
 
 
-def _slow(number: int, line: bytes, decoder: EventDecoder) -> Event | Rejection:
-    """What ``read_events`` yields for this line."""
+def _slow(number: int, line: bytes, decoder: EventDecoder, stats: SourceStats) -> Event | Rejection:
+    """What ``read_events`` yields for this line, accounted in ``stats``."""
     message = parse_line(number, line)
     if isinstance(message, BadLine):
-        return Rejection("malformed", message.reason)
-    now = message.ts_ms / 1000 if message.ts_ms is not None else math.inf
-    return decoder.decode(message.value, now=now)
+        result: Event | Rejection = Rejection("malformed", message.reason)
+    else:
+        stats.records += 1
+        now = message.ts_ms / 1000 if message.ts_ms is not None else math.inf
+        result = decoder.decode(message.value, now=now)
+    if type(result) is Rejection and len(stats.rejected_lines) < MAX_LISTED:
+        stats.rejected_lines.append((number, f"{result.code}: {result.detail}"))
+    return result
 
 
 def read_event_batches(
@@ -76,30 +97,43 @@ def read_event_batches(
     *,
     batch_bytes: int = BATCH_BYTES,
     progress: Callable[[int], None] | None = None,
+    stats: SourceStats | None = None,
 ) -> Iterator[list[Event | Rejection]]:
     """Yield the recording's decoded events and rejections, in file order, a batch at a time.
 
     Each item is what :func:`streams.recording.read_events` yields as the second element for
     the same line. ``progress`` is called after each batch with the bytes of the file (as
-    stored: compressed for ``.gz``) read so far. Raises ``OSError`` when the file cannot be read.
+    stored: compressed for ``.gz``) read so far; ``stats`` collects :class:`SourceStats`.
+    Raises ``OSError`` when the file cannot be opened and
+    :class:`~streams.recording.RecordingError` when it is damaged or not a recording.
     """
     decoder = decoder or EventDecoder()
+    stats = stats if stats is not None else SourceStats()
+    header = False
+    first: tuple[int, bytes] | None = None
     limits = decoder.limits
     cap, max_batch, skew = limits.max_message_bytes, limits.max_batch, limits.max_future_skew_s
     decode = _fast.decode
     number = 0
     with open(path, "rb") as raw, _open(raw, path) as stream:
         while True:
-            lines = stream.readlines(batch_bytes)
+            try:
+                lines = stream.readlines(batch_bytes)
+            except DAMAGE as exc:
+                raise damaged(path, exc, line=number, records=stats.records) from exc
             if progress is not None:
                 progress(raw.tell())
             if not lines:
+                if not (header or stats.records):
+                    raise not_a_recording(path, first)
                 return
             out: list[Event | Rejection] = []
             append = out.append
+            slow = 0
             for line in lines:
                 number += 1
                 if number == 1 and b'"ebbtide_recording"' in line:
+                    header = True
                     continue
                 if len(line) <= cap:
                     try:
@@ -116,5 +150,9 @@ def read_event_batches(
                             continue
                 if not line.strip():
                     continue
-                append(_slow(number, line, decoder))
+                if first is None:
+                    first = (number, line)
+                slow += 1
+                append(_slow(number, line, decoder, stats))
+            stats.records += len(out) - slow  # each fast-path event is one record
             yield out

@@ -164,6 +164,8 @@ class Summary:
     ticks: int = 0
     engine: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    rejected_lines: list[tuple[int, str]] = field(default_factory=list)
+    """The first rejected lines of the recording: ``(line number, "code: detail")``."""
 
     @classmethod
     def for_policy(cls, policy: Policy, sha256: str, dt: float) -> Summary:
@@ -199,6 +201,7 @@ class Summary:
                 "accepted": self.accepted,
                 "rejected": total_rejected,
                 "rejected_by_code": dict(sorted(self.rejected.items())),
+                "rejected_lines": [{"line": n, "reason": r} for n, r in self.rejected_lines],
                 "engine": dict(sorted(self.engine.items())),
             },
             "time": {

@@ -72,6 +72,8 @@ Controller = Literal["ebbtide", "polling", "static"]
 CONTROLLERS: Final[tuple[Controller, ...]] = ("ebbtide", "polling", "static")
 #: Simulated seconds static partitioning's plan gets to settle before ``T_0``.
 SETTLE_S: Final = 120.0
+#: Ticks between progress reports (a terminal's bar; a day at 1 s ticks is 86,400).
+PROGRESS_EVERY: Final = 600
 _DONE: Final = frozenset({Outcome.APPLIED, Outcome.IN_PROGRESS})
 _BASELINE_NAMES: Final = {"polling": "polling-autoscaler", "static": "static-partitioning"}
 
@@ -140,7 +142,8 @@ class RunFigures:
     slo_attainment: float | None
     """Ticks within objective / evaluated ticks, over every service."""
     mean_gpu_util_pct: float | None
-    """Mean over ticks of the mean utilization of every physical GPU."""
+    """Mean over ticks of the mean utilization of every physical GPU: each GPU weighs the
+    same, a MIG GPU as the mean of its instances (a pool's figure weighs each instance)."""
     training_gpu_hours: float
     evictions: int
     mig_conversions: int
@@ -391,10 +394,14 @@ class _Loop:
         summary.last_tick = now
         summary.ticks += 1
 
-    def run(self) -> None:
+    def run(self, progress: Callable[[int], None] | None = None) -> None:
+        """All ticks; ``progress`` gets the simulated seconds done every
+        :data:`PROGRESS_EVERY` ticks."""
         self.setup()
         for k in range(self.ticks):
             self.tick(k)
+            if progress is not None and k % PROGRESS_EVERY == 0:
+                progress(int(k * self.dt))
         end = self.t0 + self.ticks * self.dt
         for _, acc, _ in self.services:
             acc.close(end)
@@ -427,11 +434,13 @@ def run_controller(
     *,
     record: Path | None = None,
     record_header: Mapping[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[ReplayResult, RunFigures]:
     """Run ``controller`` on ``bench``; write ``decisions.jsonl`` into ``out_dir`` (the caller
     writes ``summary.json`` and ``report.html`` with
     :func:`controller.replay.report.write_outputs`) and, with ``record``, every generated event
-    as a recording ``ebbtide replay`` and ``publish`` accept."""
+    as a recording ``ebbtide replay`` and ``publish`` accept. ``progress`` is called with the
+    simulated seconds done, now and then."""
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     recorder = None
@@ -441,10 +450,10 @@ def run_controller(
     try:
         with open(out_dir / DECISIONS_FILE, "wb") as out, asyncio.Runner() as runner:
             loop = _Loop(bench, controller, decisions=out, recorder=recorder, runner=runner)
-            loop.run()
+            loop.run(progress)
     finally:
         if recorder is not None:
             recorder.close()
     wall = time.perf_counter() - started
-    result = ReplayResult(loop.summary, loop.timeline, loop.markers, wall)
+    result = ReplayResult(loop.summary, loop.timeline, loop.markers, wall, command="simulate")
     return result, loop.figures(wall)

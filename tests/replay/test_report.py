@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import html
 import json
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 from replay_builders import T0, chat_events, one_node_cluster, policy, write_recording
 
@@ -73,7 +75,7 @@ def test_report_is_valid_offline_html_with_every_plot_and_its_data(tmp_path: Pat
     for fig in figures:
         by_kind.setdefault(str(fig["kind"]), []).append(fig)
         assert fig["id"] in checker.ids  # each figure has its <div>
-    assert set(by_kind) == {"latency", "utilization", "gpus-by-use", "actions"}
+    assert set(by_kind) == {"latency", "utilization", "gpus-by-use", "actions", "decisions"}
 
     series = result.timeline.series()
     x = [t * 1000 for t in result.timeline.times()]
@@ -99,3 +101,49 @@ def test_report_is_valid_offline_html_with_every_plot_and_its_data(tmp_path: Pat
     assert sum(bars["scale"]) == 1
     assert x[bars["scale"].index(1.0)] <= (T0 + 105) * 1000
     assert latency["layout"]["xaxis"]["range"] == actions["layout"]["xaxis"]["range"]  # type: ignore[index]
+
+
+def _figures(page: str) -> dict[str, list[dict[str, Any]]]:
+    checker = _Checker()
+    checker.feed(page)
+    (data,) = [text for attrs, text in checker.scripts if attrs.get("id") == FIGURES_ID]
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for fig in json.loads(data):
+        by_kind.setdefault(str(fig["kind"]), []).append(fig)
+    return by_kind
+
+
+def test_each_decision_is_a_marker_with_its_reason_and_listed(tmp_path: Path) -> None:
+    """The scale decision is drawn as a marker whose hover text names its target and reason,
+    and the page lists it in the decisions table with its reason."""
+    path = write_recording(tmp_path / "r.jsonl", chat_events(300, burst=(100, 130)))
+    result = replay(path, policy=policy(), cluster=one_node_cluster, out_dir=tmp_path / "out")
+    _, report = write_outputs(result, tmp_path / "out")
+    page = report.read_text()
+    (marker,) = result.markers
+    (figure,) = _figures(page)["decisions"]
+    (trace,) = figure["data"]
+    assert trace["name"] == "scale"
+    assert trace["mode"] == "markers"
+    assert trace["x"] == [marker["ts"] * 1000]  # type: ignore[operator]
+    assert trace["text"][0].startswith("serving/chat (applied)<br>")
+    assert html.escape(str(marker["reason"])) in trace["text"][0]
+    assert "<h2>Decisions</h2>" in page
+    assert f"<td>{html.escape(str(marker['reason']))}</td>" in page
+    assert "<title>Ebbtide replay: " in page
+
+
+def test_a_peak_far_above_the_objective_starts_on_a_log_axis(tmp_path: Path) -> None:
+    """Every latency plot has linear/log buttons; a peak 200x the objective (20 s against
+    100 ms) starts on a log axis so the objective line is not flattened to the floor; a
+    modest peak starts linear."""
+    for high_ms, axis in ((20_000.0, "log"), (390.0, None)):
+        out = tmp_path / f"out-{high_ms:g}"
+        events = chat_events(300, burst=(100, 130), high_ms=high_ms)
+        path = write_recording(tmp_path / f"r-{high_ms:g}.jsonl", events)
+        result = replay(path, policy=policy(), cluster=one_node_cluster, out_dir=out)
+        _, report = write_outputs(result, out)
+        (latency,) = _figures(report.read_text())["latency"]
+        layout = latency["layout"]
+        assert [b["label"] for b in layout["updatemenus"][0]["buttons"]] == ["linear", "log"]
+        assert layout["yaxis"].get("type") == axis
