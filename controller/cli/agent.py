@@ -14,43 +14,20 @@ import signal
 import socket
 
 import click
-from pydantic import ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from controller.agent.nvml import NvmlReader, NvmlUnavailable
 from controller.agent.pods import DEFAULT_SOCKET, PodAttribution, PodResourcesClient
 from controller.agent.publisher import Agent, AgentSettings, AgentStats, MigUtil
-from controller.cli.options import duration_option
+from controller.cli.options import bootstrap_option, duration_option, kafka_settings
 from controller.cli.runner import run_async
-from controller.settings import KafkaSettings
 from streams.connection import KafkaConfig
 from streams.producer import KafkaProducer
 
-__all__ = ["COMMANDS", "agent", "kafka_from_env"]
-
-
-class _KafkaEnv(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="EBBTIDE_", env_nested_delimiter="__", extra="ignore", frozen=True
-    )
-
-    kafka: KafkaSettings = KafkaSettings()
-
-
-def kafka_from_env(bootstrap: str) -> tuple[KafkaConfig, str]:
-    """The connection (``bootstrap`` wins over the environment) and the GPU topic."""
-    try:
-        settings = _KafkaEnv(kafka={"bootstrap": bootstrap, "client_id": "ebbtide-agent"}).kafka
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise click.ClickException(f"invalid Kafka settings: {where}: {first['msg']}") from exc
-    return settings.connection(), settings.gpu_topic
+__all__ = ["COMMANDS", "agent"]
 
 
 @click.command()
-@click.option("--bootstrap", envvar="EBBTIDE_KAFKA_BOOTSTRAP", required=True, metavar="HOST:PORT",
-              help="Kafka bootstrap servers (comma-separated).")  # fmt: skip
+@bootstrap_option(required=True)
 @click.option("--node", envvar="NODE_NAME", default=socket.gethostname,
               show_default="$NODE_NAME or the hostname",
               help="Node name: the events' key.")  # fmt: skip
@@ -78,7 +55,8 @@ def agent(
     pod_resources_socket: str,
 ) -> None:
     """Publish GPU and MIG-instance utilization of this node as gpu.utilization events."""
-    config, topic = kafka_from_env(bootstrap)
+    kafka = kafka_settings(bootstrap, client_id="ebbtide-agent")
+    config, topic = kafka.connection(), kafka.gpu_topic
     settings = AgentSettings(
         node=node,
         interval_s=interval,

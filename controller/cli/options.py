@@ -1,4 +1,5 @@
-"""Option helpers shared by the commands: policies, durations, progress on a terminal."""
+"""Option helpers shared by the commands: policies, Kafka settings, durations, progress on a
+terminal."""
 
 from __future__ import annotations
 
@@ -10,11 +11,54 @@ from pathlib import Path
 from typing import Any
 
 import click
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from controller.settings import KafkaSettings
 from policies.loader import PolicyLoadError, check_policy, read_sources
 from policies.model import Policy, parse_duration
 
-__all__ = ["duration_option", "load_policy_files", "one_line", "progress", "stderr_is_terminal"]
+__all__ = [
+    "bootstrap_option",
+    "duration_option",
+    "kafka_settings",
+    "load_policy_files",
+    "one_line",
+    "progress",
+    "stderr_is_terminal",
+]
+
+
+def bootstrap_option(*, required: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--bootstrap`` for the commands that talk to a user's Kafka (record, publish, agent);
+    its variable is ``ebbtide run``'s (``EBBTIDE_KAFKA_BOOTSTRAP`` is still read)."""
+    return click.option(
+        "--bootstrap",
+        envvar=["EBBTIDE_KAFKA__BOOTSTRAP", "EBBTIDE_KAFKA_BOOTSTRAP"],
+        required=required,
+        metavar="HOST:PORT",
+        help="Kafka bootstrap servers (comma-separated). Env: EBBTIDE_KAFKA__BOOTSTRAP; TLS and "
+        "SASL from the same EBBTIDE_KAFKA__* variables as ebbtide run.",
+    )
+
+
+class _KafkaEnv(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="EBBTIDE_", env_nested_delimiter="__", extra="ignore", frozen=True
+    )
+
+    kafka: KafkaSettings = KafkaSettings()
+
+
+def kafka_settings(bootstrap: str, *, client_id: str) -> KafkaSettings:
+    """Kafka settings from ``ebbtide run``'s ``EBBTIDE_KAFKA__*`` variables (TLS, SASL, topics),
+    ``bootstrap`` winning; a wrong value is one line naming the field."""
+    try:
+        return _KafkaEnv(kafka={"bootstrap": bootstrap, "client_id": client_id}).kafka
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise click.ClickException(f"invalid Kafka settings: {where}: {first['msg']}") from exc
 
 
 def one_line(what: str, errors: Sequence[Any], hint: str = "") -> click.ClickException:

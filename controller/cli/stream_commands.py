@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from controller.cli.options import progress, stderr_is_terminal
+from controller.cli.options import bootstrap_option, kafka_settings, progress, stderr_is_terminal
 from controller.cli.runner import run_async, stop_on_signals
 from streams import prometheus as prom
 from streams.broker import EmbeddedBroker
@@ -27,14 +27,6 @@ __all__ = ["COMMANDS"]
 
 ALL_TOPICS = (*DEFAULT_TOPICS.values(), DEAD_LETTER_TOPIC)
 SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sample-events.jsonl"
-
-bootstrap_option = click.option(
-    "--bootstrap",
-    envvar="EBBTIDE_KAFKA_BOOTSTRAP",
-    required=True,
-    metavar="HOST:PORT",
-    help="Kafka bootstrap servers (comma-separated).",
-)
 
 
 @click.command()
@@ -55,8 +47,7 @@ def broker(port: int, partitions: int) -> None:
 
 
 @click.command()
-@click.option("--bootstrap", envvar="EBBTIDE_KAFKA_BOOTSTRAP", metavar="HOST:PORT",
-              help="Record from Kafka at these bootstrap servers.")  # fmt: skip
+@bootstrap_option(required=False)
 @click.option("--from-prometheus", "prometheus", metavar="URL",
               help="Record from Prometheus history instead of Kafka.")  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
@@ -101,7 +92,7 @@ def record(
 
         async def capture() -> int:
             return await record_topics(
-                KafkaConfig(bootstrap),
+                kafka_settings(bootstrap, client_id="ebbtide-record").connection(),
                 out,
                 topics=[t for t in topics.split(",") if t],
                 max_events=max_events,
@@ -135,7 +126,7 @@ def _record_prometheus(
 
 @click.command()
 @click.argument("recording", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@bootstrap_option
+@bootstrap_option(required=True)
 @click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=1.0,
               help="Scale inter-arrival times: 10 plays ten times faster.")  # fmt: skip
 @click.option("--as-fast-as-possible", is_flag=True, help="Ignore the recorded timing.")
@@ -150,7 +141,7 @@ def publish(
     controller, whose windows and cooldowns run on its own clock, sees the incident compressed
     and decides differently from `ebbtide replay` (see the README). On a terminal a progress
     bar shows the rate and the ETA."""
-    config = KafkaConfig(bootstrap)
+    config = kafka_settings(bootstrap, client_id="ebbtide-publish").connection()
     total = _count_records(recording) if stderr_is_terminal() else 0
     with progress(total, "publishing", "msg") as on_progress:
         result = run_async(

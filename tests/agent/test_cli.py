@@ -16,7 +16,8 @@ from agent.fake_nvml import DRIVER_NOT_LOADED, FakeNvml, h100_node
 from controller.agent import nvml as nvml_module
 from controller.agent.nvml import NvmlReader
 from controller.agent.publisher import AgentSettings
-from controller.cli.agent import agent, kafka_from_env, serve
+from controller.cli.agent import agent, serve
+from controller.cli.options import kafka_settings
 from streams.connection import KafkaConfig, ensure_topics
 
 
@@ -73,7 +74,8 @@ def test_kafka_settings_come_from_the_controllers_environment(
     monkeypatch.setenv("EBBTIDE_KAFKA__SASL_MECHANISM", "SCRAM-SHA-512")
     monkeypatch.setenv("EBBTIDE_KAFKA__SASL_USERNAME", "agent")
     monkeypatch.setenv("EBBTIDE_KAFKA__SASL_PASSWORD", "s3cret")
-    config, topic = kafka_from_env("kafka:9092")
+    kafka = kafka_settings("kafka:9092", client_id="ebbtide-agent")
+    config, topic = kafka.connection(), kafka.gpu_topic
     assert topic == "gpu.custom"
     assert config.bootstrap == "kafka:9092"
     assert config.client_id == "ebbtide-agent"
