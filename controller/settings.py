@@ -142,7 +142,16 @@ class HttpSettings(_Group):
     """The metrics and health endpoint."""
 
     address: str = "0.0.0.0:9108"
-    """``host:port`` for ``/metrics``, ``/healthz`` and ``/readyz``."""
+    """``host:port`` for ``/metrics``, ``/healthz`` and ``/readyz`` (port 0: any free port)."""
+
+    @field_validator("address")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        _, colon, port = value.rpartition(":")
+        if not (colon and port.isdigit() and int(port) < 65536):
+            raise ValueError(f"HOST:PORT with a port from 0 to 65535; got {value!r}")
+        return value
+
     ready_max_lag: int = Field(10_000, ge=0)
     """Ready only while the consumer is at most this many events behind."""
     ready_max_fetch_age_s: float = Field(30.0, gt=0)

@@ -38,16 +38,6 @@ async def make_runtime(settings: Settings, policy: Policy) -> ClusterRuntime:
     return await KubeRuntime.connect(settings, policy)
 
 
-def _address(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    """A click callback: ``host:port`` with a port from 1 to 65535."""
-    if value is None:
-        return None
-    _, colon, port = value.rpartition(":")
-    if not (colon and port.isdigit() and 0 < int(port) < 65536):
-        raise click.BadParameter(f"HOST:PORT with a port from 1 to 65535; got {value!r}")
-    return value
-
-
 def _settings_problem(error: Mapping[str, Any]) -> str:
     """One pydantic error as the user would fix it."""
     loc = ".".join(str(p) for p in error["loc"])
@@ -80,8 +70,7 @@ def _settings_problem(error: Mapping[str, Any]) -> str:
     help="YAML settings file. Env: EBBTIDE_CONFIG.",
 )
 @click.option("--kubeconfig", type=click.Path(path_type=Path), help="Default: in-cluster.")
-@click.option("--metrics-address", callback=_address,
-              help="host:port for /metrics, /healthz, /readyz.")  # fmt: skip
+@click.option("--metrics-address", help="host:port for /metrics, /healthz, /readyz.")
 @click.option("--identity", help="This replica's name (Lease holder).")
 def run(
     policies: tuple[Path, ...],

@@ -90,3 +90,14 @@ def test_bad_addresses_are_usage_errors(args: list[str], words: str) -> None:
     code, lines = _invoke(args)
     assert code == 2
     assert words in lines[-1]
+
+
+def test_a_bad_metrics_address_from_the_environment_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """EBBTIDE_HTTP__ADDRESS is checked like --metrics-address: one line, before any I/O."""
+    monkeypatch.setenv("EBBTIDE_HTTP__ADDRESS", "notaport")
+    code, lines = _invoke(["run", "--policy", str(BALANCED)])
+    assert code == 2
+    assert "http.address" in lines[-1]
+    assert "HOST:PORT" in lines[-1]
