@@ -9,6 +9,7 @@ inter-arrival times are those of the recording divided by ``speed``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -217,6 +218,8 @@ class PublishResult:
     sent: int
     bad_lines: int
     seconds: float
+    stopped: bool = False
+    """Ended early by its ``stop`` event (SIGINT/SIGTERM), not at the recording's end."""
 
 
 async def publish(
@@ -227,8 +230,10 @@ async def publish(
     topic_map: dict[str, str] | None = None,
     retime: bool = False,
     on_progress: Callable[[int], None] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> PublishResult:
     """Send every message of ``recording`` to Kafka; ``speed=None`` means as fast as possible.
+    Setting ``stop`` ends it early, after flushing what was sent (``stopped`` in the result).
 
     Kafka timestamps are the recording's shifted to now (old ones would fall to retention).
     The events' own ``ts`` fields are sent as recorded, unless ``retime``: then they are moved
@@ -245,6 +250,8 @@ async def publish(
     async with KafkaProducer(config) as producer:
         try:
             for message in read_recording(recording):
+                if stop is not None and stop.is_set():
+                    break
                 if isinstance(message, BadLine):
                     bad += 1
                     log.warning("publish.bad_line", line=message.line, reason=message.reason)
@@ -256,7 +263,10 @@ async def publish(
                     delay = (message.ts_ms - first_ts) / 1000 / speed - (time.monotonic() - started)
                     if delay > 0:
                         await producer.flush()
-                        await asyncio.sleep(delay)
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for((stop or asyncio.Event()).wait(), delay)
+                        if stop is not None and stop.is_set():
+                            break
                 await producer.send(
                     (topic_map or {}).get(message.topic, message.topic),
                     retimer(message.value) if retimer else message.value,
@@ -271,7 +281,10 @@ async def publish(
             await producer.flush()
             raise RecordingError(f"{exc}; published {sent} messages before it") from exc
         await producer.flush()
-    return PublishResult(sent=sent, bad_lines=bad, seconds=time.monotonic() - started)
+    stopped = stop is not None and stop.is_set()
+    return PublishResult(
+        sent=sent, bad_lines=bad, seconds=time.monotonic() - started, stopped=stopped
+    )
 
 
 class _Retimer:

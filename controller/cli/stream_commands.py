@@ -15,6 +15,7 @@ from controller.cli.options import bootstrap_option, kafka_settings, progress, s
 from controller.cli.runner import run_async, stop_on_signals
 from streams import prometheus as prom
 from streams.broker import EmbeddedBroker
+from streams.capture import PublishResult
 from streams.capture import publish as publish_recording
 from streams.capture import record as record_topics
 from streams.connection import KafkaConfig, ensure_topics
@@ -144,17 +145,21 @@ def publish(
     config = kafka_settings(bootstrap, client_id="ebbtide-publish").connection()
     total = _count_records(recording) if stderr_is_terminal() else 0
     with progress(total, "publishing", "msg") as on_progress:
-        result = run_async(
-            publish_recording(
+
+        async def play() -> PublishResult:
+            return await publish_recording(
                 config,
                 recording,
                 speed=None if as_fast_as_possible else speed,
                 retime=retime,
                 on_progress=on_progress,
+                stop=stop_on_signals(),
             )
-        )
+
+        result = run_async(play())
     click.echo(
-        f"published {result.sent} messages in {result.seconds:.1f}s"
+        ("stopped: " if result.stopped else "")
+        + f"published {result.sent} messages in {result.seconds:.1f}s"
         + (f"; skipped {result.bad_lines} lines that are not records" if result.bad_lines else "")
     )
 

@@ -58,3 +58,50 @@ def test_record_stopped_by_a_signal_closes_the_file_validly(
     assert stdout.strip() == f"recorded 30 messages to {out}"
     values = [m.value for m in read_recording(out) if isinstance(m, RecordedMessage)]
     assert sorted(values) == sorted(b'{"new": %d}' % i for i in range(30))
+
+
+@pytest.mark.slow
+def test_publish_stopped_by_a_signal_says_how_many_it_sent(
+    kafka_broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """`publish` interrupted between two messages a minute apart flushes what it sent, exits 0
+    and says "stopped: published 1 messages" (no `Aborted!`, no traceback)."""
+    from aiokafka import AIOKafkaConsumer
+
+    from streams.producer import RawMessage
+    from streams.recording import RecordingWriter
+
+    topic = f"pub.{uuid.uuid4().hex[:8]}"
+    asyncio.run(ensure_topics(KafkaConfig(kafka_broker.bootstrap), [topic]))
+    recording = tmp_path / "slow.jsonl"
+    writer = RecordingWriter(recording)
+    for i in range(3):
+        writer.write(
+            RawMessage(topic, 0, i, b"k", b'{"n": %d}' % i, (), 1_700_000_000_000 + i * 60_000)
+        )
+    writer.close()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "controller", "publish", str(recording),
+         "--bootstrap", kafka_broker.bootstrap],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=os.environ | {"EBBTIDE_LOG_FORMAT": "json"},
+    )  # fmt: skip
+
+    async def first_message() -> None:
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka_broker.bootstrap,
+                                    auto_offset_reset="earliest")  # fmt: skip
+        await consumer.start()
+        try:
+            await asyncio.wait_for(consumer.getone(), 20)
+        finally:
+            await consumer.stop()
+
+    try:
+        asyncio.run(first_message())
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=20)
+    finally:
+        process.kill()
+    assert process.returncode == 0, stderr
+    assert "Aborted" not in stderr
+    assert stdout.startswith("stopped: published 1 messages in ")
