@@ -101,12 +101,19 @@ async def test_sigterm_stops_after_a_clean_flush(kafka_config: KafkaConfig) -> N
     settings = AgentSettings(
         node="n1", interval_s=0.05, topic=topic, max_rate=1000.0, publish_timeout_s=10.0
     )
-    with NvmlReader(h100_node()) as reader:
+    nvml = h100_node()
+    with NvmlReader(nvml) as reader:
         task = asyncio.create_task(
             serve(settings, kafka_config, reader=reader, pod_attribution=False, socket_path="/none")
         )
-        await asyncio.sleep(1.0)
-        assert not task.done()  # its SIGTERM handler is in place; without it pytest would die
+        # A second reading of the GPUs: the first round is published (acknowledged), and the
+        # SIGTERM handler, installed before the first round, is in place (without it pytest
+        # would die).
+        deadline = time.monotonic() + 15
+        while nvml.calls.count("nvmlDeviceGetCount") < 2:
+            assert not task.done(), task
+            assert time.monotonic() < deadline, "the agent did not start its second round"
+            await asyncio.sleep(0.01)
         os.kill(os.getpid(), signal.SIGTERM)
         stats = await asyncio.wait_for(task, 15)
     assert stats.rounds >= 2

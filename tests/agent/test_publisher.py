@@ -235,6 +235,7 @@ async def test_rate_limit_holds_against_the_broker(kafka_config: KafkaConfig, to
         agent = Agent(settings, reader=reader, connect=lambda: KafkaProducer(kafka_config))
         started = time.monotonic()
         async with running(agent):
+            # A pace, not synchronisation: the period the rate is measured over.
             await asyncio.sleep(1.5)
         elapsed = time.monotonic() - started
     records = await consume(kafka_config, topic, until=lambda n: n >= agent.stats.published)

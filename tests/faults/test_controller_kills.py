@@ -118,8 +118,18 @@ async def test_sigkill_between_an_eviction_and_its_record_keeps_the_budget(
     )  # fmt: skip
     first = world.start(identity="budget", policy=policy)
     await ready(first)
-    await eventually(lambda: fault.hits == 1, 15, lambda: world.latency(900, count=20))
-    await asyncio.sleep(0.2)
+
+    def evicted_unanswered() -> bool:
+        """The first eviction has been made (its pod is gone) and its answer is still held."""
+        posts = writes(world.kubeapi.requests, "POST", "/eviction$", ok=False)
+        return (
+            fault.hits == 1
+            and len(posts) == 1
+            and posts[0].status is None
+            and world.kubeapi.get("Pod", "ml", posts[0].path.split("/")[-2]) is None
+        )
+
+    await eventually(evicted_unanswered, 15, lambda: world.latency(900, count=20))
     kill(first)
     (victim,) = [
         r.path.split("/")[-2]

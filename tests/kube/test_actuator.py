@@ -115,6 +115,12 @@ def events(server: KubeAPIServer) -> list[tuple[str, str, str]]:
     ]
 
 
+async def handlers_done(server: KubeAPIServer) -> None:
+    """Wait until every request's handler has ended: a delayed one answered late, or cancelled
+    when its client gave up, so none is left that could still change the store."""
+    await server.until(lambda: all(r.finished for r in server.requests))
+
+
 def replicas(server: KubeAPIServer, kind: str, name: str) -> int:
     obj = server.get(kind, "ml", name)
     assert obj is not None
@@ -354,7 +360,7 @@ async def test_faults_on_eviction_retry_and_evict_exactly_once(
     kubeapi.faults.add(method="POST", path_regex="/eviction$", **fault)
     act = actuator(kube_client)
     [result] = await act.apply([evict()])
-    await asyncio.sleep(0.8 if fault.get("delay") else 0)  # let a delayed handler finish
+    await handlers_done(kubeapi)
     assert result.outcome is Outcome.APPLIED
     assert kubeapi.get("pods", "ml", "train-0") is None
     assert [r.status for r in writes(kubeapi, "/eviction")].count(201) <= 1
@@ -370,7 +376,7 @@ async def test_faults_on_scale_retry_and_scale_exactly_once(
     kubeapi.faults.add(method="PATCH", path_regex="/scale$", **fault)
     act = actuator(kube_client)
     [result] = await act.apply([shrink()])
-    await asyncio.sleep(0.8 if fault.get("delay") else 0)
+    await handlers_done(kubeapi)
     assert result.outcome is Outcome.APPLIED
     stored = kubeapi.get("Deployment", "ml", "train")
     assert stored is not None

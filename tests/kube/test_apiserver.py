@@ -751,10 +751,20 @@ async def test_leader_election_one_leader_then_takeover(kubeapi: KubeAPIServer) 
         ApiClient(Configuration(host=kubeapi.url)) as api_a,
         ApiClient(Configuration(host=kubeapi.url)) as api_b,
     ):
+        api_b.user_agent = "b"  # to tell b's requests apart in the server's log
+
+        def sent_by_b() -> list[str]:
+            return [
+                r.method for r in kubeapi.requests if r.user_agent == "b" and "/leases" in r.path
+            ]
+
         task_a = asyncio.create_task(candidate("a", api_a).run())
         await eventually(lambda: _true(leaders == ["a"]))
         task_b = asyncio.create_task(candidate("b", api_b).run())
-        await asyncio.sleep(1.5)
+        # b's third request shows two of its attempts over: both found the lease held and wrote
+        # nothing, and b does not lead.
+        await kubeapi.until(lambda: len(sent_by_b()) >= 3)
+        assert sent_by_b() == ["GET"] * 3
         assert leaders == ["a"]
         task_a.cancel()  # "a" crashes without releasing the lease
         await eventually(lambda: _true(leaders == ["a", "b"]), within=6)

@@ -10,7 +10,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from controller.kube.leader import LeaderElector, LeaseSettings
-from support.kubeapi import KubeAPIServer
+from support.kubeapi import KubeAPIServer, LoggedRequest
 
 FAST = LeaseSettings(
     name="ebbtide", namespace="ebbtide-system", lease_duration_s=2, renew_deadline_s=1.5,
@@ -25,6 +25,11 @@ async def wait_for(predicate: object, within: float = 10.0) -> float:
         assert time.monotonic() - started < within, "condition not reached in time"
         await asyncio.sleep(0.02)
     return time.monotonic() - started
+
+
+def lease_requests(server: KubeAPIServer, user_agent: str) -> list[LoggedRequest]:
+    """The Lease requests one client (by its User-Agent) has sent so far."""
+    return [r for r in server.requests if r.user_agent == user_agent and "/leases" in r.path]
 
 
 async def stop(task: asyncio.Task[None]) -> None:
@@ -75,6 +80,7 @@ async def test_one_leader_and_takeover_within_the_lease(kubeapi: KubeAPIServer) 
         ApiClient(Configuration(host=kubeapi.url)) as api_a,
         ApiClient(Configuration(host=kubeapi.url)) as api_b,
     ):
+        api_b.user_agent = "b"  # to tell b's requests apart in the server's log
         a = LeaderElector(api_a, identity="a", settings=FAST)
         b = LeaderElector(api_b, identity="b", settings=FAST)
         both = 0
@@ -89,7 +95,11 @@ async def test_one_leader_and_takeover_within_the_lease(kubeapi: KubeAPIServer) 
         task_a = asyncio.create_task(a.run())
         await wait_for(lambda: a.is_leader)
         task_b = asyncio.create_task(b.run())
-        await asyncio.sleep(2.5)
+        # b looks at the lease every retry period; its third look comes a full lease duration
+        # after its first, so it would take a lease a had stopped renewing. Its fourth request
+        # shows that third attempt over: b has not written the lease, nor does it lead.
+        await kubeapi.until(lambda: len(lease_requests(kubeapi, "b")) >= 4)
+        assert [r.method for r in lease_requests(kubeapi, "b")] == ["GET"] * 4
         assert a.is_leader
         assert not b.is_leader
         lease = kubeapi.get("Lease", "ebbtide-system", "ebbtide")

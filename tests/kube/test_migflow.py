@@ -214,6 +214,14 @@ async def settled(manager: MigManager, *, within: float = 5.0) -> None:
         await asyncio.sleep(0.02)
 
 
+async def reconfigured(manager: MigManager, node: str, config: str, *, within: float = 5.0) -> None:
+    """The manager has reconfigured ``node`` to ``config`` and reported success."""
+    deadline = time.monotonic() + within
+    while (node, config, "success") not in manager.applied:
+        assert time.monotonic() < deadline, f"the MIG manager never applied {config} to {node}"
+        await asyncio.sleep(0.02)
+
+
 async def settle_restore(act: KubeActuator, server: KubeAPIServer, *, within: float = 5.0) -> None:
     """Tick ``resume_all`` until the rolled-back flow's record is gone."""
     deadline = time.monotonic() + within
@@ -447,7 +455,7 @@ async def test_dry_run_and_already_done_write_nothing_to_the_node(
     await kubeapi.patch(
         "nodes", None, "gpu-1", {"metadata": {"labels": {**MIG, CONFIG_LABEL: TARGET}}}
     )
-    await asyncio.sleep(0.2)  # the manager reconfigures and reports success
+    await reconfigured(mig_manager, "gpu-1", TARGET)
     [done] = await actuator(kube_client, kubeapi).apply([convert()])
     assert done.outcome is Outcome.ALREADY_DONE
     assert [r for r in kubeapi.requests if r.method == "PATCH"] == []

@@ -257,26 +257,28 @@ async def ready(process: ControllerProcess, within: float = 40) -> None:
 
 
 @contextlib.asynccontextmanager
-async def in_process_controller(kubeapi: KubeAPIServer, tmp: Path) -> AsyncIterator[Controller]:
+async def in_process_controller(
+    kubeapi: KubeAPIServer, tmp: Path, *, policy: Path = HERE / "policy.yaml"
+) -> AsyncIterator[Controller]:
     """A :class:`Controller` over a leading, synced :class:`KubeRuntime` on ``kubeapi``, in this
     process and without Kafka: tests feed its engine and call ``evaluate_once``."""
     settings = load_settings(
-        policies=[HERE / "policy.yaml"],
+        policies=[policy],
         kube={"kubeconfig": kubeapi.write_kubeconfig(tmp / "kubeconfig"),
               "lease_namespace": "default", "lease_duration_s": 2, "renew_deadline_s": 1.5,
               "retry_period_s": 1},
         http={"address": "127.0.0.1:0"},
         dry_run=False,
     )  # fmt: skip
-    policy = load_policy_files(settings)
-    runtime = await KubeRuntime.connect(settings, policy)
+    loaded = load_policy_files(settings)
+    runtime = await KubeRuntime.connect(settings, loaded)
     task = asyncio.create_task(runtime.run())
     try:
         deadline = time.monotonic() + 10
         while not (runtime.cluster.synced and runtime.is_leader()):
             assert time.monotonic() < deadline, "the runtime did not sync and lead in time"
             await asyncio.sleep(0.05)
-        yield Controller(settings, runtime, policy)
+        yield Controller(settings, runtime, loaded)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -187,8 +187,9 @@ class KubeAPIServer:
         self.store.compact()
 
     async def until(self, check: Callable[[], bool], *, within: float = 5.0) -> None:
-        """Wait until ``check()`` holds, checking again whenever a request arrives or is
-        answered: a condition on what clients asked for (and, by then, saw), no polling."""
+        """Wait until ``check()`` holds, checking again whenever a request arrives or its
+        handler ends (answered or cancelled): a condition on what clients asked for (and, by
+        then, saw), no polling."""
         async with asyncio.timeout(within), self._activity:
             await self._activity.wait_for(check)
 
@@ -230,9 +231,25 @@ class KubeAPIServer:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         content_type = request.headers.get("Content-Type", "")
         raw = await request.read()
-        entry = LoggedRequest(request.method, request.path, dict(request.query), None, content_type)
+        entry = LoggedRequest(
+            request.method,
+            request.path,
+            dict(request.query),
+            None,
+            content_type,
+            user_agent=request.headers.get("User-Agent", ""),
+        )
         self.requests.append(entry)
         await self._poke()
+        try:
+            return await self._answer(request, entry, raw, content_type)
+        finally:  # answered, or cancelled because the client hung up
+            entry.finished = True
+            await self._poke()
+
+    async def _answer(
+        self, request: web.Request, entry: LoggedRequest, raw: bytes, content_type: str
+    ) -> web.StreamResponse:
         try:
             entry.body = self._decode(raw, content_type)
             fault = self.faults.take(request.method, request.path)
@@ -254,7 +271,6 @@ class KubeAPIServer:
             self.errors.append(error)
             response = web.json_response(ApiError(500, repr(error)).status(), status=500)
         entry.status = response.status
-        await self._poke()
         return response
 
     @staticmethod

@@ -6,8 +6,9 @@ never changes state, unlike kmock's. A delay longer than the client's timeout si
 timeout; the client hanging up cancels the request, so it changes nothing either, unless
 ``commit=True`` asks for the awkward case: the write is made and only the answer is late.
 
-Every request is logged as a ``LoggedRequest`` (method, path, query, decoded body, content type
-and the status it got), so a test can assert what the controller sent and what it was told.
+Every request is logged as a ``LoggedRequest`` (method, path, query, decoded body, content type,
+user agent, the status it got and whether its handler has ended), so a test can assert what the
+controller sent and what it was told, and wait until no handler is left to change anything.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ class Faults:
 
 @dataclass
 class LoggedRequest:
-    """One request as the server saw it; ``status`` is filled in once answered."""
+    """One request as the server saw it; ``status`` is filled in once answered, ``finished``
+    once its handler has ended (answered, or cancelled because the client hung up first)."""
 
     method: str
     path: str
@@ -98,3 +100,6 @@ class LoggedRequest:
     body: Any
     content_type: str
     status: int | None = None
+    user_agent: str = ""
+    """The client's ``User-Agent``: tells apart clients that send the same requests."""
+    finished: bool = False
