@@ -235,7 +235,7 @@ async def settle_restore(act: KubeActuator, server: KubeAPIServer, *, within: fl
     ("outcome", "settings", "why"),
     [
         ("failed", {}, "reported failed"),
-        ("never", {"reconfigure_s": 0.3}, "did not report success within 0.3s"),
+        ("never", {"reconfigure_s": 1.0}, "did not report success within 1s"),
     ],
     ids=["manager-failed", "manager-never-answers"],
 )
@@ -252,7 +252,7 @@ async def test_manager_failure_or_silence_rolls_back_and_waits_for_the_old_layou
     only then is it uncordoned."""
     await gpu_node(kubeapi)
     await settled(mig_manager)
-    mig_manager.script("gpu-1", outcome, then="success", delay=0.3)
+    mig_manager.script("gpu-1", outcome, then="success")
     act = actuator(kube_client, kubeapi, **settings)
     await act.apply([convert()])
     done = await drive(act)
