@@ -20,12 +20,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from policies.engine import Engine
-from policies.slo import State
+from policies.slo import STATES, State
 from streams.consumer import ConsumerStats
 
 __all__ = ["Metrics", "StateSources"]
 
-_SLO_STATES: tuple[State, ...] = ("ok", "breaching", "recovering")
+_SLO_STATES: tuple[State, ...] = STATES
 #: Seconds: from 1 ms to 2 min, dense where an event-driven controller should be.
 _LATENCY_BUCKETS = (
     0.001,

@@ -49,9 +49,11 @@ __all__ = [
     "PositiveDuration",
     "Problem",
     "ReplicaBounds",
+    "ScaleDownSpec",
     "ScaleSpec",
     "ServiceSpec",
     "SloSpec",
+    "Step",
     "TrainingSpec",
     "VictimKey",
     "format_duration",
@@ -188,6 +190,9 @@ class SloSpec(_Model):
     """...sustained for this long."""
     min_samples: Annotated[int, Field(ge=1)] = 20
     """Fewer requests than this in the window give no verdict (the state holds)."""
+    stale_after: PositiveDuration = 300.0
+    """A breaching or recovering service without a verdict this long becomes stale: the breach
+    expires, and blocks training growth and MIG conversion no longer."""
 
     @model_validator(mode="after")
     def _slots(self) -> SloSpec:
@@ -200,6 +205,39 @@ class SloSpec(_Model):
         return self
 
 
+def _no_bool(value: object) -> object:
+    if isinstance(value, bool):
+        raise ValueError("a step is a number of replicas (e.g. 1) or a percentage (e.g. 25%)")
+    return value
+
+
+Step = Annotated[
+    Annotated[int, Field(ge=1)] | Annotated[Percent, Field(gt=0)],
+    BeforeValidator(_no_bool),
+]
+"""A number of replicas (an ``int``) or a percentage of the current replicas (a ``float``)."""
+
+
+class ScaleDownSpec(_Model):
+    stabilization: Duration = 300.0
+    """Scale down to the highest replica count recommended over this window (the HPA's
+    scale-down stabilization), so a brief dip never scales down."""
+    below: Percent = 0.5
+    """Recommend fewer replicas only while the percentile is below this fraction of the
+    objective."""
+    max_step: Step = 1
+    """Most replicas removed in one decision: a number, or a percentage of the current replicas
+    (at least one)."""
+    cooldown: Duration | None = None
+    """Quiet time between two scale-downs of the service; defaults to the service's cooldown."""
+
+    @model_validator(mode="after")
+    def _below(self) -> ScaleDownSpec:
+        if not 0.0 < self.below < 1.0:
+            raise ValueError("below must be above 0% and below 100%")
+        return self
+
+
 class ScaleSpec(_Model):
     kind: str = "Deployment"
     """Kind of the workload to scale through its /scale subresource."""
@@ -207,6 +245,9 @@ class ScaleSpec(_Model):
     """Do nothing while percentile/objective is within 1 ± tolerance (as the HPA does)."""
     max_step: Annotated[int, Field(ge=1)] | None = None
     """Most replicas added in one decision; unbounded when absent."""
+    down: ScaleDownSpec | None = None
+    """Give capacity back when the service is comfortably within its objective; without it
+    Ebbtide never scales the service down."""
 
 
 class ServiceSpec(_Model):

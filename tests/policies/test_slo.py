@@ -118,7 +118,21 @@ def test_exceedance_slides_like_latency_window() -> None:
 
 
 def step_reference(state: SloState, level: Level, now: float, spec: SloSpec) -> SloState:
-    """The state machine as first written (with ``dataclasses.replace``), to compare against."""
+    """The state machine as first written (with ``dataclasses.replace``), to compare against,
+    with the stale state added the same plain way."""
+    if state.state == "stale":
+        if level == "none":
+            return state
+        state = SloState("ok", now, None, state.breaches, "none")
+    if state.state in ("breaching", "recovering") and level != "none":
+        state = replace(state, quiet_since=None)
+    if state.state == "breaching" and level == "none":
+        return _reference_quiet(replace(state, last_level=level), now, spec)
+    if state.state == "recovering" and level == "none":
+        start = state.pending_since if state.pending_since is not None else now
+        if now - start >= spec.recover_after:
+            return SloState("ok", now, None, state.breaches, level)
+        return _reference_quiet(replace(state, last_level=level), now, spec)
     s = replace(state, last_level=level)
     if s.state == "ok":
         if level != "above":
@@ -141,15 +155,29 @@ def step_reference(state: SloState, level: Level, now: float, spec: SloSpec) -> 
     return s
 
 
+def _reference_quiet(s: SloState, now: float, spec: SloSpec) -> SloState:
+    quiet = s.quiet_since if s.quiet_since is not None else now
+    if now - quiet >= spec.stale_after:
+        return SloState("stale", now, None, s.breaches, "none")
+    return replace(s, quiet_since=quiet)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     levels=st.lists(st.sampled_from(["above", "between", "below", "none"]), max_size=80),
     recover_after=st.sampled_from(["0s", "3s", "20s"]),
+    stale_after=st.sampled_from(["1s", "4s", "5m"]),
 )
-def test_step_matches_reference(levels: list[Level], recover_after: str) -> None:
+def test_step_matches_reference(levels: list[Level], recover_after: str, stale_after: str) -> None:
     """The allocation-free step gives the same state as the reference at every tick."""
     spec = SloSpec.model_validate(
-        {"percentile": 99, "objectiveMs": 100, "breachAfter": "3s", "recoverAfter": recover_after}
+        {
+            "percentile": 99,
+            "objectiveMs": 100,
+            "breachAfter": "3s",
+            "recoverAfter": recover_after,
+            "staleAfter": stale_after,
+        }
     )
     got = want = SloState()
     for i, level in enumerate(levels):
