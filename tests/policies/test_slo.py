@@ -183,3 +183,56 @@ def test_step_matches_reference(levels: list[Level], recover_after: str, stale_a
     for i, level in enumerate(levels):
         got, want = step(got, level, float(i), spec), step_reference(want, level, float(i), spec)
         assert got == want
+
+
+STALE_SPEC = SPEC.model_copy(update={"stale_after": 5.0})
+# Ticks one second apart from 0; ``above * 11`` breaches at 10.
+STALE_CASES: dict[str, tuple[list[Level], str, float | None]] = {
+    "breaching-silent-for-staleAfter-is-stale": (["above"] * 11 + ["none"] * 6, "stale", 16.0),
+    "breaching-silent-less-than-staleAfter-holds": (
+        ["above"] * 11 + ["none"] * 5,
+        "breaching",
+        10.0,
+    ),
+    "a-verdict-restarts-the-silence": (
+        ["above"] * 11 + ["none"] * 4 + ["between"] + ["none"] * 4,
+        "breaching",
+        10.0,
+    ),
+    "recovering-silent-keeps-counting-to-ok": (
+        ["above"] * 11 + ["below"] * 3 + ["none"] * 30,
+        "stale",
+        19.0,
+    ),
+    "stale-holds-without-verdict": (["above"] * 11 + ["none"] * 40, "stale", 16.0),
+    "stale-then-below-is-ok": (["above"] * 11 + ["none"] * 6 + ["below"], "ok", 17.0),
+    "stale-then-above-is-ok-until-breachAfter": (
+        ["above"] * 11 + ["none"] * 6 + ["above"] * 10,
+        "ok",
+        17.0,
+    ),
+    "stale-then-above-for-breachAfter-breaches": (
+        ["above"] * 11 + ["none"] * 6 + ["above"] * 11,
+        "breaching",
+        27.0,
+    ),
+    "ok-silent-stays-ok": (["below"] * 3 + ["none"] * 30, "ok", None),
+}
+
+
+@pytest.mark.parametrize(("levels", "want", "since"), STALE_CASES.values(), ids=STALE_CASES.keys())
+def test_stale(levels: list[Level], want: str, since: float | None) -> None:
+    """No verdict for staleAfter ends a breach or a recovery as stale; a verdict judges afresh."""
+    state = SloState()
+    for i, level in enumerate(levels):
+        state = step(state, level, float(i), STALE_SPEC)
+    assert (state.state, state.since) == (want, since)
+
+
+def test_recovering_silent_recovers_when_recover_after_is_shorter() -> None:
+    """Recovering keeps counting through silence: with recoverAfter under staleAfter it ends ok."""
+    spec = SPEC.model_copy(update={"stale_after": 60.0})
+    state = SloState()
+    for i, level in enumerate(["above"] * 11 + ["below"] * 3 + ["none"] * 30):
+        state = step(state, level, float(i), spec)
+    assert (state.state, state.since) == ("ok", 31.0)
