@@ -19,14 +19,14 @@ Design:
   it late, blinding that service's SLO. Before the first ``now`` nothing is known and no event
   is bounded; a caller with a wall clock calls ``advance`` before each batch so the bound is
   the clock, not the last tick.
-* ``evaluate(now, snapshot)`` runs the rules in a fixed order, each in its own module:
-  SLO ticks for every service from the O(1) counters (:mod:`policies.slo`); for each breaching
-  service out of cooldown, the HPA-style ``desired = ceil(replicas * p / objective)`` (the
-  sketch is merged only here and for scale-down), and the GPUs that needs freed by :func:`plan_capacity` (shrink,
+* ``evaluate(now, snapshot)`` runs the rules in a fixed order, each in its own module: SLO ticks
+  for every service from the O(1) counters (:mod:`policies.slo`); for each breaching service out
+  of cooldown, the HPA-style ``desired = ceil(replicas * p / objective)`` (the sketch is merged
+  only here and for scale-down), and the GPUs that needs freed by :func:`plan_capacity` (shrink,
   then evict); giving replicas back when a service is comfortably within its objective
   (:mod:`policies.scaledown`: HPA-style, stabilized, step-limited; its recommendations are
-  recorded every tick, even while nothing may be decided); growing elastic training back into
-  idle GPUs; MIG revert and conversion (:mod:`policies.mig`). Budgets and cooldowns
+  recorded every tick, even while nothing may be decided); growing elastic training back into idle
+  GPUs; MIG revert and conversion (:mod:`policies.mig`). Budgets and cooldowns
   (:mod:`policies.budgets`) are checked before each decision and spent right after, inside the
   engine, so no caller can exceed them. The budgets live in a :class:`~policies.budgets.Ledger`
   that the caller may share with its safety gate; outcomes come back through

@@ -26,9 +26,11 @@ Design (the Kubernetes HPA's scale-down, decided from the latency stream):
   topic lagging) rather than an idle service, and removing its replicas then would be a guess.
 * A scale-down is a :class:`~policies.decisions.Scale` of role ``inference`` with
   ``to_replicas < from_replicas`` and ``cause`` the service, emitted through
-  :meth:`~policies.rules.Round.emit` (it spends a scale step). It marks no cooldown the breach
-  response waits for: if giving a replica back was a mistake, the scale-up is not delayed. The
-  GPUs it frees show up in later snapshots, where training growth and MIG conversion find them.
+  :meth:`~policies.rules.Round.emit` (it spends a scale step). Like every action for a
+  service it starts the service's cooldown: the decisions log, read back live and at start-up
+  (:meth:`~policies.engine.Engine.record`), marks the cooldown of every decision's cause, so
+  marking it here too keeps the engine, a restarted replica and replay in agreement. The GPUs
+  it frees show up in later snapshots, where training growth and MIG conversion find them.
 """
 
 from __future__ import annotations
@@ -216,3 +218,4 @@ def scale_down(
         )
     )
     history.last_down = now
+    rnd.cooldowns.mark(key, now)

@@ -308,3 +308,10 @@ def test_stale_breaches_again_only_after_breach_after() -> None:
     assert after[0][1] == "ok"
     first_breach = next(t for t, s in after if s == "breaching")
     assert first_breach == 361 + 10
+
+
+def test_scale_down_starts_the_service_cooldown() -> None:
+    """A scale-down starts the service's cooldown, as reading its record back would."""
+    engine = Engine(down_policy())
+    drive(engine, 6, [(61, 20.0)], end=61)
+    assert engine.cooldown_remaining("serving/chat", T0 + 61) == 30.0
