@@ -25,6 +25,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
     WithJsonSchema,
     model_validator,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "format_loc",
     "parse_duration",
     "parse_percent",
+    "parse_step",
     "policy_json_schema",
 ]
 
@@ -205,17 +207,35 @@ class SloSpec(_Model):
         return self
 
 
-def _no_bool(value: object) -> object:
-    if isinstance(value, bool):
-        raise ValueError("a step is a number of replicas (e.g. 1) or a percentage (e.g. 25%)")
-    return value
+def parse_step(value: object) -> int | float:
+    """``2`` → 2 replicas (an ``int``); ``"25%"`` → 0.25 of the current replicas (a ``float``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise ValueError(f"a step is at least 1 replica; got {value}")
+        return value
+    if isinstance(value, str) and value.strip().endswith("%"):
+        fraction = parse_percent(value)
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"a percentage step is above 0% and at most 100%; got {value!r}")
+        return fraction
+    raise ValueError(
+        f"a step is a number of replicas (e.g. 1) or a percentage of them (e.g. 25%); got {value!r}"
+    )
 
 
 Step = Annotated[
-    Annotated[int, Field(ge=1)] | Annotated[Percent, Field(gt=0)],
-    BeforeValidator(_no_bool),
+    int | float,
+    PlainValidator(parse_step),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 1},
+                {"type": "string", "pattern": r"^\d+(\.\d+)?\s*%$", "examples": ["25%"]},
+            ]
+        }
+    ),
 ]
-"""A number of replicas (an ``int``) or a percentage of the current replicas (a ``float``)."""
+"""A number of replicas (an ``int``) or a fraction of the current replicas (a ``float``)."""
 
 
 class ScaleDownSpec(_Model):

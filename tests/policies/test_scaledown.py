@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +14,7 @@ from policy_fixtures import T0, WHOLE, feed_latency, make_policy, policy_dict, t
 
 from policies.decisions import Decision, Scale
 from policies.engine import Engine
-from policies.loader import load_policy_text
+from policies.loader import PolicyLoadError, load_policy_text
 from policies.model import Policy
 from policies.scaledown import Recommendations, step_limit
 from policies.snapshot import Snapshot, SnapshotBuilder
@@ -315,3 +316,31 @@ def test_scale_down_starts_the_service_cooldown() -> None:
     engine = Engine(down_policy())
     drive(engine, 6, [(61, 20.0)], end=61)
     assert engine.cooldown_remaining("serving/chat", T0 + 61) == 30.0
+
+
+STEP_TEXT = {
+    "replicas": (2, 2),
+    "percent": ("25%", 0.25),
+    "all": ("100%", 1.0),
+    "zero-replicas": (0, "at least 1 replica"),
+    "zero-percent": ("0%", "above 0% and at most 100%"),
+    "over-100-percent": ("150%", "above 0% and at most 100%"),
+    "bare-fraction": (0.5, "a number of replicas (e.g. 1) or a percentage"),
+    "bool": (True, "a number of replicas (e.g. 1) or a percentage"),
+}
+
+
+@pytest.mark.parametrize(("value", "want"), STEP_TEXT.values(), ids=STEP_TEXT.keys())
+def test_down_max_step_is_replicas_or_percent(value: object, want: object) -> None:
+    """scale.down.maxStep takes a replica count or a percentage, and says so when it is neither."""
+    data = policy_dict()
+    data["spec"]["services"]["chat"]["scale"]["down"] = {"maxStep": value}
+    if isinstance(want, str):
+        with pytest.raises(PolicyLoadError, match=re.escape(want)):
+            load_policy_text(to_yaml(data), "test.yaml")
+        return
+    policy = load_policy_text(to_yaml(data), "test.yaml")
+    down = policy.spec.services["chat"].scale.down  # type: ignore[union-attr]
+    assert down is not None
+    assert down.max_step == want
+    assert type(down.max_step) is type(want)
