@@ -292,9 +292,10 @@ def test_stale_breach_regression_training_grows_back() -> None:
 
 
 def test_stale_service_triggers_no_scale_up_or_down() -> None:
-    """A stale service is neither scaled up nor down."""
+    """A stale service is neither scaled up nor down (it has replicas above min to give)."""
     engine = Engine(down_policy())
-    trace = drive(engine, 2, [(20, 500.0)], end=500)
+    trace = drive(engine, 6, [(20, 500.0)], end=500)
+    assert any(d.explanation.rule == "slo-breach-scale-up" for _, d in trace.decisions)
     stale_at = next(t for t, s, _ in trace.states if s == "stale")
     late = [d for t, d in trace.decisions if t >= stale_at and d.target == "serving/chat"]
     assert late == []
