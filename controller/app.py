@@ -394,7 +394,7 @@ class Controller:
                 continue
             started = time.perf_counter()
             refusal = None
-            if isinstance(d, Scale) and d.role == "inference" and d.cause in unfreed:
+            if isinstance(d, Scale) and d.to_replicas > d.from_replicas and d.cause in unfreed:
                 refusal = f"{NOT_FREED}: {unfreed[d.cause]}"
             elif (failed := await self._intend(d)) is not None:
                 refusal = f"the intent was not recorded on the decisions log: {failed}"

@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from policies.engine import Engine
-from policies.slo import State
+from policies.slo import STATES, State
 from streams.consumer import ConsumerStats
 
 __all__ = ["STALE_WARN_EVERY_S", "Metrics", "StateSources"]
@@ -29,7 +29,7 @@ __all__ = ["STALE_WARN_EVERY_S", "Metrics", "StateSources"]
 #: At most one ``events.stale`` warning per this many seconds: one per burst, not one per batch.
 STALE_WARN_EVERY_S = 60.0
 
-_SLO_STATES: tuple[State, ...] = ("ok", "breaching", "recovering")
+_SLO_STATES: tuple[State, ...] = STATES
 #: Seconds: from 1 ms to 2 min, dense where an event-driven controller should be.
 _LATENCY_BUCKETS = (
     0.001,

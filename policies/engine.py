@@ -19,17 +19,19 @@ Design:
   it late, blinding that service's SLO. Before the first ``now`` nothing is known and no event
   is bounded; a caller with a wall clock calls ``advance`` before each batch so the bound is
   the clock, not the last tick.
-* ``evaluate(now, snapshot)`` runs the rules in a fixed order, each in its own module:
-  SLO ticks for every service from the O(1) counters (:mod:`policies.slo`); for each breaching
-  service out of cooldown, the HPA-style ``desired = ceil(replicas * p / objective)`` (only
-  here is the sketch merged), and the GPUs that needs freed by :func:`plan_capacity` (shrink,
-  then evict); growing elastic training back into idle GPUs; MIG revert and conversion
-  (:mod:`policies.mig`). Budgets and cooldowns (:mod:`policies.budgets`) are checked before each
-  decision and spent right after, inside the engine, so no caller can exceed them. The budgets
-  live in a :class:`~policies.budgets.Ledger` that the caller may share with its safety gate;
-  outcomes come back through :meth:`Engine.not_done` and the decisions log through
-  :meth:`Engine.record`, so the engine, the gate and every replica count one verdict per
-  decision.
+* ``evaluate(now, snapshot)`` runs the rules in a fixed order, each in its own module: SLO ticks
+  for every service from the O(1) counters (:mod:`policies.slo`); for each breaching service out
+  of cooldown, the HPA-style ``desired = ceil(replicas * p / objective)`` (the sketch is merged
+  only here and for scale-down), and the GPUs that needs freed by :func:`plan_capacity` (shrink,
+  then evict); giving replicas back when a service is comfortably within its objective
+  (:mod:`policies.scaledown`: HPA-style, stabilized, step-limited; its recommendations are
+  recorded every tick, even while nothing may be decided); growing elastic training back into idle
+  GPUs; MIG revert and conversion (:mod:`policies.mig`). Budgets and cooldowns
+  (:mod:`policies.budgets`) are checked before each decision and spent right after, inside the
+  engine, so no caller can exceed them. The budgets live in a :class:`~policies.budgets.Ledger`
+  that the caller may share with its safety gate; outcomes come back through
+  :meth:`Engine.not_done` and the decisions log through :meth:`Engine.record`, so the engine, the
+  gate and every replica count one verdict per decision.
 * The snapshot's indexes (:class:`~policies.inventory.Inventory`) are cached on the snapshot's
   identity: hand the same object again and nothing is rebuilt.
 * ``reload(policy)`` refuses a policy with problems and keeps the old one; an accepted policy
@@ -54,6 +56,7 @@ from policies.loader import Source, check_policy
 from policies.mig import IdleTracker, MigFlights
 from policies.model import Policy, ServiceSpec, format_loc
 from policies.rules import Round, grow_training, respond_to_breach, run_mig
+from policies.scaledown import Recommendations, scale_down
 from policies.slo import ExceedanceWindow, Level, SloState, State, step
 from policies.snapshot import Snapshot
 from policies.windows import LatencyWindow, UtilizationWindow
@@ -104,6 +107,7 @@ class ReloadResult:
 
 class _Service:
     __slots__ = (
+        "down",
         "exceed",
         "interval",
         "key",
@@ -128,6 +132,15 @@ class _Service:
         self.latency = LatencyWindow(window_s=s.window, interval_s=s.resolution)
         self.exceed = self._counters(spec)
         self.slo = SloState()
+        self.down = self._recommendations(spec, None)
+
+    @staticmethod
+    def _recommendations(spec: ServiceSpec, kept: Recommendations | None) -> Recommendations | None:
+        """Scale-down recommendations for a service that has ``scale.down`` (kept across a
+        reload that keeps it), else none."""
+        if spec.scale is None or spec.scale.down is None:
+            return None
+        return kept if kept is not None else Recommendations()
 
     @staticmethod
     def _counters(spec: ServiceSpec) -> ExceedanceWindow:
@@ -149,6 +162,7 @@ class _Service:
         elif (old.objective_ms, old.recover_below) != (new.objective_ms, new.recover_below):
             self.exceed = self._counters(spec)
         self.spec = spec
+        self.down = self._recommendations(spec, self.down)
         self.q = new.percentile / 100.0
         self.min_samples = new.min_samples
         self.interval = new.resolution
@@ -388,9 +402,11 @@ class Engine:
         """Tick every SLO and return this round's decisions, in the order they were taken."""
         self.advance(now)
         inv = self._index(snapshot)
+        samples: dict[str, int] = {}
         for svc in self._ordered:
-            level, _ = svc.exceed.level(now, svc.q, svc.min_samples)
+            level, n = svc.exceed.level(now, svc.q, svc.min_samples)
             svc.slo = step(svc.slo, level, now, svc.spec.slo)
+            samples[svc.key] = n
         spec = self._policy.spec
         if spec.kill_switch:
             return []
@@ -406,6 +422,11 @@ class Engine:
         for svc in self._ordered:
             if svc.slo.state == "breaching":
                 respond_to_breach(rnd, svc.key, svc.spec, svc.slo, svc.latency)
+        for svc in self._ordered:
+            if svc.down is not None:
+                scale_down(
+                    rnd, svc.key, svc.spec, svc.slo, svc.latency, svc.down, samples=samples[svc.key]
+                )
         busy_pools = {
             svc.spec.pool for svc in self._ordered if svc.slo.state in ("breaching", "recovering")
         }

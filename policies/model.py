@@ -25,6 +25,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
     WithJsonSchema,
     model_validator,
 )
@@ -49,9 +50,11 @@ __all__ = [
     "PositiveDuration",
     "Problem",
     "ReplicaBounds",
+    "ScaleDownSpec",
     "ScaleSpec",
     "ServiceSpec",
     "SloSpec",
+    "Step",
     "TrainingSpec",
     "VictimKey",
     "format_duration",
@@ -59,6 +62,7 @@ __all__ = [
     "format_percent",
     "parse_duration",
     "parse_percent",
+    "parse_step",
     "policy_json_schema",
 ]
 
@@ -198,6 +202,9 @@ class SloSpec(_Model):
     """...sustained for this long."""
     min_samples: Annotated[int, Field(ge=1)] = 20
     """Fewer requests than this in the window give no verdict (the state holds)."""
+    stale_after: PositiveDuration = 300.0
+    """A breaching or recovering service without a verdict this long becomes stale: the breach
+    expires, and blocks training growth and MIG conversion no longer."""
 
     @model_validator(mode="after")
     def _slots(self) -> SloSpec:
@@ -210,6 +217,57 @@ class SloSpec(_Model):
         return self
 
 
+def parse_step(value: object) -> int | float:
+    """``2`` → 2 replicas (an ``int``); ``"25%"`` → 0.25 of the current replicas (a ``float``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise ValueError(f"a step is at least 1 replica; got {value}")
+        return value
+    if isinstance(value, str) and value.strip().endswith("%"):
+        fraction = parse_percent(value)
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"a percentage step is above 0% and at most 100%; got {value!r}")
+        return fraction
+    raise ValueError(
+        f"a step is a number of replicas (e.g. 1) or a percentage of them (e.g. 25%); got {value!r}"
+    )
+
+
+Step = Annotated[
+    int | float,
+    PlainValidator(parse_step),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 1},
+                {"type": "string", "pattern": r"^\d+(\.\d+)?\s*%$", "examples": ["25%"]},
+            ]
+        }
+    ),
+]
+"""A number of replicas (an ``int``) or a fraction of the current replicas (a ``float``)."""
+
+
+class ScaleDownSpec(_Model):
+    stabilization: Duration = 300.0
+    """Scale down to the highest replica count recommended over this window (the HPA's
+    scale-down stabilization), so a brief dip never scales down."""
+    below: Percent = 0.5
+    """Recommend fewer replicas only while the percentile is below this fraction of the
+    objective."""
+    max_step: Step = 1
+    """Most replicas removed in one decision: a number, or a percentage of the current replicas
+    (at least one)."""
+    cooldown: Duration | None = None
+    """Quiet time between two scale-downs of the service; defaults to the service's cooldown."""
+
+    @model_validator(mode="after")
+    def _below(self) -> ScaleDownSpec:
+        if not 0.0 < self.below < 1.0:
+            raise ValueError("below must be above 0% and below 100%")
+        return self
+
+
 class ScaleSpec(_Model):
     kind: str = "Deployment"
     """Kind of the workload to scale through its /scale subresource."""
@@ -217,6 +275,9 @@ class ScaleSpec(_Model):
     """Do nothing while percentile/objective is within 1 ± tolerance (as the HPA does)."""
     max_step: Annotated[int, Field(ge=1)] | None = None
     """Most replicas added in one decision; unbounded when absent."""
+    down: ScaleDownSpec | None = None
+    """Give capacity back when the service is comfortably within its objective; without it
+    Ebbtide never scales the service down."""
 
 
 class ServiceSpec(_Model):

@@ -5,6 +5,9 @@ State machine (pure: ``step(state, level, now, spec) -> state``)::
     ok ──(above objective for breachAfter)──▶ breaching ──(below recoverBelow)──▶ recovering
      ▲                                           ▲                                    │
      └───────(below recoverBelow for recoverAfter)┴──(back above recoverBelow)────────┘
+     ▲
+     └──(first verdict, judged afresh)── stale ◀──(no verdict for staleAfter)── breaching,
+                                                                              recovering
 
 Hysteresis comes from two thresholds and two timers: a service breaches only after its
 percentile stays above the objective for ``breachAfter`` (any tick at or below resets the
@@ -13,6 +16,15 @@ timer), and recovers only after it stays below ``recoverBelow * objective`` for 
 flaps the state: from ok it keeps resetting the breach timer, and in breach it stays well above
 the recovery threshold. A tick without enough data (``none``) gives no verdict: ok resets its
 breach timer, breaching holds, recovering keeps counting (there is no sign of a breach).
+
+No verdict is not a breach. A breaching (or recovering) service whose traffic dies away would
+otherwise hold its breach for ever, and a breach blocks training growth in its pool and MIG
+conversion everywhere. After ``staleAfter`` of ticks without a verdict it becomes ``stale``: the
+breach has expired, there is not enough traffic to judge the service either way. Stale blocks
+nothing a healthy service does not (training may grow, nodes may convert) and triggers nothing
+(no scale-up, and no scale-down either: silence in the stream may be a broken pipeline rather
+than an idle service). The first verdict judges the service afresh, as from ``ok``: above the
+objective it breaches again after ``breachAfter``.
 
 Exceedance. Whether P99 exceeds a threshold needs no quantile: with ``n`` requests in the window
 of which ``a`` were above ``T``, the window's q-quantile (the element of rank ``floor(q(n-1))``,
@@ -33,9 +45,11 @@ from typing import Final, Literal
 
 from policies.model import SloSpec
 
-__all__ = ["ExceedanceWindow", "Level", "SloState", "State", "classify", "step"]
+__all__ = ["STATES", "ExceedanceWindow", "Level", "SloState", "State", "classify", "step"]
 
-State = Literal["ok", "breaching", "recovering"]
+State = Literal["ok", "breaching", "recovering", "stale"]
+STATES: Final[tuple[State, ...]] = ("ok", "breaching", "recovering", "stale")
+"""Every state, in the order reports list them."""
 Level = Literal["above", "between", "below", "none"]
 """Where the percentile is: above the objective, between the recovery threshold and the
 objective, below the recovery threshold, or unknown (too few samples)."""
@@ -47,13 +61,15 @@ _NO_SLOT: Final = -(1 << 62)
 class SloState:
     """One service's SLO state. ``since`` is when ``state`` was entered; ``pending_since`` when
     the current transition's timer started (above the objective in ok, below the recovery
-    threshold in recovering)."""
+    threshold in recovering); ``quiet_since`` when the current run of ticks without a verdict
+    started, while breaching or recovering (``None`` otherwise)."""
 
     state: State = "ok"
     since: float | None = None
     pending_since: float | None = None
     breaches: int = 0
     last_level: Level = "none"
+    quiet_since: float | None = None
 
 
 def classify(value: float | None, spec: SloSpec) -> Level:
@@ -74,6 +90,10 @@ def step(state: SloState, level: Level, now: float, spec: SloSpec) -> SloState:
     thousands of services allocates only on transitions; new states are built directly rather
     than through ``dataclasses.replace``, which costs several times more."""
     current, pending, breaches = state.state, state.pending_since, state.breaches
+    if current == "stale":
+        if level == "none":
+            return state
+        return step(SloState("ok", now, None, breaches, "none"), level, now, spec)
     if current == "ok":
         if level != "above":
             if pending is None and state.last_level == level:
@@ -86,6 +106,8 @@ def step(state: SloState, level: Level, now: float, spec: SloSpec) -> SloState:
             return state
         return SloState("ok", state.since, start, breaches, level)
     if current == "breaching":
+        if level == "none":
+            return _quiet(state, now, spec)
         if level == "below":
             if spec.recover_after <= 0:
                 return SloState("ok", now, None, breaches, level)
@@ -99,9 +121,22 @@ def step(state: SloState, level: Level, now: float, spec: SloSpec) -> SloState:
     start = pending if pending is not None else now
     if now - start >= spec.recover_after:
         return SloState("ok", now, None, breaches, level)
+    if level == "none":
+        return _quiet(state, now, spec)
     if state.last_level == level:
         return state
     return SloState("recovering", state.since, pending, breaches, level)
+
+
+def _quiet(state: SloState, now: float, spec: SloSpec) -> SloState:
+    """A tick without a verdict while breaching or recovering: the state holds until
+    ``staleAfter`` of them in a row, then it is ``stale``."""
+    quiet = state.quiet_since
+    if now - (now if quiet is None else quiet) >= spec.stale_after:
+        return SloState("stale", now, None, state.breaches, "none")
+    if quiet is not None:
+        return state
+    return SloState(state.state, state.since, state.pending_since, state.breaches, "none", now)
 
 
 class ExceedanceWindow:

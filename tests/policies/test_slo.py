@@ -118,7 +118,21 @@ def test_exceedance_slides_like_latency_window() -> None:
 
 
 def step_reference(state: SloState, level: Level, now: float, spec: SloSpec) -> SloState:
-    """The state machine as first written (with ``dataclasses.replace``), to compare against."""
+    """The state machine as first written (with ``dataclasses.replace``), to compare against,
+    with the stale state added the same plain way."""
+    if state.state == "stale":
+        if level == "none":
+            return state
+        state = SloState("ok", now, None, state.breaches, "none")
+    if state.state in ("breaching", "recovering") and level != "none":
+        state = replace(state, quiet_since=None)
+    if state.state == "breaching" and level == "none":
+        return _reference_quiet(replace(state, last_level=level), now, spec)
+    if state.state == "recovering" and level == "none":
+        start = state.pending_since if state.pending_since is not None else now
+        if now - start >= spec.recover_after:
+            return SloState("ok", now, None, state.breaches, level)
+        return _reference_quiet(replace(state, last_level=level), now, spec)
     s = replace(state, last_level=level)
     if s.state == "ok":
         if level != "above":
@@ -141,17 +155,84 @@ def step_reference(state: SloState, level: Level, now: float, spec: SloSpec) -> 
     return s
 
 
+def _reference_quiet(s: SloState, now: float, spec: SloSpec) -> SloState:
+    quiet = s.quiet_since if s.quiet_since is not None else now
+    if now - quiet >= spec.stale_after:
+        return SloState("stale", now, None, s.breaches, "none")
+    return replace(s, quiet_since=quiet)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     levels=st.lists(st.sampled_from(["above", "between", "below", "none"]), max_size=80),
     recover_after=st.sampled_from(["0s", "3s", "20s"]),
+    stale_after=st.sampled_from(["1s", "4s", "5m"]),
 )
-def test_step_matches_reference(levels: list[Level], recover_after: str) -> None:
+def test_step_matches_reference(levels: list[Level], recover_after: str, stale_after: str) -> None:
     """The allocation-free step gives the same state as the reference at every tick."""
     spec = SloSpec.model_validate(
-        {"percentile": 99, "objectiveMs": 100, "breachAfter": "3s", "recoverAfter": recover_after}
+        {
+            "percentile": 99,
+            "objectiveMs": 100,
+            "breachAfter": "3s",
+            "recoverAfter": recover_after,
+            "staleAfter": stale_after,
+        }
     )
     got = want = SloState()
     for i, level in enumerate(levels):
         got, want = step(got, level, float(i), spec), step_reference(want, level, float(i), spec)
         assert got == want
+
+
+STALE_SPEC = SPEC.model_copy(update={"stale_after": 5.0})
+# Ticks one second apart from 0; ``above * 11`` breaches at 10.
+STALE_CASES: dict[str, tuple[list[Level], str, float | None]] = {
+    "breaching-silent-for-staleAfter-is-stale": (["above"] * 11 + ["none"] * 6, "stale", 16.0),
+    "breaching-silent-less-than-staleAfter-holds": (
+        ["above"] * 11 + ["none"] * 5,
+        "breaching",
+        10.0,
+    ),
+    "a-verdict-restarts-the-silence": (
+        ["above"] * 11 + ["none"] * 4 + ["between"] + ["none"] * 4,
+        "breaching",
+        10.0,
+    ),
+    "recovering-silent-keeps-counting-to-ok": (
+        ["above"] * 11 + ["below"] * 3 + ["none"] * 30,
+        "stale",
+        19.0,
+    ),
+    "stale-holds-without-verdict": (["above"] * 11 + ["none"] * 40, "stale", 16.0),
+    "stale-then-below-is-ok": (["above"] * 11 + ["none"] * 6 + ["below"], "ok", 17.0),
+    "stale-then-above-is-ok-until-breachAfter": (
+        ["above"] * 11 + ["none"] * 6 + ["above"] * 10,
+        "ok",
+        17.0,
+    ),
+    "stale-then-above-for-breachAfter-breaches": (
+        ["above"] * 11 + ["none"] * 6 + ["above"] * 11,
+        "breaching",
+        27.0,
+    ),
+    "ok-silent-stays-ok": (["below"] * 3 + ["none"] * 30, "ok", None),
+}
+
+
+@pytest.mark.parametrize(("levels", "want", "since"), STALE_CASES.values(), ids=STALE_CASES.keys())
+def test_stale(levels: list[Level], want: str, since: float | None) -> None:
+    """No verdict for staleAfter ends a breach or a recovery as stale; a verdict judges afresh."""
+    state = SloState()
+    for i, level in enumerate(levels):
+        state = step(state, level, float(i), STALE_SPEC)
+    assert (state.state, state.since) == (want, since)
+
+
+def test_recovering_silent_recovers_when_recover_after_is_shorter() -> None:
+    """Recovering keeps counting through silence: with recoverAfter under staleAfter it ends ok."""
+    spec = SPEC.model_copy(update={"stale_after": 60.0})
+    state = SloState()
+    for i, level in enumerate(["above"] * 11 + ["below"] * 3 + ["none"] * 30):
+        state = step(state, level, float(i), spec)
+    assert (state.state, state.since) == ("ok", 31.0)

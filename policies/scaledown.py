@@ -1,0 +1,221 @@
+"""Giving capacity back: scaling an inference service down when it is comfortably fast.
+
+Design (the Kubernetes HPA's scale-down, decided from the latency stream):
+
+* **Recommendation, every tick.** While the service is ``ok`` with a verdict and its windowed
+  percentile ``p`` is below ``down.below`` of the objective, the recommendation is the HPA's
+  ``desired = ceil(replicas * p / objective)`` (the formula the breach response uses upwards),
+  never below ``replicas.min``. Every other tick (breaching, recovering, stale, no verdict,
+  ``p`` at or above ``below * objective``) recommends the current replicas: hold. The band
+  between ``below * objective`` and the objective is where the service settles.
+* **Stabilization.** A scale-down goes only to the *highest* recommendation over the last
+  ``down.stabilization`` (the HPA's ``stabilizationWindowSeconds``, 300 s by default), so a
+  brief dip never scales down and a breach, a recovery or a silence inside the window holds
+  the replicas for the whole window after it. The highest value over a sliding window is kept
+  in a monotonic deque (:class:`Recommendations`): O(1) amortised per tick, memory bounded by
+  the ticks in one window. No scale-down before the recommendations cover a whole window (a
+  restart, the kill switch lifted or a gap in evaluation waits one window before giving
+  anything back).
+* **Bounds.** At most ``down.maxStep`` replicas per decision (a number, or a percentage of the
+  current replicas, at least one), never below ``replicas.min``, at most one scale-down per
+  ``down.cooldown`` (default: the service's cooldown), none within the service's cooldown after
+  any other action for it, none within ``recoverAfter`` of entering ``ok`` (a recovery, or the
+  first verdict after a silence), and none when the scale-steps budget is spent.
+* **No verdict, no scale-down.** Too few requests to judge (``minSamples``) gives no
+  recommendation, so replicas hold: an empty stream may be a broken pipeline (an agent down, a
+  topic lagging) rather than an idle service, and removing its replicas then would be a guess.
+* A scale-down is a :class:`~policies.decisions.Scale` of role ``inference`` with
+  ``to_replicas < from_replicas`` and ``cause`` the service, emitted through
+  :meth:`~policies.rules.Round.emit` (it spends a scale step). Like every action for a
+  service it starts the service's cooldown: the decisions log, read back live and at start-up
+  (:meth:`~policies.engine.Engine.record`), marks the cooldown of every decision's cause, so
+  marking it here too keeps the engine, a restarted replica and replay in agreement. The GPUs
+  it frees show up in later snapshots, where training growth and MIG conversion find them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from policies.decisions import Alternative, Explanation, Scalar, Scale
+from policies.model import ServiceSpec, format_duration
+from policies.rules import Round
+from policies.slo import SloState
+from policies.windows import LatencyWindow
+
+__all__ = ["RULE", "Recommendations", "scale_down", "step_limit"]
+
+RULE = "slo-scale-down"
+
+
+class Recommendations:
+    """One service's replica recommendations: the highest over a sliding window, when they
+    started, and when the service was last scaled down."""
+
+    __slots__ = ("_last", "_queue", "last_down", "started")
+
+    def __init__(self) -> None:
+        #: (time, replicas), replicas strictly decreasing from the front: the front is the
+        #: highest still in the window.
+        self._queue: deque[tuple[float, int]] = deque()
+        self._last: float | None = None
+        self.started: float | None = None
+        self.last_down: float | None = None
+
+    def add(self, now: float, replicas: int, *, window_s: float) -> None:
+        """Record the recommendation of the tick at ``now``. After a gap longer than the window
+        (no evaluation, the kill switch on) the window starts again from here."""
+        if self._last is None or now - self._last > window_s:
+            self.started = now
+        self._last = now
+        queue = self._queue
+        while queue and queue[-1][1] <= replicas:
+            queue.pop()
+        queue.append((now, replicas))
+
+    def highest(self, now: float, window_s: float) -> int | None:
+        """The highest recommendation made within ``window_s`` before ``now``."""
+        queue = self._queue
+        while queue and queue[0][0] < now - window_s:
+            queue.popleft()
+        return queue[0][1] if queue else None
+
+    def covers(self, now: float, window_s: float) -> bool:
+        """Whether recommendations were made over the whole window before ``now``."""
+        return self.started is not None and now - self.started >= window_s
+
+    def reset(self) -> None:
+        """Forget every recommendation (the service has no workload to recommend for)."""
+        self._queue.clear()
+        self.started = self._last = None
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+
+def step_limit(max_step: int | float, replicas: int) -> int:
+    """Most replicas one decision removes: ``max_step`` itself when a number, else that
+    fraction of ``replicas`` rounded down, and at least one."""
+    if isinstance(max_step, int):
+        return max_step
+    return max(1, math.floor(replicas * max_step))
+
+
+def _show_step(max_step: int | float) -> str | int:
+    return max_step if isinstance(max_step, int) else f"{max_step:.0%}"
+
+
+def scale_down(
+    rnd: Round,
+    key: str,
+    spec: ServiceSpec,
+    slo: SloState,
+    window: LatencyWindow,
+    history: Recommendations,
+    *,
+    samples: int,
+) -> None:
+    """Record this tick's recommendation for ``key`` and scale it down when the stabilized
+    recommendation, bounded, is below its replicas. See the module docstring."""
+    scale, bounds = spec.scale, spec.replicas
+    if scale is None or scale.down is None or bounds is None:
+        return
+    down = scale.down
+    workload = rnd.inv.service_workload.get(key)
+    if workload is None:
+        history.reset()
+        return
+    now, current = rnd.now, workload.replicas
+    objective = spec.slo.objective_ms
+    p: float | None = None
+    recommended = current
+    if slo.state == "ok" and slo.last_level in ("below", "between"):
+        p = window.quantile(now, spec.slo.percentile / 100.0)
+        if p is not None and p < down.below * objective:
+            desired = max(bounds.min, math.ceil(max(current, 1) * p / objective))
+            recommended = min(current, desired)
+    history.add(now, recommended, window_s=down.stabilization)
+    if recommended >= current or p is None:
+        return
+    stab = down.stabilization
+    if not history.covers(now, stab):
+        return
+    if slo.since is not None and now - slo.since < spec.slo.recover_after:
+        return
+    pspec = rnd.policy.spec
+    service_cooldown = spec.cooldown if spec.cooldown is not None else pspec.cooldowns.service
+    own_cooldown = down.cooldown if down.cooldown is not None else service_cooldown
+    if not rnd.cooldowns.ready(key, now, service_cooldown):
+        return
+    if history.last_down is not None and now - history.last_down < own_cooldown:
+        return
+    if rnd.budgets.scale_steps.remaining(now) < 1:
+        return
+    stabilized = history.highest(now, stab)
+    if stabilized is None or stabilized >= current:
+        return
+    step = step_limit(down.max_step, current)
+    target = max(stabilized, current - step, bounds.min)
+    if target >= current:
+        return
+    ratio = p / objective
+    pct = f"p{spec.slo.percentile:g}_ms"
+    span = format_duration(stab)
+    alternatives: list[Alternative] = []
+    if stabilized > recommended:
+        alternatives.append(
+            Alternative(
+                f"scale to {recommended}",
+                f"the highest recommendation over the last {span} was {stabilized}",
+            )
+        )
+    if target > stabilized:
+        why = (
+            f"replicas.min is {bounds.min}"
+            if target == bounds.min
+            else f"maxStep {_show_step(down.max_step)} removes at most {step}"
+        )
+        alternatives.append(Alternative(f"scale to {stabilized}", why))
+    inputs: dict[str, Scalar] = {
+        pct: round(p, 2),
+        "ratio": round(ratio, 3),
+        "samples": samples,
+        "replicas": current,
+        "desired": recommended,
+        "stabilized": stabilized,
+        "ok_since": slo.since,
+    }
+    thresholds: dict[str, Scalar] = {
+        "objective_ms": objective,
+        "below": f"{down.below:.0%}",
+        "below_ms": round(down.below * objective, 2),
+        "stabilization": span,
+        "max_step": _show_step(down.max_step),
+        "min_replicas": bounds.min,
+        "cooldown": format_duration(own_cooldown),
+        "recover_after": format_duration(spec.slo.recover_after),
+    }
+    rnd.emit(
+        Scale(
+            now,
+            workload.key,
+            scale.kind,
+            current,
+            target,
+            "inference",
+            Explanation.of(
+                RULE,
+                f"{key} well within its objective (P{spec.slo.percentile:g} {p:.0f}ms < "
+                f"{down.below:.0%} of {objective:g}ms): desired ceil({current} * {ratio:.2f}) "
+                f"= {recommended}, highest over {span} = {stabilized}; scale {current}→{target}",
+                inputs=inputs,
+                thresholds=thresholds,
+                alternatives=tuple(alternatives),
+            ),
+            cause=key,
+            dry_run=rnd.dry_run,
+        )
+    )
+    history.last_down = now
+    rnd.cooldowns.mark(key, now)
