@@ -325,7 +325,7 @@ STEP_TEXT = {
     "all": ("100%", 1.0),
     "zero-replicas": (0, "at least 1 replica"),
     "zero-percent": ("0%", "above 0% and at most 100%"),
-    "over-100-percent": ("150%", "above 0% and at most 100%"),
+    "over-100-percent": ("150%", "at most 100%; got 150%"),
     "bare-fraction": (0.5, "a number of replicas (e.g. 1) or a percentage"),
     "bool": (True, "a number of replicas (e.g. 1) or a percentage"),
 }
