@@ -38,6 +38,14 @@ Design:
   requests on nodes with free instances of each profile, never on cordoned or reconfiguring
   nodes, only on nodes carrying the pod's selector (its workload's pool). A bound pod is
   ``Pending`` until ``pod_startup_s`` passes, then ``Running``.
+* **Scheduler preemption** (off unless :attr:`SimCluster.preemption` is set; never while the
+  starting cluster settles): kube-scheduler's DefaultPreemption with PriorityClasses. A pending
+  pod that fits nowhere picks a node where evicting pods of *lower* priority makes it fit
+  (:func:`~controller.sim.placement.preemption_plan`: fewest and least important victims),
+  evicts them with the pods' grace period (``eviction_grace_s``: they keep their GPUs until it
+  ends), is nominated to that node and waits; while victims there are still terminating it
+  preempts nothing more. When they are gone the scheduler places it like any pod (on that node
+  or wherever it now fits). A preempted workload pod is replaced, like an evicted one.
 """
 
 from __future__ import annotations
@@ -50,7 +58,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 from controller.cluster import ActionResult, Outcome
-from controller.sim.placement import Flight, NodeIndex, NodeRec, PodRec, gpu_use, mig_layout
+from controller.sim.placement import (
+    Flight,
+    NodeIndex,
+    NodeRec,
+    PodRec,
+    gpu_use,
+    mig_layout,
+    preemption_plan,
+)
 from controller.sim.values import (
     DEFAULT_TRAINING_SELECTOR,
     EPOCH,
@@ -94,6 +110,7 @@ class SimCluster:
         convert_to: str | None = None,
         revert_to: str | None = None,
         drain: DrainRule | None = None,
+        preemption: bool = False,
     ) -> None:
         """Start from ``snapshot`` at ``start``. Workloads missing pods get them at once and
         pending pods are placed at once, already Running: the snapshot is a settled cluster.
@@ -116,6 +133,10 @@ class SimCluster:
             inference_workloads=frozenset(),
         )
         """Which pods a MIG drain may evict; the gated cluster keeps it the policy's."""
+        self.preemption = preemption
+        """The scheduler preempts lower-priority pods (kube's DefaultPreemption); see above."""
+        self.preemptions = 0
+        """Pods the scheduler has preempted so far."""
         self._templates = dict(templates or {})
         self._queue: list[tuple[float, int, str, str]] = []
         self._seq = 0
@@ -218,6 +239,11 @@ class SimCluster:
     def effects_since(self, index: int) -> Sequence[Effect]:
         """Effects from position ``index`` on (for incremental reports)."""
         return tuple(self._effects[index:])
+
+    def pod(self, key: str) -> Pod | None:
+        """The pod ``namespace/name`` as it is now, or ``None`` when it is gone."""
+        rec = self._pods.get(key)
+        return None if rec is None else rec.pod
 
     def pending_pods(self) -> tuple[Pod, ...]:
         """Pods waiting for a node, highest priority then oldest first."""
@@ -479,8 +505,10 @@ class SimCluster:
                 continue
             node = self._index.fit(pod, rec.selector)
             if node is None:
-                failed.add(shape)
+                if not (self.preemption and not self._instant and self._preempt(rec)):
+                    failed.add(shape)
                 continue
+            rec.nominated = None
             del self._pending[pod.key]
             instant = self._instant or self.delays.pod_startup_s == 0
             phase: PodPhase = "Running" if instant else "Pending"
@@ -490,6 +518,32 @@ class SimCluster:
                 self._log("scheduled", pod.key, node.node.name)
                 if phase == "Pending":
                     self._at(self._now + self.delays.pod_startup_s, "running", pod.key)
+
+    def _preempt(self, rec: PodRec) -> bool:
+        """Preempt for pending ``rec`` (module docstring); false when no node would do."""
+        if rec.nominated is not None:
+            node = self._nodes.get(rec.nominated)
+            if node is not None and any(self._pods[k].terminating for k in node.pods):
+                return True  # its victims are still leaving: wait for them
+            rec.nominated = None
+        reserved: dict[str, dict[str, int]] = {}
+        for key in self._pending:
+            other = self._pods[key]
+            if other is not rec and other.nominated is not None:
+                need = dict(other.pod.mig) if other.pod.mig else {"": other.pod.gpus}
+                into = reserved.setdefault(other.nominated, {})
+                for k, n in need.items():
+                    into[k] = into.get(k, 0) + n
+        plan = preemption_plan(rec.pod, rec.selector, self._nodes.values(), self._pods, reserved)
+        if plan is None:
+            return False
+        node, victims = plan
+        rec.nominated = node.node.name
+        for victim in victims:
+            self.preemptions += 1
+            why = f"preempted by {rec.pod.key} (priority {rec.pod.priority})"
+            self._terminate(victim, self.delays.eviction_grace_s, why)
+        return True
 
     def _template(self, wkey: str) -> PodTemplate:
         return self._templates.get(wkey) or PodTemplate()
