@@ -138,6 +138,10 @@ def static_partition(
 class PollingAutoscaler:
     """HPA/KEDA-style polling on a delayed P99 (see the module docstring)."""
 
+    name: str = "polling"
+    label: str = "polling autoscaler (HPA, 30s/30s-old P99), no preemption"
+    preemption: bool = False
+
     def __init__(
         self,
         policy: Policy,
