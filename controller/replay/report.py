@@ -354,7 +354,7 @@ def _summed(series: dict[str, list[float | None]], keys: list[str], n: int) -> l
 
 def comparison_figure(runs: list[tuple[dict[str, Any], ReplayResult]]) -> dict[str, Any]:
     """One plotly figure, panels stacked on **one shared time axis** (zoom one, all follow):
-    per service the windowed percentile of every run and the objective; training GPUs;
+    per service the windowed percentile of every run (log scale) and the objective; training GPUs;
     inference GPUs; mean GPU utilization over pools; actions per interval. Trace names are the
     runs' labels; every trace is on ``xaxis: "x"``."""
     first = runs[0][1].summary.to_dict()
@@ -420,12 +420,14 @@ def comparison_figure(runs: list[tuple[dict[str, Any], ReplayResult]]) -> dict[s
     }
     for i, title in enumerate(panels):
         top = 1.0 - i * (height + gap)
-        layout["yaxis" if i == 0 else f"yaxis{i + 1}"] = {
+        axis: dict[str, Any] = {
             "domain": [max(0.0, top - height), top],
             "title": {"text": title, "font": {"size": 11}},
-            "rangemode": "tozero",
             "anchor": "x",
         }
+        # latencies span 100 ms to a 30 s timeout: log scale; the rest from zero
+        axis.update({"type": "log"} if i < len(services) else {"rangemode": "tozero"})
+        layout["yaxis" if i == 0 else f"yaxis{i + 1}"] = axis
     return {
         "id": "comparison",
         "kind": "comparison",
