@@ -37,6 +37,8 @@ class Raw:
         pytest.param(Raw(10, 6, 200.0, 12), id="only-ready-pods-count"),
         pytest.param(Raw(10, 6, 105.0, 10), id="tolerance-keeps-spec-replicas-not-ready"),
         pytest.param(Raw(10, 10, 10.0, 2), id="clamped-to-min"),
+        pytest.param(Raw(10, 0, 300.0, 2), id="none-ready-recommends-min"),
+        pytest.param(Raw(0, 0, 300.0, 3), id="from-zero-ceil-ratio"),
         pytest.param(Raw(50, 50, 1000.0, 100), id="clamped-to-max"),
     ],
 )

@@ -7,7 +7,8 @@ Object/External with a ``Value`` target:
 1. **Ratio.** ``usageRatio = metric / target``. Within the tolerance (``|usageRatio - 1| <=
    0.1``, the controller's ``--horizontal-pod-autoscaler-tolerance``) the recommendation is the
    current ``spec.replicas``; otherwise ``ceil(usageRatio * readyPods)`` (pods being created,
-   starting or pending do not count). No metric: no recommendation, nothing changes.
+   starting or pending do not count; with none ready that is 0, raised to ``minReplicas``);
+   from 0 replicas ``ceil(usageRatio)``. No metric: no recommendation, nothing changes.
 2. **Bounds.** Clamped to ``[minReplicas, maxReplicas]``.
 3. **Stabilization** (``stabilizeRecommendationWithBehaviors``): every raw recommendation is
    stored with its time; scale-up uses the *lowest* of those within ``scaleUp.
@@ -71,7 +72,7 @@ class HpaState:
         if abs(ratio - 1.0) <= self.behavior.tolerance:
             want = current
         else:
-            want = math.ceil(round(ratio * ready, 9)) if ready > 0 else math.ceil(ratio)
+            want = math.ceil(round(ratio * ready, 9)) if current != 0 else math.ceil(ratio)
         return min(self.max_replicas, max(self.min_replicas, want))
 
     def step(self, now: float, *, current: int, ready: int, metric: float, target: float) -> int:
