@@ -16,7 +16,10 @@ Design:
   priority first (then oldest), while the pod still fits, so the fewest and least important are
   evicted. Among candidates the node is picked as ``pickOneNodeForPreemption`` does (no PDBs
   here): the lowest highest-victim priority, then the lowest sum of victim priorities, then the
-  fewest victims, then the node name.
+  fewest victims, then the node name. Simplification: kube-scheduler also keeps a nominated
+  pod's GPUs from *lower-priority* pods placed meanwhile; here only later preemptions respect the
+  nomination, so a smaller lower-priority pod can take GPUs already free on that node (then the
+  nominee preempts again when its victims are gone).
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ class HpaPriority:
         self._next = now + self.behavior.sync_period_s
         inv = Inventory(snapshot, self.policy)
         out: list[Decision] = []
-        for key, (name, objective, state, _) in self._hpas.items():
+        for key, (name, objective, state, metric) in self._hpas.items():
             wl = inv.service_workload.get(key)
             value = self.metric(key, now)
             if wl is None or value is None:
@@ -94,7 +94,8 @@ class HpaPriority:
                 continue
             why = Explanation.of(
                 self.RULE,
-                f"{name}: P99 {value:.0f}ms {self.source()} vs target {objective:g}ms, "
+                f"{name}: P{metric.quantile * 100:g} {value:.0f}ms {self.source()} vs target "
+                f"{objective:g}ms, "
                 f"{ready} ready: HPA {current}→{to}",
             )
             out.append(Scale(now, wl.key, wl.kind, current, to, "inference", why))
