@@ -25,7 +25,8 @@ Figures (each ``{id, kind, title, data, layout}``; ``kind`` is what tests look f
 ``ebbtide simulate --compare`` writes **one** comparison page instead of a report per run
 (:func:`render_comparison`, ``compare.html``): the figures table of every run, then one figure
 (``kind: comparison``) whose panels — per service latency, training GPUs, inference GPUs, mean
-utilization, actions — are stacked on a single shared time axis, each run a colour.
+utilization, actions, scheduler preemptions — are stacked on a single shared time axis, each
+run a colour.
 """
 
 from __future__ import annotations
@@ -355,13 +356,15 @@ def _summed(series: dict[str, list[float | None]], keys: list[str], n: int) -> l
 def comparison_figure(runs: list[tuple[dict[str, Any], ReplayResult]]) -> dict[str, Any]:
     """One plotly figure, panels stacked on **one shared time axis** (zoom one, all follow):
     per service the windowed percentile of every run (log scale) and the objective; training GPUs;
-    inference GPUs; mean GPU utilization over pools; actions per interval. Trace names are the
-    runs' labels; every trace is on ``xaxis: "x"``."""
+    inference GPUs; mean GPU utilization over pools; actions per interval; pods the scheduler
+    preempted per interval. Trace names are the runs' labels; every trace is on ``xaxis:
+    "x"``."""
     first = runs[0][1].summary.to_dict()
     slo = first["slo"]
     services = sorted(slo)
     panels = [f"{k}: windowed P{slo[k]['percentile']:g} (ms)" for k in services]
     panels += ["training GPUs", "inference GPUs", "mean GPU utilization (%)", "actions"]
+    panels += ["pods preempted by the scheduler"]
     start, end = first["time"]["start"], first["time"]["end"]
     x_range = [start * 1000.0, end * 1000.0] if start is not None else []
     data: list[dict[str, Any]] = []
@@ -377,6 +380,7 @@ def comparison_figure(runs: list[tuple[dict[str, Any], ReplayResult]]) -> dict[s
         util = _summed(series, [f"util:{p}" for p in pools], n)
         ys.append([None if v is None else v / max(1, len(pools)) for v in util])
         ys.append(_summed(series, [f"actions:{a}" for a in ACTIONS], n))
+        ys.append(series.get("preempted", [None] * n))
         for i, y in enumerate(ys):
             data.append(
                 {
@@ -385,7 +389,7 @@ def comparison_figure(runs: list[tuple[dict[str, Any], ReplayResult]]) -> dict[s
                     "name": row["label"],
                     "legendgroup": row["controller"],
                     "showlegend": i == 0,
-                    "line": {"color": color, "shape": "hv" if i == len(ys) - 1 else "linear"},
+                    "line": {"color": color, "shape": "hv" if i >= len(ys) - 2 else "linear"},
                     "x": x,
                     "y": y,
                     "xaxis": "x",

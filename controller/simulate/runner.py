@@ -254,6 +254,8 @@ class _Loop:
         self.worst = WorstWindow(self.t0, {key: q for key, _, q in self.services})
         self.goodput: Goodput | None = None
         self.preempted_before = 0
+        self.preempted_seen = 0
+        self.timeline.channel("preempted", "sum")
         for key, _, _ in self.services:
             self.timeline.channel(f"p:{key}", "max")
         for name, _ in pools:
@@ -396,6 +398,10 @@ class _Loop:
         self.training_gpu_s += sum(u.training for u in usage.values()) * self.dt
         if self.goodput is not None:
             self.goodput.update()
+        preempted = self.sim.preemptions - self.preempted_before - self.preempted_seen
+        if preempted:
+            self.preempted_seen += preempted
+            self.timeline.add("preempted", bucket, float(preempted))
         if self.cluster_util is not None:
             self.util_sum += self.cluster_util
             self.util_ticks += 1
