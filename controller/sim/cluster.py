@@ -44,8 +44,9 @@ Design:
   (:func:`~controller.sim.placement.preemption_plan`: fewest and least important victims),
   evicts them with the pods' grace period (``eviction_grace_s``: they keep their GPUs until it
   ends), is nominated to that node and waits; while victims there are still terminating it
-  preempts nothing more. When they are gone the scheduler places it like any pod (on that node
-  or wherever it now fits). A preempted workload pod is replaced, like an evicted one.
+  preempts nothing more, and what it will take there is not free to pods of lower or equal
+  priority. When they are gone the scheduler places it like any pod (on that node or wherever
+  it now fits). A preempted workload pod is replaced, like an evicted one.
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ class SimCluster:
         """The scheduler preempts lower-priority pods (kube's DefaultPreemption); see above."""
         self.preemptions = 0
         """Pods the scheduler has preempted so far."""
+        self._nominated: dict[str, None] = {}
         self._templates = dict(templates or {})
         self._queue: list[tuple[float, int, str, str]] = []
         self._seq = 0
@@ -479,6 +481,7 @@ class SimCluster:
         key = rec.pod.key
         del self._pods[key]
         self._pending.pop(key, None)
+        self._nominated.pop(key, None)
         if rec.pod.workload in self._wl_pods:
             self._wl_pods[rec.pod.workload or ""].pop(key, None)
         node = self._nodes.get(rec.pod.node or "")
@@ -503,12 +506,13 @@ class SimCluster:
             shape = (pod.gpus, tuple(sorted(pod.mig.items())), tuple(sorted(rec.selector.items())))
             if shape in failed:
                 continue
-            node = self._index.fit(pod, rec.selector)
+            node = self._index.fit(pod, rec.selector, self._reserved(rec))
             if node is None:
                 if not (self.preemption and not self._instant and self._preempt(rec)):
                     failed.add(shape)
                 continue
             rec.nominated = None
+            self._nominated.pop(pod.key, None)
             del self._pending[pod.key]
             instant = self._instant or self.delays.pod_startup_s == 0
             phase: PodPhase = "Running" if instant else "Pending"
@@ -519,6 +523,24 @@ class SimCluster:
                 if phase == "Pending":
                     self._at(self._now + self.delays.pod_startup_s, "running", pod.key)
 
+    def _reserved(self, rec: PodRec) -> dict[str, dict[str, int]] | None:
+        """Per node, what pending pods nominated there with priority at least ``rec``'s will
+        take (kube-scheduler counts them as if running when it places a less important pod)."""
+        if not self._nominated:
+            return None
+        reserved: dict[str, dict[str, int]] = {}
+        for key in self._nominated:
+            other = self._pods.get(key)
+            if other is None or other is rec or other.nominated is None:
+                continue
+            if other.pod.priority < rec.pod.priority or key not in self._pending:
+                continue
+            need = dict(other.pod.mig) if other.pod.mig else {"": other.pod.gpus}
+            into = reserved.setdefault(other.nominated, {})
+            for k, n in need.items():
+                into[k] = into.get(k, 0) + n
+        return reserved
+
     def _preempt(self, rec: PodRec) -> bool:
         """Preempt for pending ``rec`` (module docstring); false when no node would do."""
         if rec.nominated is not None:
@@ -526,19 +548,15 @@ class SimCluster:
             if node is not None and any(self._pods[k].terminating for k in node.pods):
                 return True  # its victims are still leaving: wait for them
             rec.nominated = None
-        reserved: dict[str, dict[str, int]] = {}
-        for key in self._pending:
-            other = self._pods[key]
-            if other is not rec and other.nominated is not None:
-                need = dict(other.pod.mig) if other.pod.mig else {"": other.pod.gpus}
-                into = reserved.setdefault(other.nominated, {})
-                for k, n in need.items():
-                    into[k] = into.get(k, 0) + n
-        plan = preemption_plan(rec.pod, rec.selector, self._nodes.values(), self._pods, reserved)
+            self._nominated.pop(rec.pod.key, None)
+        reserved = self._reserved(rec)
+        nodes = self._nodes.values()
+        plan = preemption_plan(rec.pod, rec.selector, nodes, self._pods, reserved or {})
         if plan is None:
             return False
         node, victims = plan
         rec.nominated = node.node.name
+        self._nominated[rec.pod.key] = None
         for victim in victims:
             self.preemptions += 1
             why = f"preempted by {rec.pod.key} (priority {rec.pod.priority})"

@@ -16,10 +16,9 @@ Design:
   priority first (then oldest), while the pod still fits, so the fewest and least important are
   evicted. Among candidates the node is picked as ``pickOneNodeForPreemption`` does (no PDBs
   here): the lowest highest-victim priority, then the lowest sum of victim priorities, then the
-  fewest victims, then the node name. Simplification: kube-scheduler also keeps a nominated
-  pod's GPUs from *lower-priority* pods placed meanwhile; here only later preemptions respect the
-  nomination, so a smaller lower-priority pod can take GPUs already free on that node (then the
-  nominee preempts again when its victims are gone).
+  fewest victims, then the node name. As in kube-scheduler, what a pod nominated to a node will
+  take is not free there for pods of lower or equal priority (``reserved``), neither to
+  :meth:`NodeIndex.fit` nor to another preemption.
 """
 
 from __future__ import annotations
@@ -132,20 +131,29 @@ class NodeIndex:
             rec.bucket = rec.cap - rec.used
             self._free.setdefault(rec.bucket, {})[name] = rec
 
-    def fit(self, pod: Pod, selector: Mapping[str, str]) -> NodeRec | None:
-        """The node ``pod`` goes to, or ``None`` when none fits."""
+    def fit(
+        self,
+        pod: Pod,
+        selector: Mapping[str, str],
+        reserved: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> NodeRec | None:
+        """The node ``pod`` goes to, or ``None`` when none fits; ``reserved`` (per node, by
+        ``""`` for whole GPUs or MIG profile) is held for pods nominated there."""
+        held = reserved or {}
         if pod.mig:
             for rec in self._mig.values():
                 free = rec.mig_cap
                 used = rec.used_mig
-                if all(free.get(p, 0) - used.get(p, 0) >= n for p, n in pod.mig.items()) and (
-                    matches(selector, rec.node.labels)
-                ):
+                r = held.get(rec.node.name, {})
+                if all(
+                    free.get(p, 0) - used.get(p, 0) - r.get(p, 0) >= n for p, n in pod.mig.items()
+                ) and matches(selector, rec.node.labels):
                     return rec
             return None
         for free_gpus in sorted(f for f in self._free if f >= pod.gpus):
             for rec in self._free[free_gpus].values():
-                if matches(selector, rec.node.labels):
+                taken = held.get(rec.node.name, {}).get("", 0)
+                if free_gpus - taken >= pod.gpus and matches(selector, rec.node.labels):
                     return rec
         return None
 

@@ -137,3 +137,34 @@ def test_preemption_plan_picks_node_and_victims(
         assert plan[0].node.name == want_node
         assert sorted(v.pod.name for v in plan[1]) == want_victims
     assert {n: (r.used, dict(r.pods)) for n, r in nodes.items()} == before
+
+
+async def test_what_a_nominated_pod_will_take_is_not_free_to_less_important_pods() -> None:
+    """w0 has one free GPU and a 1-GPU low pod; a 2-GPU serving pod preempts that pod and is
+    nominated to w0. A low-priority pod created meanwhile may not take the free GPU (kube
+    counts the nominee as if running), so the serving pod lands on w0 when its victim is gone."""
+    b = (
+        SnapshotBuilder()
+        .priority_class("low", 10)
+        .priority_class("mid", 100)
+        .priority_class("high", 1000)
+        .node("w0", gpus=4, labels=WHOLE)
+        .node("w1", gpus=4, labels=WHOLE)
+        .pod("ml", "x", node="w0", gpus=1, priority=10, labels=TRAINING)
+        .pod("ml", "m0", node="w0", gpus=2, priority=100, labels=TRAINING)
+        .pod("ml", "m1", node="w1", gpus=4, priority=100, labels=TRAINING)
+        .workload("serving", "chat", replicas=0, gpus_per_replica=2, priority=1000)
+        .workload("ml", "sweep", replicas=0, gpus_per_replica=1, priority=10, labels=TRAINING)
+    )
+    c = cluster(b)
+    c.preemption = True
+    await apply(c, scale("serving/chat", 1))
+    c.advance(T0 + 2)
+    assert kinds(c, "ml/x") == [(2.0, "terminating")]
+    await apply(c, scale("ml/sweep", 1, at=T0 + 3))
+    c.advance(T0 + 10)
+    assert where(c)["ml/sweep-0"] == (None, "Pending")
+    c.advance(T0 + 2 + DELAYS.eviction_grace_s)
+    assert where(c)["serving/chat-0"] == ("w0", "Pending")
+    assert where(c)["ml/sweep-0"] == (None, "Pending")
+    assert c.preemptions == 1
