@@ -5,10 +5,12 @@ build the load shape (``--load diurnal`` or ``--load azure:PATH``, with ``--burs
 on top), run Ebbtide's engine in the closed loop, write ``summary.json``, ``decisions.jsonl``
 and ``report.html`` into ``--out`` (the files ``ebbtide replay`` writes) and print a short
 summary. ``--record FILE`` also writes every generated event as a recording that ``ebbtide
-replay`` and ``ebbtide publish`` accept. ``--compare`` runs the two baselines (static
-partitioning, a polling autoscaler) on the identical load in the same process, writes their
-outputs under ``--out/baseline-*/`` and ``compare.json``, and prints one table. Errors a user can
-fix are one line and exit 1.
+replay`` and ``ebbtide publish`` accept. ``--compare`` runs the peers (``hpa-priority``,
+``keda-priority``, ``static``, ``polling``: :mod:`controller.simulate.peers`) on the identical
+load and seed in the same process, writes each one's ``summary.json`` and ``decisions.jsonl``
+under ``--out/baseline-NAME/``, ``compare.json`` (``runs[]``, one per controller) and ONE
+comparison report ``compare.html`` (every run on one time axis), and prints one table. Errors a
+user can fix are one line and exit 1.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Any
 import click
 
 from controller.cli.options import duration_option, load_policy_files, one_line, progress
-from controller.replay.report import write_outputs
+from controller.replay.report import COMPARISON_FILE, render_comparison, write_outputs
 from controller.sim import load_scenario
+from controller.simulate.figures import RunFigures
 from controller.simulate.load import (
     AZURE_ATTRIBUTION,
     AzureTrace,
@@ -37,7 +40,6 @@ from controller.simulate.runner import (
     CONTROLLERS,
     Bench,
     Controller,
-    RunFigures,
     SimulateSettings,
     run_controller,
 )
@@ -51,11 +53,6 @@ UTIL_WEIGHTING = (
     "mean GPU util weighs each physical GPU the same (a MIG GPU as the mean of its instances); "
     "a pool's weighs each of its devices, MIG instances included"
 )
-_LABELS = {
-    "ebbtide": "ebbtide",
-    "polling": "polling autoscaler (HPA, 30s/30s-old P99)",
-    "static": "static partitioning (peak)",
-}
 
 
 def _time_of_day(_ctx: click.Context, _param: click.Parameter, value: str) -> float:
@@ -103,18 +100,21 @@ def _pct(v: float | None) -> str:
 
 def format_compare(rows: Sequence[RunFigures]) -> str:
     """The ``--compare`` table."""
-    head = ["controller", "policy", "SLO attainment", "mean GPU util", "training GPU-h",
-            "evictions", "MIG conversions", "scale actions"]  # fmt: skip
+    head = ["controller", "preempts", "SLO attainment", "breach min", "worst 5m P99",
+            "mean GPU util", "training GPU-h", "goodput GPU-h", "actions",
+            "preemptions"]  # fmt: skip
     body = [
         [
-            _LABELS.get(r.controller, r.controller),
-            r.policy,
+            r.controller,
+            "yes" if r.preemption else "no",
             _pct(r.slo_attainment),
+            f"{r.breach_minutes:.1f}",
+            "-" if r.p99_worst_5min_ms is None else f"{r.p99_worst_5min_ms:.0f}ms",
             "-" if r.mean_gpu_util_pct is None else f"{r.mean_gpu_util_pct:.1f}%",
             f"{r.training_gpu_hours:.2f}",
-            str(r.evictions),
-            str(r.mig_conversions),
-            str(r.scale_actions),
+            f"{r.training_goodput_gpu_hours:.2f}",
+            str(r.actions),
+            str(r.preemptions),
         ]
         for r in rows
     ]
@@ -170,7 +170,8 @@ def _print_summary(summary: dict[str, Any], fig: RunFigures, span: float, report
               metavar="HH:MM", help="Time of day (UTC) the run starts.")  # fmt: skip
 @click.option("--seed", type=int, default=0, help="Seeds arrivals, latencies and telemetry.")
 @click.option("--compare", is_flag=True,
-              help="Also run the static and polling baselines; print a table.")  # fmt: skip
+              help="Also run the peers (hpa-priority, keda-priority, static, polling) on the "
+                   "same load; write compare.json and compare.html; print a table.")  # fmt: skip
 @click.option("--record", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the generated events as a recording (.jsonl or .jsonl.gz).")  # fmt: skip
 def simulate(
@@ -245,12 +246,16 @@ def simulate(
     if not compare:
         return
     rows = [fig]
+    results = [result]
     controllers: tuple[Controller, ...] = tuple(c for c in CONTROLLERS if c != "ebbtide")
     for controller in controllers:
         where = out / f"baseline-{controller}"
         res, row = run_controller(bench, controller, where)
-        write_outputs(res, where)
+        (where / "summary.json").write_text(
+            json.dumps(res.summary.to_dict(), indent=2) + "\n", encoding="utf-8"
+        )
         rows.append(row)
+        results.append(res)
     (out / COMPARE_FILE).write_text(
         json.dumps(
             {
@@ -259,6 +264,7 @@ def simulate(
                 "duration_s": duration,
                 "start": bench.start,
                 "services": {k: asdict(m) for k, m in bench.models.items()},
+                "inference_outranks_training": bench.inference_outranks_training,
                 "runs": [r.to_dict() for r in rows],
             },
             indent=2,
@@ -266,10 +272,23 @@ def simulate(
         + "\n",
         encoding="utf-8",
     )
+    context = (
+        f"{shlex.join(command)} --compare: the same cluster ({scenario.name}), policy "
+        f"{policy.metadata.name}, load ({bench.shape.describe()}) and seed {seed} for every run. "
+        "The scheduler preempts lower PriorityClasses in every run but polling."
+    )
+    page = render_comparison(
+        [(r.to_dict(), res) for r, res in zip(rows, results, strict=True)],
+        title=f"Ebbtide vs peers: {loaded.metadata.name}, {format_duration(duration)}",
+        context=context,
+    )
+    (out / COMPARISON_FILE).write_text(page, encoding="utf-8")
     click.echo(f"compared on the same load ({bench.shape.describe()}, seed {seed}):")
     click.echo(format_compare(rows))
     click.echo(f"({UTIL_WEIGHTING})")
-    click.echo(f"comparison: {out / COMPARE_FILE}")
+    for r in rows:
+        click.echo(f"  {r.controller}: {r.label}")
+    click.echo(f"comparison: {out / COMPARE_FILE}, report: {out / COMPARISON_FILE}")
 
 
 COMMANDS = [simulate]

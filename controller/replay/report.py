@@ -25,6 +25,12 @@ Figures (each ``{id, kind, title, data, layout}``; ``kind`` is what tests look f
 * ``actions`` — actions per bucket, stacked by type, on the same time axis;
 * ``decisions`` — each decision as a marker (one row per action type), its target, outcome and
   reason on hover; the page also lists them in a table.
+
+``ebbtide simulate --compare`` writes **one** comparison page instead of a report per run
+(:func:`render_comparison`, ``compare.html``): the figures table of every run, then one figure
+(``kind: comparison``) whose panels — per service latency, training GPUs, inference GPUs, mean
+utilization, actions, scheduler preemptions — are stacked on a single shared time axis, each
+run a colour.
 """
 
 from __future__ import annotations
@@ -39,7 +45,16 @@ from typing import Any, Final
 from controller.replay.runner import REPORT_FILE, SUMMARY_FILE, ReplayResult
 from controller.replay.summary import ACTIONS, USES
 
-__all__ = ["FIGURES_ID", "LOG_SCALE_RATIO", "MAX_SERVICE_PLOTS", "render_report", "write_outputs"]
+__all__ = [
+    "COMPARISON_FILE",
+    "FIGURES_ID",
+    "LOG_SCALE_RATIO",
+    "MAX_SERVICE_PLOTS",
+    "comparison_figure",
+    "render_comparison",
+    "render_report",
+    "write_outputs",
+]
 
 FIGURES_ID: Final = "ebbtide-figures"
 MAX_SERVICE_PLOTS: Final = 24
@@ -373,3 +388,171 @@ def write_outputs(result: ReplayResult, out_dir: Path) -> tuple[Path, Path]:
     report = out_dir / REPORT_FILE
     report.write_text(render_report(result), encoding="utf-8")
     return summary, report
+
+
+# -- the comparison report (``ebbtide simulate --compare``) ---------------------------------
+
+COMPARISON_FILE: Final = "compare.html"
+_RUN_COLORS: Final = ("#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#7f7f7f", "#9467bd", "#8c564b")
+_COLUMNS: Final = (
+    ("label", "run"),
+    ("slo_attainment", "SLO attainment"),
+    ("breach_minutes", "breach min"),
+    ("p99_worst_5min_ms", "worst 5-min P99 (ms)"),
+    ("training_gpu_hours", "training GPU-h"),
+    ("training_goodput_gpu_hours", "training goodput GPU-h"),
+    ("mean_gpu_util_pct", "mean GPU util"),
+    ("actions", "actions"),
+    ("preemptions", "preemptions"),
+)
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key == "slo_attainment":
+        return f"{100 * value:.2f}%"
+    if key == "mean_gpu_util_pct":
+        return f"{value:.1f}%"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return html.escape(str(value))
+
+
+def _summed(series: dict[str, list[float | None]], keys: list[str], n: int) -> list[float | None]:
+    out: list[float | None] = [None] * n
+    for key in keys:
+        for i, v in enumerate(series.get(key, [])):
+            if v is not None:
+                out[i] = (out[i] or 0.0) + v
+    return out
+
+
+def comparison_figure(runs: list[tuple[dict[str, Any], ReplayResult]]) -> dict[str, Any]:
+    """One plotly figure, panels stacked on **one shared time axis** (zoom one, all follow):
+    per service the windowed percentile of every run (log scale) and the objective; training GPUs;
+    inference GPUs; mean GPU utilization over pools; actions per interval; pods the scheduler
+    preempted per interval. Trace names are the runs' labels; every trace is on ``xaxis:
+    "x"``."""
+    first = runs[0][1].summary.to_dict()
+    slo = first["slo"]
+    services = sorted(slo)
+    panels = [f"{k}: windowed P{slo[k]['percentile']:g} (ms)" for k in services]
+    panels += ["training GPUs", "inference GPUs", "mean GPU utilization (%)", "actions"]
+    panels += ["pods preempted by the scheduler"]
+    start, end = first["time"]["start"], first["time"]["end"]
+    x_range = [start * 1000.0, end * 1000.0] if start is not None else []
+    data: list[dict[str, Any]] = []
+    for r, (row, result) in enumerate(runs):
+        color = _RUN_COLORS[r % len(_RUN_COLORS)]
+        series = result.timeline.series()
+        x = _ms(result.timeline.times())
+        n = len(x)
+        pools = sorted(result.summary.to_dict()["pools"])
+        ys: list[list[float | None]] = [series.get(f"p:{k}", [None] * n) for k in services]
+        ys.append(_summed(series, [f"use:{p}:training" for p in pools], n))
+        ys.append(_summed(series, [f"use:{p}:inference" for p in pools], n))
+        util = _summed(series, [f"util:{p}" for p in pools], n)
+        ys.append([None if v is None else v / max(1, len(pools)) for v in util])
+        ys.append(_summed(series, [f"actions:{a}" for a in ACTIONS], n))
+        ys.append(series.get("preempted", [None] * n))
+        for i, y in enumerate(ys):
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "name": row["label"],
+                    "legendgroup": row["controller"],
+                    "showlegend": i == 0,
+                    "line": {"color": color, "shape": "hv" if i >= len(ys) - 2 else "linear"},
+                    "x": x,
+                    "y": y,
+                    "xaxis": "x",
+                    "yaxis": "y" if i == 0 else f"y{i + 1}",
+                    "connectgaps": False,
+                }
+            )
+    for i, k in enumerate(services):
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": "objective",
+                "showlegend": i == 0,
+                "line": {"dash": "dash", "color": "#000000", "width": 1},
+                "x": x_range,
+                "y": [slo[k]["objective_ms"]] * len(x_range),
+                "xaxis": "x",
+                "yaxis": "y" if i == 0 else f"y{i + 1}",
+            }
+        )
+    rows = len(panels)
+    gap = 0.03
+    height = (1.0 - gap * (rows - 1)) / rows
+    layout: dict[str, Any] = {
+        "title": {"text": "All runs on one time axis"},
+        "height": 230 * rows,
+        "margin": {"l": 70, "r": 20, "t": 60, "b": 40},
+        "legend": {"orientation": "h", "y": 1.0 + 40 / (230 * rows), "yanchor": "bottom"},
+        "xaxis": {"type": "date", "range": x_range, "title": {"text": "time (UTC)"}},
+        "hovermode": "x unified",
+    }
+    for i, title in enumerate(panels):
+        top = 1.0 - i * (height + gap)
+        axis: dict[str, Any] = {
+            "domain": [max(0.0, top - height), top],
+            "title": {"text": title, "font": {"size": 11}},
+            "anchor": "x",
+        }
+        # latencies span 100 ms to a 30 s timeout: log scale; the rest from zero
+        axis.update({"type": "log"} if i < len(services) else {"rangemode": "tozero"})
+        layout["yaxis" if i == 0 else f"yaxis{i + 1}"] = axis
+    return {
+        "id": "comparison",
+        "kind": "comparison",
+        "title": "All runs on one time axis",
+        "panels": panels,
+        "runs": [row["controller"] for row, _ in runs],
+        "data": data,
+        "layout": layout,
+    }
+
+
+def render_comparison(
+    runs: list[tuple[dict[str, Any], ReplayResult]], *, title: str, context: str
+) -> str:
+    """One page comparing every run (``runs``: ``compare.json``'s row and the run's result):
+    the figures table, then :func:`comparison_figure`."""
+    e = html.escape
+    head = [h for _, h in _COLUMNS]
+    body = [[_cell(k, row.get(k)) for k, _ in _COLUMNS] for row, _ in runs]
+    figure = comparison_figure(runs)
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{e(title)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; }}
+th, td {{ border: 1px solid #ccc; padding: 0.3em 0.8em; text-align: left; }}
+.fig {{ width: 100%; }}
+</style>
+<script>{_plotly_js()}</script>
+</head>
+<body>
+<h1>{e(title)}</h1>
+<p>{e(context)}</p>
+{_table(head, body)}
+<p>Definitions: <code>controller/simulate/figures.py</code>; goodput model:
+<code>controller/simulate/goodput.py</code>.</p>
+<div id="{figure["id"]}" class="fig"></div>
+{_json_script(FIGURES_ID, [figure])}
+<script>
+for (const f of JSON.parse(document.getElementById("{FIGURES_ID}").textContent)) {{
+  Plotly.newPlot(f.id, f.data, f.layout, {{responsive: true, displaylogo: false}});
+}}
+</script>
+</body>
+</html>
+"""

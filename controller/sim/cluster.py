@@ -38,6 +38,15 @@ Design:
   requests on nodes with free instances of each profile, never on cordoned or reconfiguring
   nodes, only on nodes carrying the pod's selector (its workload's pool). A bound pod is
   ``Pending`` until ``pod_startup_s`` passes, then ``Running``.
+* **Scheduler preemption** (off unless :attr:`SimCluster.preemption` is set; never while the
+  starting cluster settles): kube-scheduler's DefaultPreemption with PriorityClasses. A pending
+  pod that fits nowhere picks a node where evicting pods of *lower* priority makes it fit
+  (:func:`~controller.sim.placement.preemption_plan`: fewest and least important victims),
+  evicts them with the pods' grace period (``eviction_grace_s``: they keep their GPUs until it
+  ends), is nominated to that node and waits; while victims there are still terminating it
+  preempts nothing more, and what it will take there is not free to pods of lower or equal
+  priority. When they are gone the scheduler places it like any pod (on that node or wherever
+  it now fits). A preempted workload pod is replaced, like an evicted one.
 """
 
 from __future__ import annotations
@@ -50,7 +59,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 from controller.cluster import ActionResult, Outcome
-from controller.sim.placement import Flight, NodeIndex, NodeRec, PodRec, gpu_use, mig_layout
+from controller.sim.placement import (
+    Flight,
+    NodeIndex,
+    NodeRec,
+    PodRec,
+    gpu_use,
+    mig_layout,
+    preemption_plan,
+)
 from controller.sim.values import (
     DEFAULT_TRAINING_SELECTOR,
     EPOCH,
@@ -94,6 +111,7 @@ class SimCluster:
         convert_to: str | None = None,
         revert_to: str | None = None,
         drain: DrainRule | None = None,
+        preemption: bool = False,
     ) -> None:
         """Start from ``snapshot`` at ``start``. Workloads missing pods get them at once and
         pending pods are placed at once, already Running: the snapshot is a settled cluster.
@@ -116,6 +134,11 @@ class SimCluster:
             inference_workloads=frozenset(),
         )
         """Which pods a MIG drain may evict; the gated cluster keeps it the policy's."""
+        self.preemption = preemption
+        """The scheduler preempts lower-priority pods (kube's DefaultPreemption); see above."""
+        self.preemptions = 0
+        """Pods the scheduler has preempted so far."""
+        self._nominated: dict[str, None] = {}
         self._templates = dict(templates or {})
         self._queue: list[tuple[float, int, str, str]] = []
         self._seq = 0
@@ -218,6 +241,11 @@ class SimCluster:
     def effects_since(self, index: int) -> Sequence[Effect]:
         """Effects from position ``index`` on (for incremental reports)."""
         return tuple(self._effects[index:])
+
+    def pod(self, key: str) -> Pod | None:
+        """The pod ``namespace/name`` as it is now, or ``None`` when it is gone."""
+        rec = self._pods.get(key)
+        return None if rec is None else rec.pod
 
     def pending_pods(self) -> tuple[Pod, ...]:
         """Pods waiting for a node, highest priority then oldest first."""
@@ -453,6 +481,7 @@ class SimCluster:
         key = rec.pod.key
         del self._pods[key]
         self._pending.pop(key, None)
+        self._nominated.pop(key, None)
         if rec.pod.workload in self._wl_pods:
             self._wl_pods[rec.pod.workload or ""].pop(key, None)
         node = self._nodes.get(rec.pod.node or "")
@@ -477,10 +506,13 @@ class SimCluster:
             shape = (pod.gpus, tuple(sorted(pod.mig.items())), tuple(sorted(rec.selector.items())))
             if shape in failed:
                 continue
-            node = self._index.fit(pod, rec.selector)
+            node = self._index.fit(pod, rec.selector, self._reserved(rec))
             if node is None:
-                failed.add(shape)
+                if not (self.preemption and not self._instant and self._preempt(rec)):
+                    failed.add(shape)
                 continue
+            rec.nominated = None
+            self._nominated.pop(pod.key, None)
             del self._pending[pod.key]
             instant = self._instant or self.delays.pod_startup_s == 0
             phase: PodPhase = "Running" if instant else "Pending"
@@ -490,6 +522,46 @@ class SimCluster:
                 self._log("scheduled", pod.key, node.node.name)
                 if phase == "Pending":
                     self._at(self._now + self.delays.pod_startup_s, "running", pod.key)
+
+    def _reserved(self, rec: PodRec) -> dict[str, dict[str, int]] | None:
+        """Per node, what pending pods nominated there with priority at least ``rec``'s will
+        take (kube-scheduler counts them as if running when it places a less important pod)."""
+        if not self._nominated:
+            return None
+        reserved: dict[str, dict[str, int]] = {}
+        for key in self._nominated:
+            other = self._pods.get(key)
+            if other is None or other is rec or other.nominated is None:
+                continue
+            if other.pod.priority < rec.pod.priority or key not in self._pending:
+                continue
+            need = dict(other.pod.mig) if other.pod.mig else {"": other.pod.gpus}
+            into = reserved.setdefault(other.nominated, {})
+            for k, n in need.items():
+                into[k] = into.get(k, 0) + n
+        return reserved
+
+    def _preempt(self, rec: PodRec) -> bool:
+        """Preempt for pending ``rec`` (module docstring); false when no node would do."""
+        if rec.nominated is not None:
+            node = self._nodes.get(rec.nominated)
+            if node is not None and any(self._pods[k].terminating for k in node.pods):
+                return True  # its victims are still leaving: wait for them
+            rec.nominated = None
+            self._nominated.pop(rec.pod.key, None)
+        reserved = self._reserved(rec)
+        nodes = self._nodes.values()
+        plan = preemption_plan(rec.pod, rec.selector, nodes, self._pods, reserved or {})
+        if plan is None:
+            return False
+        node, victims = plan
+        rec.nominated = node.node.name
+        self._nominated[rec.pod.key] = None
+        for victim in victims:
+            self.preemptions += 1
+            why = f"preempted by {rec.pod.key} (priority {rec.pod.priority})"
+            self._terminate(victim, self.delays.eviction_grace_s, why)
+        return True
 
     def _template(self, wkey: str) -> PodTemplate:
         return self._templates.get(wkey) or PodTemplate()

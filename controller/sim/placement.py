@@ -8,6 +8,17 @@ Design:
   so iteration is deterministic) and lists schedulable MIG nodes. Cordoned and reconfiguring
   nodes are in neither. :meth:`NodeIndex.fit` is best fit: the fitting node with the fewest free
   GPUs, which packs pods and keeps whole nodes free, in a walk over a few buckets.
+* :func:`preemption_plan` is kube-scheduler's DefaultPreemption, decided on the records without
+  changing them (the cluster then evicts): for a pending pod that fits nowhere, every schedulable
+  node carrying its selector is a candidate when removing all its non-terminating pods of
+  *lower* priority makes the pod fit (terminating pods still hold their GPUs; GPUs promised to
+  pods already nominated to the node are not free). Victims are then reprieved, highest
+  priority first (then oldest), while the pod still fits, so the fewest and least important are
+  evicted. Among candidates the node is picked as ``pickOneNodeForPreemption`` does (no PDBs
+  here): the lowest highest-victim priority, then the lowest sum of victim priorities, then the
+  fewest victims, then the node name. As in kube-scheduler, what a pod nominated to a node will
+  take is not free there for pods of lower or equal priority (``reserved``), neither to
+  :meth:`NodeIndex.fit` nor to another preemption.
 """
 
 from __future__ import annotations
@@ -22,7 +33,15 @@ from controller.sim.values import GpuUse
 from policies.inventory import matches
 from policies.snapshot import MIG_DISABLED, Gpu, Node, Pod
 
-__all__ = ["Flight", "NodeIndex", "NodeRec", "PodRec", "gpu_use", "mig_layout"]
+__all__ = [
+    "Flight",
+    "NodeIndex",
+    "NodeRec",
+    "PodRec",
+    "gpu_use",
+    "mig_layout",
+    "preemption_plan",
+]
 
 
 @dataclass(slots=True)
@@ -34,6 +53,8 @@ class PodRec:
     order: tuple[int, float, int]
     terminating: bool = False
     gone_at: float = math.inf
+    nominated: str | None = None
+    """The node this pod preempted victims on and waits for (kube's ``nominatedNodeName``)."""
 
 
 @dataclass(slots=True)
@@ -110,22 +131,92 @@ class NodeIndex:
             rec.bucket = rec.cap - rec.used
             self._free.setdefault(rec.bucket, {})[name] = rec
 
-    def fit(self, pod: Pod, selector: Mapping[str, str]) -> NodeRec | None:
-        """The node ``pod`` goes to, or ``None`` when none fits."""
+    def fit(
+        self,
+        pod: Pod,
+        selector: Mapping[str, str],
+        reserved: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> NodeRec | None:
+        """The node ``pod`` goes to, or ``None`` when none fits; ``reserved`` (per node, by
+        ``""`` for whole GPUs or MIG profile) is held for pods nominated there."""
+        held = reserved or {}
         if pod.mig:
             for rec in self._mig.values():
                 free = rec.mig_cap
                 used = rec.used_mig
-                if all(free.get(p, 0) - used.get(p, 0) >= n for p, n in pod.mig.items()) and (
-                    matches(selector, rec.node.labels)
-                ):
+                r = held.get(rec.node.name, {})
+                if all(
+                    free.get(p, 0) - used.get(p, 0) - r.get(p, 0) >= n for p, n in pod.mig.items()
+                ) and matches(selector, rec.node.labels):
                     return rec
             return None
         for free_gpus in sorted(f for f in self._free if f >= pod.gpus):
             for rec in self._free[free_gpus].values():
-                if matches(selector, rec.node.labels):
+                taken = held.get(rec.node.name, {}).get("", 0)
+                if free_gpus - taken >= pod.gpus and matches(selector, rec.node.labels):
                     return rec
         return None
+
+
+def _need(pod: Pod) -> dict[str, int]:
+    """What ``pod`` asks of a node: whole GPUs under ``""``, else MIG instances by profile."""
+    return dict(pod.mig) if pod.mig else {"": pod.gpus}
+
+
+def _free(rec: NodeRec) -> dict[str, int]:
+    if rec.mig_cap:
+        return {p: n - rec.used_mig.get(p, 0) for p, n in rec.mig_cap.items()}
+    return {"": rec.cap - rec.used}
+
+
+def preemption_plan(
+    pod: Pod,
+    selector: Mapping[str, str],
+    nodes: Iterable[NodeRec],
+    pods: Mapping[str, PodRec],
+    reserved: Mapping[str, Mapping[str, int]],
+) -> tuple[NodeRec, list[PodRec]] | None:
+    """The node ``pod`` should preempt on and its victims, or ``None`` (module docstring).
+    ``reserved``: per node, what pods already nominated there will take."""
+    need = _need(pod)
+    if not any(need.values()):
+        return None
+    best: tuple[tuple[int, int, int, str], NodeRec, list[PodRec]] | None = None
+    for rec in nodes:
+        node = rec.node
+        if node.cordoned or rec.flight is not None or bool(rec.mig_cap) != bool(pod.mig):
+            continue
+        if not matches(selector, node.labels):
+            continue
+        free = _free(rec)
+        for k, n in reserved.get(node.name, {}).items():
+            free[k] = free.get(k, 0) - n
+        lower = [
+            r
+            for key in rec.pods
+            if not (r := pods[key]).terminating and r.pod.priority < pod.priority
+        ]
+        for r in lower:
+            for k, n in _need(r.pod).items():
+                free[k] = free.get(k, 0) + n
+        if any(free.get(k, 0) < n for k, n in need.items()):
+            continue
+        victims: list[PodRec] = []
+        # reprieve the most important first: highest priority, then the oldest
+        for r in sorted(lower, key=lambda r: (-r.pod.priority, r.pod.created, r.pod.key)):
+            back = _need(r.pod)
+            if all(free.get(k, 0) - back.get(k, 0) >= n for k, n in need.items()):
+                for k, n in back.items():
+                    free[k] = free.get(k, 0) - n
+            else:
+                victims.append(r)
+        if not victims:
+            continue  # it fits without preemption: the scheduler places it, not this
+        prios = [v.pod.priority for v in victims]
+        rank = (max(prios), sum(prios), len(victims), node.name)
+        if best is None or rank < best[0]:
+            best = (rank, rec, victims)
+    return None if best is None else (best[1], best[2])
 
 
 def gpu_use(

@@ -3,17 +3,19 @@
 A load generator (:mod:`.load`) offers requests to the policy's inference services; a queueing
 model (:mod:`.latency`) turns load and the replicas Running in the simulated cluster into request
 latencies; :mod:`.telemetry` turns what runs on each GPU into utilization readings; the events go
-to a controller — Ebbtide's engine, or a baseline from :mod:`.baselines` — whose decisions change
-the simulated cluster and so the next latencies (:mod:`.runner`). The outputs are replay's.
+to a controller — Ebbtide's engine, or a peer from :mod:`.peers` / :mod:`.baselines` — whose
+decisions change the simulated cluster and so the next latencies (:mod:`.runner`). The outputs
+are replay's, plus per run the figures of :mod:`.figures` (training goodput: :mod:`.goodput`).
 """
 
 from controller.simulate.baselines import PollingAutoscaler, StaticPlan, static_partition
+from controller.simulate.figures import RunFigures
+from controller.simulate.goodput import Goodput, lost_work
 from controller.simulate.latency import ServiceModel, ServiceQueue, default_model, latency_samples
 from controller.simulate.load import AzureTrace, Burst, Diurnal, LoadShape, parse_burst, poisson
 from controller.simulate.runner import (
     CONTROLLERS,
     Bench,
-    RunFigures,
     SimulateSettings,
     run_controller,
 )
@@ -24,6 +26,7 @@ __all__ = [
     "Bench",
     "Burst",
     "Diurnal",
+    "Goodput",
     "LoadShape",
     "PollingAutoscaler",
     "RunFigures",
@@ -33,6 +36,7 @@ __all__ = [
     "StaticPlan",
     "default_model",
     "latency_samples",
+    "lost_work",
     "parse_burst",
     "poisson",
     "run_controller",

@@ -1,4 +1,5 @@
-"""Baselines Ebbtide is compared against, on the same cluster and the same load.
+"""Baselines Ebbtide is compared against, on the same cluster and the same load (with the
+peers of :mod:`controller.simulate.peers`).
 
 * **Static partitioning** (:func:`static_partition`): what a cluster without an autoscaler does.
   Before the run starts, every policy service with a scale target is sized for the *peak* load
@@ -16,8 +17,9 @@
   behaviour (up: at most double or +4 pods per step; down: the highest recommendation of the last
   five minutes, the stabilization window). It knows nothing about training: scaled-up pods that
   find no free GPU stay Pending, as with the default scheduler when training holds the GPUs and
-  nothing preempts it (the simulated scheduler does not preempt). It never evicts, shrinks
-  training or touches MIG.
+  nothing preempts it: its run is the only one with the scheduler's preemption **off** (labelled
+  "no preemption"; the earlier benchmarks' peer, kept for continuity). It never evicts, shrinks
+  training or touches MIG. The fair HPA peers are in :mod:`controller.simulate.peers`.
 
 Both produce :class:`~policies.decisions.Scale` decisions with an explanation, so their
 ``decisions.jsonl`` reads like Ebbtide's.
@@ -137,6 +139,10 @@ def static_partition(
 
 class PollingAutoscaler:
     """HPA/KEDA-style polling on a delayed P99 (see the module docstring)."""
+
+    name: str = "polling"
+    label: str = "polling autoscaler (HPA, 30s/30s-old P99), no preemption"
+    preemption: bool = False
 
     def __init__(
         self,

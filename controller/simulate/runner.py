@@ -20,10 +20,20 @@ Design:
   decisions and figures.
 * **Controllers.** ``ebbtide``: the real :class:`~policies.engine.Engine`, every decision through
   :class:`~controller.sim.runtime.GatedSimCluster` (the SafetyGate, on the simulated clock), as
-  live. Baselines (:mod:`.baselines`): ``static`` (a plan applied before ``T_0``, then nothing)
-  and ``polling`` (HPA on a 30 s-old P99 every 30 s), applied to the simulated cluster directly.
-  A baseline's SLO is measured by an engine for the same policy with its kill switch on, so all
-  three are judged by the same windows and thresholds.
+  live. Peers (:mod:`.peers`, :mod:`.baselines`): ``hpa-priority`` and ``keda-priority`` (the
+  HPA's algorithm on a Prometheus-delayed P99, KEDA's polling in front for the second),
+  ``static`` (a plan applied before ``T_0``, then nothing) and ``polling`` (HPA on a 30 s-old
+  P99 every 30 s), applied to the simulated cluster directly. A peer's SLO is measured by an
+  engine for the same policy with its kill switch on, so all are judged by the same windows and
+  thresholds.
+* **One scheduler for all.** kube-scheduler preempts by PriorityClass in every real cluster, so
+  every run's simulated cluster does too (:attr:`Bench.preemption`, on by default), Ebbtide's
+  included: where the scenario puts inference above training, a scaled-up inference pod that
+  finds no GPU evicts training whoever scaled it. The one exception is ``polling``, the earlier
+  benchmarks' peer, kept and labelled "no preemption".
+* **Goodput and the worst minutes.** :mod:`.goodput` follows the cluster's effects from ``T_0``
+  and counts training work lost since the last checkpoint; :class:`~.figures.WorstWindow` keeps
+  the worst 5-minute percentile of the raw requests (:mod:`.figures` defines every column).
 * **Deterministic for a seed.** Arrivals come from one ``random.Random`` per service seeded by
   ``(seed, service)``, latency noise from another, utilization noise from a third; arrivals and
   latency draws do not depend on the cluster, so every controller sees the same requests.
@@ -54,8 +64,11 @@ from controller.safety import SafetyGate
 from controller.sim import EPOCH, Scenario, SimCluster
 from controller.sim.runtime import GatedSimCluster
 from controller.simulate.baselines import PollingAutoscaler, static_partition
+from controller.simulate.figures import RunFigures, WorstWindow
+from controller.simulate.goodput import Goodput
 from controller.simulate.latency import ServiceModel, ServiceQueue, default_model
 from controller.simulate.load import LoadShape, peak_factor, poisson
+from controller.simulate.peers import HpaPriority, KedaPriority, Peer
 from controller.simulate.telemetry import PoolMeter, Telemetry, running_replicas
 from policies.decisions import Decision
 from policies.engine import Engine
@@ -68,14 +81,32 @@ from streams.recording import RecordingWriter
 
 __all__ = ["CONTROLLERS", "Bench", "RunFigures", "SimulateSettings", "run_controller"]
 
-Controller = Literal["ebbtide", "polling", "static"]
-CONTROLLERS: Final[tuple[Controller, ...]] = ("ebbtide", "polling", "static")
+Controller = Literal["ebbtide", "hpa-priority", "keda-priority", "static", "polling"]
+CONTROLLERS: Final[tuple[Controller, ...]] = (
+    "ebbtide",
+    "hpa-priority",
+    "keda-priority",
+    "static",
+    "polling",
+)
 #: Simulated seconds static partitioning's plan gets to settle before ``T_0``.
 SETTLE_S: Final = 120.0
 #: Ticks between progress reports (a terminal's bar; a day at 1 s ticks is 86,400).
 PROGRESS_EVERY: Final = 600
 _DONE: Final = frozenset({Outcome.APPLIED, Outcome.IN_PROGRESS})
-_BASELINE_NAMES: Final = {"polling": "polling-autoscaler", "static": "static-partitioning"}
+_BASELINE_NAMES: Final = {
+    "polling": "polling-autoscaler",
+    "static": "static-partitioning",
+    "hpa-priority": "hpa-priority",
+    "keda-priority": "keda-priority",
+}
+LABELS: Final[dict[str, str]] = {
+    "ebbtide": "Ebbtide (event-driven)",
+    "hpa-priority": HpaPriority.label,
+    "keda-priority": KedaPriority.label,
+    "static": "static partitioning (peak-sized)",
+    "polling": PollingAutoscaler.label,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +132,10 @@ class Bench:
     models: Mapping[str, ServiceModel]
     workloads: Mapping[str, str]
     """Workload key -> policy service key, for services with a model."""
+    inference_outranks_training: bool = False
+    """Every service's workload has a higher priority than every training workload."""
+    preemption: bool = True
+    """The scheduler preempts by PriorityClass in every run but ``polling``."""
 
     @property
     def start(self) -> float:
@@ -130,44 +165,10 @@ class Bench:
                 key, objective_ms=svc.slo.objective_ms, initial_replicas=wl.replicas
             )
             workloads[wl.key] = key
-        return cls(scenario, policy, make_shape(start), settings, models, workloads)
-
-
-@dataclass(frozen=True, slots=True)
-class RunFigures:
-    """One row of ``--compare``."""
-
-    controller: str
-    policy: str
-    slo_attainment: float | None
-    """Ticks within objective / evaluated ticks, over every service."""
-    mean_gpu_util_pct: float | None
-    """Mean over ticks of the mean utilization of every physical GPU: each GPU weighs the
-    same, a MIG GPU as the mean of its instances (a pool's figure weighs each instance)."""
-    training_gpu_hours: float
-    evictions: int
-    mig_conversions: int
-    scale_actions: int
-    events: int
-    wall_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "controller": self.controller,
-            "policy": self.policy,
-            "slo_attainment": self.slo_attainment,
-            "mean_gpu_util_pct": _r(self.mean_gpu_util_pct),
-            "training_gpu_hours": round(self.training_gpu_hours, 3),
-            "evictions": self.evictions,
-            "mig_conversions": self.mig_conversions,
-            "scale_actions": self.scale_actions,
-            "events": self.events,
-            "wall_s": round(self.wall_s, 2),
-        }
-
-
-def _r(v: float | None) -> float | None:
-    return None if v is None else round(v, 3)
+        serving = [w.priority for w in snap.workloads if w.key in workloads]
+        training = [v.workload.priority for v in inv.training.values()]
+        outranks = bool(serving and training) and min(serving) > max(training)
+        return cls(scenario, policy, make_shape(start), settings, models, workloads, outranks)
 
 
 def _renamed(policy: Policy, name: str) -> Policy:
@@ -200,8 +201,9 @@ class _Loop:
         policy = bench.policy
         start = self.t0 - SETTLE_S if controller == "static" else self.t0
         self.sim = SimCluster.from_scenario(bench.scenario, start=start, policy=policy)
+        self.sim.preemption = bench.preemption and controller != "polling"
         self.apply: Callable[[Sequence[Decision]], Coroutine[Any, Any, list[ActionResult]]]
-        self.polling: PollingAutoscaler | None = None
+        self.peer: Peer | None = None
         if controller == "ebbtide":
             self.meter = Engine(policy)
             gate = SafetyGate(policy, clock=lambda: self.sim.now, ledger=self.meter.ledger)
@@ -212,7 +214,11 @@ class _Loop:
             self.meter = Engine(summary_policy)
             self.apply = self.sim.apply
             if controller == "polling":
-                self.polling = PollingAutoscaler(policy, start=self.t0)
+                self.peer = PollingAutoscaler(policy, start=self.t0)
+            elif controller == "hpa-priority":
+                self.peer = HpaPriority(policy, start=self.t0)
+            elif controller == "keda-priority":
+                self.peer = KedaPriority(policy, start=self.t0)
         self.summary = Summary.for_policy(summary_policy, summary_policy.sha256(), self.dt)
         self.services = [
             (key, acc, policy.spec.services[key.split("/", 1)[1]].slo.percentile / 100.0)
@@ -247,6 +253,11 @@ class _Loop:
         self.util_ticks = 0
         self.training_gpu_s = 0.0
         self.events = 0
+        self.worst = WorstWindow(self.t0, {key: q for key, _, q in self.services})
+        self.goodput: Goodput | None = None
+        self.preempted_before = 0
+        self.preempted_seen = 0
+        self.timeline.channel("preempted", "sum")
         for key, _, _ in self.services:
             self.timeline.channel(f"p:{key}", "max")
         for name, _ in pools:
@@ -274,8 +285,8 @@ class _Loop:
         self.events += 1
         if self.controller == "ebbtide" or type(ev) is InferenceLatency:
             self.meter.observe(ev)
-        if self.polling is not None:
-            self.polling.observe(ev)
+        if self.peer is not None:
+            self.peer.observe(ev)
         if self.recorder is not None:
             ts_ms = round(ev.time * 1000)
             self.recorder.write(
@@ -335,6 +346,7 @@ class _Loop:
             )
             rho[key] = queue.rho
             if samples:
+                self.worst.add(key, now, samples)
                 ns, _, name = key.partition("/")
                 self._emit(InferenceLatency(ts=now, service=name, namespace=ns, samples_ms=samples))
         if k % self.util_every == 0:
@@ -349,11 +361,11 @@ class _Loop:
         self.sim.advance(now)
         snap = self._refresh()
         decisions = self.meter.evaluate(now, snap)
-        if self.polling is not None:
-            decisions = self.polling.evaluate(now, snap)
+        if self.peer is not None:
+            decisions = self.peer.evaluate(now, snap)
         if decisions:
             results = self.runner.run(self.apply(decisions))
-            if self.polling is None:
+            if self.controller == "ebbtide":
                 feed_back(self.meter, results, now=now)
             self._write(results, count=True, bucket=bucket)
             self._refresh()
@@ -386,6 +398,12 @@ class _Loop:
                 tl.add(f"use:{name}:{u}", bucket, v)
             summary.pools[name].tick(util, uses)
         self.training_gpu_s += sum(u.training for u in usage.values()) * self.dt
+        if self.goodput is not None:
+            self.goodput.update()
+        preempted = self.sim.preemptions - self.preempted_before - self.preempted_seen
+        if preempted:
+            self.preempted_seen += preempted
+            self.timeline.add("preempted", bucket, float(preempted))
         if self.cluster_util is not None:
             self.util_sum += self.cluster_util
             self.util_ticks += 1
@@ -398,6 +416,13 @@ class _Loop:
         """All ticks; ``progress`` gets the simulated seconds done every
         :data:`PROGRESS_EVERY` ticks."""
         self.setup()
+        self.preempted_before = self.sim.preemptions  # static's settling is not measured
+        self.goodput = Goodput(
+            self.sim,
+            checkpoints=self.bench.scenario.checkpoints(),
+            training_selector=self.telemetry.training_selector,
+            start=self.t0,
+        )
         for k in range(self.ticks):
             self.tick(k)
             if progress is not None and k % PROGRESS_EVERY == 0:
@@ -405,25 +430,54 @@ class _Loop:
         end = self.t0 + self.ticks * self.dt
         for _, acc, _ in self.services:
             acc.close(end)
+        self.worst.flush()
         self.summary.accepted = self.events
         m = self.meter
         self.summary.engine = {"observed": m.observed, "late": m.late, "unknown_service": m.unknown}
 
     def figures(self, wall_s: float) -> RunFigures:
-        accs = self.summary.services.values()
-        evaluated = sum(a.evaluated for a in accs)
+        accs = self.summary.services
+        evaluated = sum(a.evaluated for a in accs.values())
         by = self.summary.by_action_outcome
+        lost = self.goodput.lost_gpu_s / 3600.0 if self.goodput is not None else 0.0
+        trained = self.training_gpu_s / 3600.0
+        worst = [w for w in self.worst.worst.values() if w is not None]
+        services = {
+            key: {
+                "slo_attainment": a.within / a.evaluated if a.evaluated else None,
+                "breach_minutes": round((a.evaluated - a.within) * self.dt / 60.0, 3),
+                "p99_worst_5min_ms": self.worst.worst.get(key),
+            }
+            for key, a in accs.items()
+        }
+        applied = Outcome.APPLIED.value
+        actions = sum(
+            n for (_, outcome), n in by.items() if outcome in (applied, Outcome.IN_PROGRESS.value)
+        )
+        preempting = self.sim.preemption
+        label = LABELS[self.controller]
+        if self.controller == "ebbtide":
+            label += " + priority preemption" if preempting else ", no preemption"
         return RunFigures(
             controller=self.controller,
+            label=label,
             policy=self.summary.policy.metadata.name,
-            slo_attainment=sum(a.within for a in accs) / evaluated if evaluated else None,
+            preemption=preempting,
+            slo_attainment=sum(a.within for a in accs.values()) / evaluated if evaluated else None,
+            breach_minutes=sum((a.evaluated - a.within) for a in accs.values()) * self.dt / 60.0,
+            p99_worst_5min_ms=max(worst) if worst else None,
             mean_gpu_util_pct=self.util_sum / self.util_ticks if self.util_ticks else None,
-            training_gpu_hours=self.training_gpu_s / 3600.0,
-            evictions=by["evict", Outcome.APPLIED.value],
+            training_gpu_hours=trained,
+            training_goodput_gpu_hours=trained - lost,
+            training_lost_gpu_hours=lost,
+            actions=actions,
+            evictions=by["evict", applied],
+            preemptions=self.sim.preemptions - self.preempted_before,
             mig_conversions=sum(by["mig_convert", o.value] for o in _DONE),
-            scale_actions=by["scale", Outcome.APPLIED.value],
+            scale_actions=by["scale", applied],
             events=self.events,
             wall_s=wall_s,
+            services=services,
         )
 
 

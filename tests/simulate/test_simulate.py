@@ -14,7 +14,14 @@ from controller.cli.replay import replay_command
 from controller.cli.simulate import simulate
 from controller.replay.report import FIGURES_ID
 from controller.sim import load_scenario
-from controller.simulate import Bench, Burst, Diurnal, SimulateSettings, run_controller
+from controller.simulate import (
+    CONTROLLERS,
+    Bench,
+    Burst,
+    Diurnal,
+    SimulateSettings,
+    run_controller,
+)
 from policies.loader import load_policy_text
 from streams.events import GpuUtilization, InferenceLatency, Rejection
 from streams.recording import read_events, read_header
@@ -40,7 +47,8 @@ def test_compare_ebbtide_beats_polling_on_slo_and_static_on_utilization(
     compared: tuple[Path, Result],
 ) -> None:
     """On the small scenario with a x6 burst: Ebbtide's SLO attainment is above the polling
-    autoscaler's, and its mean GPU utilization above static partitioning's."""
+    autoscaler's (no preemption), and its mean GPU utilization above static partitioning's.
+    (Against hpa-priority it does not win here: see BENCHMARKS.md.)"""
     out, result = compared
     print(result.output)
     runs = {r["controller"]: r for r in json.loads((out / "compare.json").read_text())["runs"]}
@@ -56,6 +64,66 @@ def test_compare_ebbtide_beats_polling_on_slo_and_static_on_utilization(
     assert static["scale_actions"] == 0
     assert "SLO attainment" in result.output
     assert "static partitioning" in result.output
+
+
+RUN_FIELDS = {
+    "controller",
+    "label",
+    "policy",
+    "preemption",
+    "slo_attainment",
+    "breach_minutes",
+    "p99_worst_5min_ms",
+    "training_gpu_hours",
+    "training_goodput_gpu_hours",
+    "training_lost_gpu_hours",
+    "mean_gpu_util_pct",
+    "actions",
+    "evictions",
+    "preemptions",
+    "scale_actions",
+    "services",
+}
+
+
+def test_compare_json_has_a_run_per_peer_with_every_field(compared: tuple[Path, Result]) -> None:
+    """compare.json's runs[] holds ebbtide and every peer, each with the issue's fields, the
+    same scheduler (preemption) for all but polling, and goodput never above GPU-hours."""
+    out, result = compared
+    doc = json.loads((out / "compare.json").read_text())
+    runs = {r["controller"]: r for r in doc["runs"]}
+    assert list(runs) == list(CONTROLLERS)
+    assert doc["inference_outranks_training"] is True
+    for name, r in runs.items():
+        assert set(r) >= RUN_FIELDS, name
+        assert r["preemption"] is (name != "polling")
+        assert r["training_goodput_gpu_hours"] <= r["training_gpu_hours"]
+        assert set(r["services"]) == set(doc["services"])
+        assert r["label"] in result.output or name in result.output
+    assert "no preemption" in runs["polling"]["label"]
+    assert runs["hpa-priority"]["preemptions"] > 0  # its scale-ups displaced training
+    assert runs["polling"]["preemptions"] == 0
+    assert runs["static"]["actions"] == 0
+
+
+def test_one_comparison_report_puts_every_run_on_one_time_axis(
+    compared: tuple[Path, Result],
+) -> None:
+    """compare.html holds one figure of kind comparison: every run's traces in every panel, all
+    on the single x axis with the same bucket times."""
+    out, _ = compared
+    page = (out / "compare.html").read_text()
+    start = page.index(f'id="{FIGURES_ID}">') + len(f'id="{FIGURES_ID}">')
+    figures = json.loads(page[start : page.index("</script>", start)])
+    [fig] = figures
+    assert fig["kind"] == "comparison"
+    assert fig["runs"] == list(CONTROLLERS)
+    traces = [t for t in fig["data"] if t.get("legendgroup")]
+    assert {t["legendgroup"] for t in traces} == set(CONTROLLERS)
+    assert {t["xaxis"] for t in fig["data"]} == {"x"}
+    assert len(traces) == len(CONTROLLERS) * len(fig["panels"])
+    assert len({tuple(t["x"]) for t in traces}) == 1
+    assert [k for k in fig["layout"] if k.startswith("xaxis")] == ["xaxis"]
 
 
 def _keys(value: Any, prefix: str = "") -> set[str]:
@@ -91,17 +159,17 @@ def test_outputs_are_replays_and_parse(compared: tuple[Path, Result], tmp_path: 
     mine = json.loads((out / "summary.json").read_text())
     theirs = json.loads((replayed / "summary.json").read_text())
     assert _keys(mine) == _keys(theirs)
-    for where in (out, out / "baseline-polling", out / "baseline-static"):
-        assert {"summary.json", "decisions.jsonl", "report.html"} <= {
-            p.name for p in where.iterdir()
-        }
+    peers = [out / f"baseline-{c}" for c in CONTROLLERS if c != "ebbtide"]
+    for where in (out, *peers):
+        assert {"summary.json", "decisions.jsonl"} <= {p.name for p in where.iterdir()}
+        assert (where == out) == (where / "report.html").exists()  # one report per run: no
         for line in (where / "decisions.jsonl").read_text().splitlines():
             d = json.loads(line)
             assert {"ts", "action", "target", "rule", "reason", "inputs", "applied"} <= set(d)
-        page = (where / "report.html").read_text()
-        assert f'id="{FIGURES_ID}"' in page
-        for kind in ("latency", "utilization", "gpus-by-use", "actions"):
-            assert f'"kind": "{kind}"' in page or f'"kind":"{kind}"' in page
+    page = (out / "report.html").read_text()
+    assert f'id="{FIGURES_ID}"' in page
+    for kind in ("latency", "utilization", "gpus-by-use", "actions"):
+        assert f'"kind": "{kind}"' in page or f'"kind":"{kind}"' in page
     assert mine["slo"]["serving/chat"]["breaches_total"] >= 1
     assert mine["actions"]["by_type"]["scale"] >= 2
 

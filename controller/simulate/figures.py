@@ -1,0 +1,112 @@
+"""What ``--compare`` reports per run: one :class:`RunFigures` row of ``compare.json``.
+
+Definitions (``compare.json`` and the comparison report use exactly these):
+
+* ``slo_attainment``: ticks within objective / evaluated ticks, over every service (the engine's
+  windowed percentile, as ``summary.json``); ``breach_minutes``: evaluated ticks above the
+  objective, summed over services, in minutes.
+* ``p99_worst_5min_ms``: the requests are cut into 5-minute windows from the run's start; for
+  each service and window the percentile of the service's SLO (P99) over *every request* in it
+  (not windowed: the raw latencies); the worst over windows, per service and over all.
+* ``training_gpu_hours``: whole GPUs held by training pods, integrated over the run;
+  ``training_goodput_gpu_hours``: that minus ``training_lost_gpu_hours``, the work lost since
+  the last checkpoint at each eviction, preemption or shrink (:mod:`.goodput`).
+* ``mean_gpu_util_pct``: mean over ticks of the mean utilization of every physical GPU.
+* ``actions``: the controller's applied actions (scale, evict, MIG); ``preemptions``: pods the
+  *scheduler* preempted (not an action of the controller; the same scheduler for every run but
+  ``polling``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RunFigures", "WorstWindow"]
+
+
+class WorstWindow:
+    """The worst percentile of the raw request latencies over tumbling windows (module doc)."""
+
+    def __init__(self, start: float, quantiles: Mapping[str, float], window_s: float = 300.0):
+        self.start = start
+        self.window_s = window_s
+        self.quantiles = dict(quantiles)
+        self.worst: dict[str, float | None] = dict.fromkeys(quantiles)
+        self._slot = 0
+        self._values: dict[str, list[float]] = {k: [] for k in quantiles}
+
+    def add(self, key: str, at: float, samples: Sequence[float]) -> None:
+        """Requests of ``key`` completed at ``at`` (non-decreasing over calls)."""
+        slot = math.floor((at - self.start) / self.window_s)
+        if slot != self._slot:
+            self.flush()
+            self._slot = slot
+        self._values[key].extend(samples)
+
+    def flush(self) -> None:
+        """Close the current window."""
+        for key, values in self._values.items():
+            if not values:
+                continue
+            values.sort()
+            p = values[math.floor(self.quantiles[key] * (len(values) - 1))]
+            w = self.worst[key]
+            self.worst[key] = p if w is None else max(w, p)
+            values.clear()
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+@dataclass(frozen=True, slots=True)
+class RunFigures:
+    """One row of ``--compare`` (module docstring)."""
+
+    controller: str
+    label: str
+    policy: str
+    preemption: bool
+    """Whether the run's scheduler preempted lower PriorityClasses."""
+    slo_attainment: float | None
+    breach_minutes: float
+    p99_worst_5min_ms: float | None
+    mean_gpu_util_pct: float | None
+    training_gpu_hours: float
+    training_goodput_gpu_hours: float
+    training_lost_gpu_hours: float
+    actions: int
+    evictions: int
+    preemptions: int
+    mig_conversions: int
+    scale_actions: int
+    events: int
+    wall_s: float
+    services: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Per service: attainment, breach minutes, worst 5-minute percentile."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "controller": self.controller,
+            "label": self.label,
+            "policy": self.policy,
+            "preemption": self.preemption,
+            "slo_attainment": self.slo_attainment,
+            "breach_minutes": round(self.breach_minutes, 3),
+            "p99_worst_5min_ms": _r(self.p99_worst_5min_ms),
+            "mean_gpu_util_pct": _r(self.mean_gpu_util_pct),
+            "training_gpu_hours": round(self.training_gpu_hours, 3),
+            "training_goodput_gpu_hours": round(self.training_goodput_gpu_hours, 3),
+            "training_lost_gpu_hours": round(self.training_lost_gpu_hours, 3),
+            "actions": self.actions,
+            "evictions": self.evictions,
+            "preemptions": self.preemptions,
+            "mig_conversions": self.mig_conversions,
+            "scale_actions": self.scale_actions,
+            "events": self.events,
+            "wall_s": round(self.wall_s, 2),
+            "services": {k: dict(v) for k, v in self.services.items()},
+        }
