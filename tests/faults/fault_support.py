@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 from confluent_kafka import KafkaError, Message, Producer
 
 from support.e2e import ControllerProcess, World
@@ -23,7 +23,6 @@ __all__ = [
     "LATENCY",
     "SteadyStream",
     "applied",
-    "committed",
     "evictions",
     "inconsistencies",
     "kill",
@@ -91,16 +90,6 @@ class SteadyStream:
         self._stop.set()
         self._thread.join(5)
         assert self._producer.flush(flush_s) == 0, "messages left undelivered"
-
-
-async def committed(world: World, group: str, topic: str = LATENCY) -> int:
-    """The committed offset of ``group`` on partition 0 of ``topic`` (0 when none)."""
-    reader = AIOKafkaConsumer(bootstrap_servers=world.broker.bootstrap, group_id=group)
-    await reader.start()
-    try:
-        return (await reader.committed(TopicPartition(topic, 0))) or 0
-    finally:
-        await reader.stop()
 
 
 async def topic_messages(

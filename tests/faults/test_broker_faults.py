@@ -18,7 +18,6 @@ from fault_support import (
     LATENCY,
     SteadyStream,
     applied,
-    committed,
     repeated,
     topic_messages,
     writes,
@@ -54,14 +53,14 @@ async def test_broker_sigkill_mid_stream_loses_nothing_and_repeats_nothing(
     assert (stream.errors, stream.acked) == ([], stream.produced)
 
     # Nothing lost: every produced event is in the log, and the controller applied the log to
-    # its end (a killed broker can leave a hole of offsets, so the end is not the count).
+    # its end: no lag left (its position is the log's end; it keeps no group offsets, see
+    # docs/limits.md) and at least as many events accepted as the log holds (a killed broker
+    # can leave a hole of offsets, so the end offset is not the count).
     log = await topic_messages(world, LATENCY)
     assert {json.loads(value)["seq"] for _, value in log} == set(range(stream.produced))
-    end = log[-1][0] + 1
     await eventually(lambda: controller.metric("ebbtide_consumer_lag", topic=LATENCY) == 0, 15)
     assert controller.metric("ebbtide_events_accepted_total", topic=LATENCY) >= len(log)
     assert controller.stop() == 0
-    assert await committed(world, "ebbtide-durable") == end
 
     # Nothing repeated: each applied action is distinct, and so is each write the API saw.
     done = applied([controller])

@@ -1,5 +1,5 @@
 """The controller SIGKILLed at random points during a burst of decisions, and during a MIG
-conversion, then restarted in the same consumer group with the same identity."""
+conversion, then restarted with the same identity."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ the scale-up whose GPUs a PodDisruptionBudget kept from being freed."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -43,6 +44,7 @@ async def test_a_scale_up_refused_for_want_of_freed_gpus_writes_an_event(
                                  samples_ms=[900.0] * 50)
             )  # fmt: skip
             results = await controller.evaluate_once()
+            await asyncio.sleep(0.1)  # a pace, as the controller's own loop has: renewals run
             refused = [
                 r
                 for r in results
