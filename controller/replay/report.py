@@ -285,6 +285,19 @@ def _json_script(element_id: str, value: Any) -> str:
     return f'<script type="application/json" id="{element_id}">{text}</script>'
 
 
+def _plots(figures: list[dict[str, Any]]) -> str:
+    """The figures as JSON and the script that draws each into its element (plotly inlined)."""
+    return (
+        _json_script(FIGURES_ID, figures)
+        + f"""
+<script>
+for (const f of JSON.parse(document.getElementById("{FIGURES_ID}").textContent)) {{
+  Plotly.newPlot(f.id, f.data, f.layout, {{responsive: true, displaylogo: false}});
+}}
+</script>"""
+    )
+
+
 def render_report(result: ReplayResult) -> str:
     """The whole page: summary tables, every figure, plotly.js inlined."""
     s = result.summary.to_dict()
@@ -370,12 +383,7 @@ Events: {ev["total"]} total, {ev["accepted"]} accepted, {ev["rejected"]} rejecte
 <h2>Decisions</h2>
 {decisions}
 {more}
-{_json_script(FIGURES_ID, figures)}
-<script>
-for (const f of JSON.parse(document.getElementById("{FIGURES_ID}").textContent)) {{
-  Plotly.newPlot(f.id, f.data, f.layout, {{responsive: true, displaylogo: false}});
-}}
-</script>
+{_plots(figures)}
 </body>
 </html>
 """
@@ -547,12 +555,7 @@ th, td {{ border: 1px solid #ccc; padding: 0.3em 0.8em; text-align: left; }}
 <p>Definitions: <code>controller/simulate/figures.py</code>; goodput model:
 <code>controller/simulate/goodput.py</code>.</p>
 <div id="{figure["id"]}" class="fig"></div>
-{_json_script(FIGURES_ID, [figure])}
-<script>
-for (const f of JSON.parse(document.getElementById("{FIGURES_ID}").textContent)) {{
-  Plotly.newPlot(f.id, f.data, f.layout, {{responsive: true, displaylogo: false}});
-}}
-</script>
+{_plots([figure])}
 </body>
 </html>
 """
