@@ -10,16 +10,23 @@ from controller.sim.placement import NodeRec, PodRec, preemption_plan
 from policies.snapshot import Node, Pod, SnapshotBuilder
 
 
-def busy_cluster(*, preemption: bool = True) -> SimCluster:
-    """w0 holds low-a (1 GPU), low-b (1), mid (2); w1 holds mid2 (2), low-c (2): both full; a
-    serving workload (priority 1000, 2 GPUs per replica) at 0 replicas."""
-    b = (
+def two_nodes() -> SnapshotBuilder:
+    """Priority classes low (10), mid (100), high (1000) and two empty 4-GPU whole nodes."""
+    return (
         SnapshotBuilder()
         .priority_class("low", 10)
         .priority_class("mid", 100)
         .priority_class("high", 1000)
         .node("w0", gpus=4, labels=WHOLE)
         .node("w1", gpus=4, labels=WHOLE)
+    )
+
+
+def busy_cluster(*, preemption: bool = True) -> SimCluster:
+    """w0 holds low-a (1 GPU), low-b (1), mid (2); w1 holds mid2 (2), low-c (2): both full; a
+    serving workload (priority 1000, 2 GPUs per replica) at 0 replicas."""
+    b = (
+        two_nodes()
         .pod("ml", "low-a", node="w0", gpus=1, priority=10, labels=TRAINING)
         .pod("ml", "low-b", node="w0", gpus=1, priority=10, labels=TRAINING)
         .pod("ml", "mid", node="w0", gpus=2, priority=100, labels=TRAINING)
@@ -144,12 +151,7 @@ async def test_what_a_nominated_pod_will_take_is_not_free_to_less_important_pods
     nominated to w0. A low-priority pod created meanwhile may not take the free GPU (kube
     counts the nominee as if running), so the serving pod lands on w0 when its victim is gone."""
     b = (
-        SnapshotBuilder()
-        .priority_class("low", 10)
-        .priority_class("mid", 100)
-        .priority_class("high", 1000)
-        .node("w0", gpus=4, labels=WHOLE)
-        .node("w1", gpus=4, labels=WHOLE)
+        two_nodes()
         .pod("ml", "x", node="w0", gpus=1, priority=10, labels=TRAINING)
         .pod("ml", "m0", node="w0", gpus=2, priority=100, labels=TRAINING)
         .pod("ml", "m1", node="w1", gpus=4, priority=100, labels=TRAINING)
