@@ -53,6 +53,7 @@ def _print_summary(result: ReplayResult, report: Path) -> None:
             f"  {key}: P{v['percentile']:g} <= {v['objective_ms']:g}ms attained {att}; "
             f"{v['breaches_total']} breaches, {format_duration(v['breach_seconds'])} in breach"
         )
+    click.echo(f"  latency {s['latency']}")
     listed = ev["rejected_lines"]
     for entry in listed[:PRINTED_REJECTIONS]:
         click.echo(f"  rejected line {entry['line']}: {entry['reason'][:160]}")

@@ -371,6 +371,7 @@ th, td {{ border: 1px solid #ccc; padding: 0.3em 0.8em; text-align: left; }}
 Events: {ev["total"]} total, {ev["accepted"]} accepted, {ev["rejected"]} rejected ({e(rejected)}).
 </p>
 <h2>SLOs</h2>
+<p>Latency {e(s["latency"])}.</p>
 {_table(["service", "objective", "attainment", "breach seconds", "breaches"], slo_rows)}
 <h2>Actions</h2>
 {_table(["action", "count", "outcomes"], action_rows)}

@@ -38,7 +38,15 @@ from typing import Any, Final
 
 from policies.model import Policy
 
-__all__ = ["MAX_BREACHES", "Breach", "PoolAccount", "ServiceAccount", "Summary"]
+__all__ = [
+    "MAX_BREACHES",
+    "MODELLED",
+    "RECORDED",
+    "Breach",
+    "PoolAccount",
+    "ServiceAccount",
+    "Summary",
+]
 
 MAX_BREACHES: Final = 1000
 USES: Final = ("inference", "training", "idle", "mig", "reconfiguring")
@@ -145,6 +153,19 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+#: Replay is open loop: the latencies are the recording's whatever the policy decides, so its
+#: attainment is the recorded one, the same for every policy.
+RECORDED: Final = (
+    "as recorded: replay is open loop, so attainment is what the recording shows whatever the "
+    "policy decides (ebbtide simulate closes the loop)"
+)
+#: Simulate closes the loop: latencies come from a queueing model of the replicas it runs.
+MODELLED: Final = (
+    "modelled: a queueing model of the replicas the controller runs (closed loop, see "
+    "controller/simulate/latency.py)"
+)
+
+
 @dataclass(slots=True)
 class Summary:
     """Everything ``summary.json`` reports, accumulated during the replay."""
@@ -166,6 +187,8 @@ class Summary:
     notes: tuple[str, ...] = ()
     rejected_lines: list[tuple[int, str]] = field(default_factory=list)
     """The first rejected lines of the recording: ``(line number, "code: detail")``."""
+    latency: str = RECORDED
+    """Where the latencies attainment is computed from (:data:`RECORDED` or :data:`MODELLED`)."""
 
     @classmethod
     def for_policy(cls, policy: Policy, sha256: str, dt: float) -> Summary:
@@ -211,6 +234,7 @@ class Summary:
                 "ticks": self.ticks,
             },
             "slo": {key: acc.to_dict(dt) for key, acc in self.services.items()},
+            "latency": self.latency,
             "actions": {
                 "total": sum(self.actions.values()),
                 "by_type": {a: self.actions[a] for a in ACTIONS},

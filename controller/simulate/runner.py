@@ -58,7 +58,7 @@ from controller.replay.runner import (
     count_action,
     decision_line,
 )
-from controller.replay.summary import USES, Summary
+from controller.replay.summary import MODELLED, USES, Summary
 from controller.replay.timeline import Timeline
 from controller.safety import SafetyGate
 from controller.sim import EPOCH, Scenario, SimCluster
@@ -220,6 +220,7 @@ class _Loop:
             elif controller == "keda-priority":
                 self.peer = KedaPriority(policy, start=self.t0)
         self.summary = Summary.for_policy(summary_policy, summary_policy.sha256(), self.dt)
+        self.summary.latency = MODELLED
         self.services = [
             (key, acc, policy.spec.services[key.split("/", 1)[1]].slo.percentile / 100.0)
             for key, acc in self.summary.services.items()

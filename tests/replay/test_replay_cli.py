@@ -30,6 +30,10 @@ def test_replay_of_the_sample_writes_every_output(tmp_path: Path) -> None:
     assert len(summary["policy"]["sha256"]) == 64
     assert "serving/chat" in result.output
     assert result.output.rstrip().endswith(f"report: {out / 'report.html'}")
+    # Open loop: the attainment is the recording's, and every output says so.
+    assert summary["latency"].startswith("as recorded: replay is open loop")
+    assert "latency as recorded" in result.output
+    assert "Latency as recorded" in (out / "report.html").read_text()
 
 
 def test_missing_recording_is_a_one_line_error(tmp_path: Path) -> None:

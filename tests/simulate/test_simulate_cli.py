@@ -64,6 +64,7 @@ def test_report_title_utilization_weighting_and_progress(
     page = (tmp_path / "out" / "report.html").read_text()
     assert "<title>Ebbtide simulate: balanced</title>" in page
     assert "<h1>Ebbtide simulate</h1>" in page
+    assert "Latency modelled: a queueing model" in page  # closed loop, not as recorded
     overall = re.search(r"all GPUs: mean utilization ([\d.]+)% \(each physical GPU", output)
     assert overall is not None
     ebbtide_row = next(ln for ln in output.splitlines() if ln.startswith("ebbtide "))
