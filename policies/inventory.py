@@ -94,7 +94,7 @@ class Inventory:
             if pod.holds_gpus and pod.node is not None:
                 self.pods_by_node.setdefault(pod.node, []).append(pod)
                 held[pod.node] = held.get(pod.node, 0) + pod.gpus
-            elif pod.node is None and pod.phase == "Pending" and pod.gpus > 0:
+            elif pod.waiting and pod.gpus > 0:
                 self.pending_whole.append(pod)
 
         self.capacity: dict[str, int] = {}
@@ -116,9 +116,7 @@ class Inventory:
             inference_workloads.add(wkey)
             self.service_workload[key] = self.workloads.get(wkey)
             self.service_pending_gpus[key] = sum(
-                p.gpus
-                for p in self.pods_by_workload.get(wkey, ())
-                if p.node is None and p.phase == "Pending"
+                p.gpus for p in self.pods_by_workload.get(wkey, ()) if p.waiting
             )
 
         # training

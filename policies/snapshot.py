@@ -155,10 +155,18 @@ class Pod:
     annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     created: float = 0.0
     """Creation time, epoch seconds."""
+    gated: bool = False
+    """Held by a scheduling gate (``spec.schedulingGates``, e.g. Kueue's admission gate): the
+    scheduler will not place it until the gate is lifted, so it is nobody's demand yet."""
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def waiting(self) -> bool:
+        """Pending, unbound and free to be scheduled: demand for GPUs."""
+        return self.node is None and self.phase == "Pending" and not self.gated
 
     @property
     def holds_gpus(self) -> bool:
@@ -274,6 +282,7 @@ class SnapshotBuilder:
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
         created: float = 0.0,
+        gated: bool = False,
     ) -> SnapshotBuilder:
         """A pod; ``phase`` defaults to Running on a node and Pending without one."""
         self._pods.append(
@@ -290,6 +299,7 @@ class SnapshotBuilder:
                 frozen_map(labels),
                 frozen_map(annotations),
                 created,
+                gated,
             )
         )
         return self

@@ -366,6 +366,7 @@ def pod_from(obj: Obj, *, priorities: Priorities, kinds: Sequence[WorkloadKind])
         labels=frozen_map(meta.get("labels")),
         annotations=frozen_map(meta.get("annotations")),
         created=_epoch(meta.get("creationTimestamp")),
+        gated=bool(spec.get("schedulingGates")),
     )
 
 

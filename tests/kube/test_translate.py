@@ -562,6 +562,18 @@ def test_pod_fields() -> None:
 
 
 @pytest.mark.parametrize(
+    ("gates", "gated"), [([], False), ([{"name": "kueue.x-k8s.io/admission"}], True)]
+)
+def test_a_scheduling_gate_is_seen(gates: list[dict[str, str]], gated: bool) -> None:
+    """A pod held by spec.schedulingGates (Kueue's admission gate) is marked gated."""
+    obj = PodObj("ml", "p").container(1).obj()
+    obj["spec"]["schedulingGates"] = gates
+    got = pod_from(obj, priorities=Priorities(), kinds=KINDS)
+    assert got is not None
+    assert got.gated is gated
+
+
+@pytest.mark.parametrize(
     ("pod", "kept"),
     [
         pytest.param(Pod("ml", "p", gpus=1), True, id="whole-gpus"),

@@ -92,18 +92,26 @@ def test_second_conversion_after_first_done() -> None:
     assert [d.target for d in later if isinstance(d, MigConvert)] == ["w1"]
 
 
-def test_revert_on_sustained_whole_card_demand() -> None:
-    """Pods pending for whole GPUs beyond free capacity for revertAfter revert one MIG node."""
+@pytest.mark.parametrize(
+    ("gated", "want"),
+    [
+        pytest.param(False, [(120, "m0")], id="waiting-pod-is-demand"),
+        pytest.param(True, [], id="gated-pod-is-not-demand"),
+    ],
+)
+def test_revert_on_sustained_whole_card_demand(gated: bool, want: list[tuple[int, str]]) -> None:
+    """Pods pending for whole GPUs beyond free capacity for revertAfter revert one MIG node; a
+    pod a scheduling gate holds (Kueue has not admitted it) is no demand and reverts nothing."""
     engine = Engine(make_policy())
     b = cluster(whole_nodes=1, gpus=8, mig_nodes=2)
     training(b, "busy", replicas=7, nodes=["w0"])
-    b.pod("ml", "waiting", gpus=4, labels={"ebbtide.io/class": "training"})
+    b.pod("ml", "waiting", gpus=4, labels={"ebbtide.io/class": "training"}, gated=gated)
     snap = b.build()
     reverts: list[tuple[float, MigRevert]] = []
     for s in range(0, 200, 10):
         reverts += [(s, d) for d in engine.evaluate(T0 + s, snap) if isinstance(d, MigRevert)]
-    assert [(s, d.target) for s, d in reverts] == [(120, "m0")]
-    assert reverts[0][1].profile == "all-1g.10gb"
+    assert [(s, d.target) for s, d in reverts] == want
+    assert all(d.profile == "all-1g.10gb" for _, d in reverts)
 
 
 def test_no_revert_when_demand_fits() -> None:
