@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from controller.simulate.latency import ServiceModel
+from controller.simulate.peers.prometheus import PrometheusQuantile
 from policies.decisions import Decision, Explanation, Scale
 from policies.inventory import Inventory
 from policies.model import Policy, ServiceSpec
@@ -165,8 +166,11 @@ class PollingAutoscaler:
             for name, s in sorted(policy.spec.services.items())
             if s.scale is not None and s.replicas is not None
         }
-        self._samples: dict[str, deque[tuple[float, Sequence[float]]]] = {
-            k: deque() for k in self._services
+        self._samples: dict[str, PrometheusQuantile] = {
+            k: PrometheusQuantile(
+                start=start, quantile=spec.slo.percentile / 100.0, window_s=window_s
+            )
+            for k, (_, spec) in self._services.items()
         }
         self._recommendations: dict[str, deque[tuple[float, int]]] = {
             k: deque() for k in self._services
@@ -177,21 +181,13 @@ class PollingAutoscaler:
         """Keep the latency samples the delayed metric will be computed from."""
         if type(event) is not InferenceLatency or event.samples_ms is None:
             return
-        ring = self._samples.get(event.key)
-        if ring is not None:
-            ring.append((event.time, event.samples_ms))
+        samples = self._samples.get(event.key)
+        if samples is not None:
+            samples.observe(event.time, event.samples_ms)
 
     def metric(self, key: str, now: float) -> float | None:
         """P99 (the service's percentile) over ``(now - lag - window, now - lag]``."""
-        ring = self._samples[key]
-        end = now - self.lag_s
-        while ring and ring[0][0] <= end - self.window_s:
-            ring.popleft()
-        values = sorted(v for ts, batch in ring if ts <= end for v in batch)
-        if not values:
-            return None
-        q = self._services[key][1].slo.percentile / 100.0
-        return values[math.floor(q * (len(values) - 1))]
+        return self._samples[key].until(now - self.lag_s)
 
     def evaluate(self, now: float, snapshot: Snapshot) -> list[Decision]:
         """Every ``period_s``: one HPA step per service."""

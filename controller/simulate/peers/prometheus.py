@@ -48,7 +48,11 @@ class PrometheusQuantile:
 
     def read(self, now: float) -> float | None:
         """The percentile over ``(s - window, s]`` for the last visible scrape ``s``."""
-        end = self.last_scrape(now)
+        return self.until(self.last_scrape(now))
+
+    def until(self, end: float) -> float | None:
+        """The percentile of the requests in ``(end - window, end]``; older ones are dropped,
+        so ``end`` must not go back in time."""
         ring = self._ring
         while ring and ring[0][0] <= end - self.window_s:
             ring.popleft()
