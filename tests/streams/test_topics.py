@@ -16,14 +16,23 @@ def test_default_replication_is_three_or_every_broker(brokers: int, factor: int)
     assert default_replication(brokers) == factor
 
 
-async def test_topics_are_created_with_the_cluster_sized_default(kafka_config: KafkaConfig) -> None:
-    """On a one-broker cluster the default is one replica (three would be refused by Kafka;
-    the embedded broker does not enforce it, so that refusal is not exercised here)."""
-    topic = f"created-{uuid.uuid4().hex}"
-    await ensure_topics(kafka_config, [topic])
-    admin = AIOKafkaAdminClient(**kafka_config.client_kwargs())
+async def replicas(config: KafkaConfig, topic: str) -> int:
+    admin = AIOKafkaAdminClient(**config.client_kwargs())
     await admin.start()
     try:
-        assert topic in await admin.list_topics()
+        (described,) = await admin.describe_topics([topic])
+        return len(described["partitions"][0]["replicas"])
     finally:
         await admin.close()
+
+
+@pytest.mark.parametrize(("factor", "want"), [(None, 1), (2, 2)], ids=["default", "explicit"])
+async def test_topics_are_created_with_the_cluster_sized_default(
+    kafka_config: KafkaConfig, factor: int | None, want: int
+) -> None:
+    """On a one-broker cluster the default is one replica (three would be refused by Kafka);
+    an explicit factor is used as given. (The embedded broker records the factor asked for but
+    does not refuse one above its broker count, so that refusal is not exercised here.)"""
+    topic = f"created-{uuid.uuid4().hex}"
+    await ensure_topics(kafka_config, [topic], replication_factor=factor)
+    assert await replicas(kafka_config, topic) == want
