@@ -420,8 +420,11 @@ class Engine:
             held={pod: why for pod, (_, why) in self._held.items()},
         )
         for svc in self._ordered:
-            if svc.slo.state == "breaching":
-                respond_to_breach(rnd, svc.key, svc.spec, svc.slo, svc.latency)
+            scale = svc.spec.scale
+            if svc.slo.state == "breaching" or (scale is not None and scale.leading is not None):
+                respond_to_breach(
+                    rnd, svc.key, svc.spec, svc.slo, svc.latency, requests=samples[svc.key]
+                )
         for svc in self._ordered:
             if svc.down is not None:
                 scale_down(

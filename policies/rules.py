@@ -31,12 +31,13 @@ from policies.decisions import (
     MigRevert,
     Scale,
 )
+from policies.indicators import leading_replicas, request_rate
 from policies.inventory import Inventory, TrainingView
 from policies.mig import IdleTracker, MigFlights, plan_conversions, plan_reverts
 from policies.model import MigSpec, Policy, ServiceSpec, VictimKey, format_duration
 from policies.preemption import plan_capacity, victim_sort_key
 from policies.slo import SloState
-from policies.snapshot import MIG_DISABLED
+from policies.snapshot import MIG_DISABLED, Workload
 from policies.windows import LatencyWindow, UtilizationWindow
 
 __all__ = ["Round", "grow_training", "respond_to_breach", "run_mig"]
@@ -71,26 +72,37 @@ class Round:
 
 
 def respond_to_breach(
-    rnd: Round, key: str, spec: ServiceSpec, slo: SloState, window: LatencyWindow
+    rnd: Round,
+    key: str,
+    spec: ServiceSpec,
+    slo: SloState,
+    window: LatencyWindow,
+    *,
+    requests: int = 0,
 ) -> None:
-    """Scale a breaching service up and free the GPUs that takes."""
+    """Scale a breaching service up, or one whose request rate (``requests`` over the SLO
+    window, :mod:`policies.indicators`) wants more replicas, and free the GPUs that takes."""
     now, pspec = rnd.now, rnd.policy.spec
+    breaching = slo.state == "breaching"
+    workload = rnd.inv.service_workload.get(key)
+    lead = leading_replicas(spec, requests)
+    if not breaching and (lead is None or workload is None or lead <= workload.replicas):
+        return
     cooldown = spec.cooldown if spec.cooldown is not None else pspec.cooldowns.service
-    if not rnd.cooldowns.ready(key, now, cooldown):
+    if not rnd.cooldowns.ready(key, now, cooldown) and not _served(rnd, key, spec, workload):
         return
     q = spec.slo.percentile / 100.0
     p = window.quantile(now, q)
-    if p is None:
+    if p is None and lead is None:
         return
     objective = spec.slo.objective_ms
-    ratio = p / objective
+    ratio = p / objective if p is not None else 0.0
     pool = spec.pool
-    workload = rnd.inv.service_workload.get(key)
     gpr = spec.gpus_per_replica
     inputs: dict[str, str | int | float | bool | None] = {
-        f"p{spec.slo.percentile:g}_ms": round(p, 2),
+        f"p{spec.slo.percentile:g}_ms": None if p is None else round(p, 2),
         "ratio": round(ratio, 3),
-        "breaching_since": slo.since,
+        "breaching_since": slo.since if breaching else None,
         "free_gpus": rnd.free(pool),
     }
     thresholds: dict[str, str | int | float | bool | None] = {
@@ -99,18 +111,27 @@ def respond_to_breach(
     }
     alternatives: list[Alternative] = []
     current = desired = 0
+    led = False
     if spec.scale is not None:
         if workload is None or spec.replicas is None:
             return
         tolerance = spec.scale.tolerance
         thresholds["tolerance"] = f"{tolerance:.0%}"
-        if ratio <= 1.0 + tolerance:
-            return
         current = workload.replicas
+        desired = current
+        if breaching and ratio > 1.0 + tolerance:
+            desired = math.ceil(max(current, 1) * ratio)
+        if lead is not None and spec.scale.leading is not None:
+            inputs["request_rate"] = round(request_rate(spec, requests), 2)
+            inputs["leading_replicas"] = lead
+            thresholds["rate_per_replica"] = spec.scale.leading.rate_per_replica
+            led = lead > desired
+            desired = max(desired, lead)
+        if desired <= current:
+            return
         bounds = spec.replicas
         thresholds.update(min_replicas=bounds.min, max_replicas=bounds.max)
-        desired = max(bounds.min, math.ceil(max(current, 1) * ratio))
-        desired = min(desired, bounds.max)
+        desired = min(max(bounds.min, desired), bounds.max)
         if spec.scale.max_step is not None:
             desired = min(desired, current + spec.scale.max_step)
             thresholds["max_step"] = spec.scale.max_step
@@ -120,6 +141,8 @@ def respond_to_breach(
             return
         needed = (desired - current) * gpr
         inputs.update(replicas=current, desired=desired)
+    elif not breaching:
+        return
     else:
         needed = rnd.inv.service_pending_gpus.get(key, 0)
         inputs["pending_gpus"] = needed
@@ -159,7 +182,17 @@ def respond_to_breach(
     elif plan is None or freed == 0:
         return
     inputs["gpus_freed"] = freed
-    p_text = f"P{spec.slo.percentile:g} {p:.0f}ms > objective {objective:g}ms"
+    p_now = "no verdict yet" if p is None else f"P{spec.slo.percentile:g} {p:.0f}ms"
+    rule, cause_text = (
+        "slo-breach-scale-up",
+        f"{key} breaching ({p_now} > objective {objective:g}ms)",
+    )
+    how = f"desired ceil({current} * {ratio:.2f}) bounded = {desired}"
+    if led and spec.scale is not None and spec.scale.leading is not None:
+        rate, per = request_rate(spec, requests), spec.scale.leading.rate_per_replica
+        rule = "leading-scale-up"
+        cause_text = f"{key} request rate {rate:.1f}/s wants {lead} replicas ({p_now})"
+        how = f"desired ceil({rate:.1f} / {per:g}) bounded = {desired}"
     if plan is not None:
         grace = training.grace_period if training is not None else 30.0
         for s in plan.shrinks:
@@ -173,7 +206,7 @@ def respond_to_breach(
                     "training",
                     Explanation.of(
                         "free-gpus-shrink-training",
-                        f"{key} breaching ({p_text}); shrink {s.workload} "
+                        f"{cause_text}; shrink {s.workload} "
                         f"{s.from_replicas}→{s.to_replicas} to free {s.gpus_freed} GPUs in {pool}",
                         alternatives=tuple(alternatives),
                         inputs=inputs,
@@ -197,7 +230,7 @@ def respond_to_breach(
                     grace,
                     Explanation.of(
                         "free-gpus-evict-training",
-                        f"{key} breaching ({p_text}); shrinking was not enough: evict "
+                        f"{cause_text}; shrinking was not enough: evict "
                         f"{v.pod.key} (priority {v.pod.priority}, {why}) to free "
                         f"{v.gpus_freed} GPUs in {pool}",
                         alternatives=tuple(alternatives),
@@ -221,9 +254,8 @@ def respond_to_breach(
                 target,
                 "inference",
                 Explanation.of(
-                    "slo-breach-scale-up",
-                    f"{key} breaching ({p_text}): desired ceil({current} * {ratio:.2f}) bounded "
-                    f"= {desired}; scale {current}→{target}",
+                    rule,
+                    f"{cause_text}: {how}; scale {current}→{target}",
                     alternatives=tuple(alternatives),
                     inputs=inputs,
                     thresholds=thresholds,
@@ -235,6 +267,19 @@ def respond_to_breach(
     rnd.claimed[pool] = rnd.claimed.get(pool, 0) + max(0, min(consumed, free))
     rnd.cooldowns.mark(key, now)
     rnd.cooldowns.mark(f"pool:{pool}", now)
+
+
+def _served(rnd: Round, key: str, spec: ServiceSpec, workload: Workload | None) -> bool:
+    """With ``scale.readyEndsCooldown``, the service's cooldown ends early: every replica of its
+    last scale-up is Running and has had ``breachAfter`` since the action to show in the
+    percentile, so a burst is met at the pace pods start, not one step per fixed cooldown."""
+    last = rnd.cooldowns.last(key)
+    if spec.scale is None or not spec.scale.ready_ends_cooldown:
+        return False
+    if workload is None or last is None or rnd.now - last < spec.slo.breach_after:
+        return False
+    pods = rnd.inv.pods_by_workload.get(workload.key, ())
+    return sum(1 for p in pods if p.phase == "Running" and p.node is not None) >= workload.replicas
 
 
 def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, float]) -> None:

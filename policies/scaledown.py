@@ -39,6 +39,7 @@ import math
 from collections import deque
 
 from policies.decisions import Alternative, Explanation, Scalar, Scale
+from policies.indicators import leading_replicas
 from policies.model import ServiceSpec, format_duration
 from policies.rules import Round
 from policies.slo import SloState
@@ -133,7 +134,8 @@ def scale_down(
     if slo.state == "ok" and slo.last_level in ("below", "between"):
         p = window.quantile(now, spec.slo.percentile / 100.0)
         if p is not None and p < down.below * objective:
-            desired = max(bounds.min, math.ceil(max(current, 1) * p / objective))
+            lead = leading_replicas(spec, samples) or 0  # never below the request rate's ask
+            desired = max(bounds.min, lead, math.ceil(max(current, 1) * p / objective))
             recommended = min(current, desired)
     history.add(now, recommended, window_s=down.stabilization)
     if recommended >= current or p is None:
