@@ -8,9 +8,11 @@ Design:
   breaching or not (:func:`~policies.rules.respond_to_breach` scales up to it, bounded like any
   scale-up; :func:`~policies.scaledown.scale_down` never recommends fewer).
 * The rate is the request count of the SLO window (the exceedance counters the engine keeps
-  anyway) over the window's length: no second window, no extra work per event. While the window
-  fills after a start the rate is underestimated, which can only delay a scale-up, never cause
-  one.
+  anyway) over the part of the window that holds data: no second window, no extra work per
+  event, and a window still filling after a start or a silence is not read as a quiet one
+  (which would scale up a little, then wait out a cooldown). Over a full window the rate is a
+  window's average, so on a step it lags by up to half a window: the percentile still answers
+  a flash crowd; the rate meets a ramp early and keeps scale-down off what the load needs.
 """
 
 from __future__ import annotations
@@ -18,18 +20,25 @@ from __future__ import annotations
 import math
 
 from policies.model import ServiceSpec
+from policies.windows import LatencyWindow
 
 __all__ = ["leading_replicas", "request_rate"]
 
 
-def request_rate(spec: ServiceSpec, requests: int) -> float:
-    """Requests/s over the SLO window that counted ``requests``."""
-    return requests / spec.slo.window
+def request_rate(spec: ServiceSpec, requests: int, window: LatencyWindow, now: float) -> float:
+    """Requests/s at ``now``: ``requests`` counted over the SLO ``window`` divided by the span
+    of it that holds data."""
+    oldest = window.oldest(now)
+    slo = spec.slo
+    span = slo.window if oldest is None else min(slo.window, max(slo.resolution, now - oldest))
+    return requests / span
 
 
-def leading_replicas(spec: ServiceSpec, requests: int) -> int | None:
+def leading_replicas(
+    spec: ServiceSpec, requests: int, window: LatencyWindow, now: float
+) -> int | None:
     """Replicas the request rate asks for (``None`` without a leading indicator)."""
     lead = spec.scale.leading if spec.scale is not None else None
     if lead is None:
         return None
-    return math.ceil(request_rate(spec, requests) / lead.rate_per_replica - 1e-9)
+    return math.ceil(request_rate(spec, requests, window, now) / lead.rate_per_replica - 1e-9)

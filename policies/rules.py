@@ -85,7 +85,7 @@ def respond_to_breach(
     now, pspec = rnd.now, rnd.policy.spec
     breaching = slo.state == "breaching"
     workload = rnd.inv.service_workload.get(key)
-    lead = leading_replicas(spec, requests)
+    lead = leading_replicas(spec, requests, window, now)
     if not breaching and (lead is None or workload is None or lead <= workload.replicas):
         return
     cooldown = spec.cooldown if spec.cooldown is not None else pspec.cooldowns.service
@@ -122,7 +122,7 @@ def respond_to_breach(
         if breaching and ratio > 1.0 + tolerance:
             desired = math.ceil(max(current, 1) * ratio)
         if lead is not None and spec.scale.leading is not None:
-            inputs["request_rate"] = round(request_rate(spec, requests), 2)
+            inputs["request_rate"] = round(request_rate(spec, requests, window, now), 2)
             inputs["leading_replicas"] = lead
             thresholds["rate_per_replica"] = spec.scale.leading.rate_per_replica
             led = lead > desired
@@ -189,7 +189,7 @@ def respond_to_breach(
     )
     how = f"desired ceil({current} * {ratio:.2f}) bounded = {desired}"
     if led and spec.scale is not None and spec.scale.leading is not None:
-        rate, per = request_rate(spec, requests), spec.scale.leading.rate_per_replica
+        rate, per = request_rate(spec, requests, window, now), spec.scale.leading.rate_per_replica
         rule = "leading-scale-up"
         cause_text = f"{key} request rate {rate:.1f}/s wants {lead} replicas ({p_now})"
         how = f"desired ceil({rate:.1f} / {per:g}) bounded = {desired}"

@@ -134,7 +134,9 @@ def scale_down(
     if slo.state == "ok" and slo.last_level in ("below", "between"):
         p = window.quantile(now, spec.slo.percentile / 100.0)
         if p is not None and p < down.below * objective:
-            lead = leading_replicas(spec, samples) or 0  # never below the request rate's ask
+            lead = (
+                leading_replicas(spec, samples, window, now) or 0
+            )  # never below the request rate's ask
             desired = max(bounds.min, lead, math.ceil(max(current, 1) * p / objective))
             recommended = min(current, desired)
     history.add(now, recommended, window_s=down.stabilization)

@@ -1,0 +1,135 @@
+"""Leading indicators (``scale.leading``) and ``scale.readyEndsCooldown``, through the engine:
+the request rate scales a service up before its P99 turns, holds its replicas against
+scale-down, and a scale-up's cooldown ends once its replicas run."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from policy_fixtures import T0, feed_latency, policy_dict, to_yaml, training
+
+from policies.decisions import Decision, Scale
+from policies.engine import Engine
+from policies.loader import PolicyLoadError, load_policy_text
+from policies.model import Policy
+from policies.snapshot import Snapshot, SnapshotBuilder
+
+WHOLE = {"ebbtide.io/pool": "whole"}
+
+
+def chat_policy(**scale: Any) -> Policy:
+    """The base test policy (objective 100ms, window 30s, breachAfter 10s, cooldown 30s) with
+    chat's ``scale`` extended by ``scale``."""
+    data = policy_dict()
+    data["spec"]["services"]["chat"]["scale"].update(scale)
+    return load_policy_text(to_yaml(data), "test.yaml")
+
+
+def cluster(replicas: int, *, running: bool = True) -> Snapshot:
+    """chat with ``replicas`` on w0 (Pending when not ``running``), elastic training on w1."""
+    b = SnapshotBuilder()
+    for name in ("w0", "w1"):
+        b.node(name, gpus=8, labels=WHOLE)
+    b.workload("serving", "chat", replicas=replicas, nodes=["w0"])
+    training(b, "elastic", replicas=4, nodes=["w1"], min_replicas=1, max_replicas=8)
+    snap = b.build()
+    if running:
+        return snap
+    pods = tuple(
+        type(p)(**{**{f: getattr(p, f) for f in p.__dataclass_fields__}, "phase": "Pending"})
+        if p.workload == "serving/chat"
+        else p
+        for p in snap.pods
+    )
+    return Snapshot(nodes=snap.nodes, pods=pods, workloads=snap.workloads)
+
+
+def ups(decisions: list[Decision]) -> list[tuple[str, int, int]]:
+    return [
+        (d.explanation.rule, d.from_replicas, d.to_replicas)
+        for d in decisions
+        if isinstance(d, Scale) and d.role == "inference"
+    ]
+
+
+def fast_and_busy(engine: Engine, snap: Snapshot, seconds: int, per_s: int) -> list[Decision]:
+    """``per_s`` requests/s, every one at 20ms (far inside the 100ms objective)."""
+    out: list[Decision] = []
+    for s in range(seconds):
+        feed_latency(engine, T0 + s, T0 + s + 1, 20.0, per_s=per_s)
+        out += engine.evaluate(T0 + s + 1, snap)
+    return out
+
+
+def test_request_rate_scales_up_before_the_p99_turns() -> None:
+    """60 requests/s at 10 a replica wants 6; chat has 2 and its P99 is 20ms: scale 2→6 on the
+    rate alone. The same load without ``leading`` does nothing."""
+    decisions = fast_and_busy(
+        Engine(chat_policy(leading={"ratePerReplica": 10})), cluster(2), 31, 60
+    )
+    assert ups(decisions)[:1] == [("leading-scale-up", 2, 6)]
+    first = next(d for d in decisions if isinstance(d, Scale) and d.role == "inference")
+    assert first.explanation.inputs["leading_replicas"] == 6
+    assert first.explanation.thresholds["rate_per_replica"] == 10
+    assert "request rate" in first.explanation.reason
+    assert ups(fast_and_busy(Engine(chat_policy()), cluster(2), 31, 60)) == []
+
+
+def test_rate_within_capacity_does_nothing() -> None:
+    """30 requests/s at 10 a replica wants 3 and chat has 4: no action, no cooldown spent."""
+    engine = Engine(chat_policy(leading={"ratePerReplica": 10}))
+    assert ups(fast_and_busy(engine, cluster(4), 40, 30)) == []
+
+
+def test_scale_down_never_goes_below_the_rate() -> None:
+    """chat at 8 replicas, 20ms at 40 requests/s: the P99 alone would shrink it towards the
+    minimum, the rate (10 a replica) holds it at 4."""
+    down = {"stabilization": "20s", "below": "50%", "maxStep": 8, "cooldown": "1s"}
+    replicas, got = 8, []
+    engine = Engine(chat_policy(leading={"ratePerReplica": 10}, down=down))
+    without = Engine(chat_policy(down=down))
+    plain = []
+    for s in range(120):
+        feed_latency(engine, T0 + s, T0 + s + 1, 20.0, per_s=40)
+        feed_latency(without, T0 + s, T0 + s + 1, 20.0, per_s=40)
+        for d in engine.evaluate(T0 + s + 1, cluster(replicas)):
+            if isinstance(d, Scale) and d.role == "inference":
+                got.append(d.to_replicas)
+                replicas = d.to_replicas
+        plain += [
+            d.to_replicas for d in without.evaluate(T0 + s + 1, cluster(8)) if isinstance(d, Scale)
+        ]
+    assert got, got
+    assert min(got) == 4
+    assert plain, plain
+    assert min(plain) < 4
+
+
+@pytest.mark.parametrize("ready", [True, False])
+def test_cooldown_ends_once_the_replicas_run(ready: bool) -> None:
+    """Breaching for good at 2 replicas (maxStep 1): with ``readyEndsCooldown`` the next step
+    comes ``breachAfter`` (10s) after the last once its replicas run, well inside the 30s
+    cooldown; while they are still Pending, or without the flag, only after the cooldown."""
+    for flag in (True, False):
+        engine = Engine(chat_policy(maxStep=1, readyEndsCooldown=flag))
+        replicas, times = 2, []
+        for s in range(80):
+            feed_latency(engine, T0 + s, T0 + s + 1, 500.0)
+            for d in engine.evaluate(T0 + s + 1, cluster(replicas, running=ready)):
+                if isinstance(d, Scale) and d.role == "inference":
+                    times.append(s + 1)
+                    replicas = d.to_replicas
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert gaps, times
+        if flag and ready:
+            assert max(gaps) < 30
+            assert min(gaps) >= 10
+        else:
+            assert min(gaps) >= 30
+
+
+def test_leading_spec_is_checked() -> None:
+    with pytest.raises(PolicyLoadError, match="ratePerReplica"):
+        chat_policy(leading={"ratePerReplica": 0})
