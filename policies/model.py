@@ -296,6 +296,20 @@ class ScaleSpec(_Model):
     """End the service's cooldown early once every replica runs and ``slo.breachAfter`` has
     passed since the last action: a burst is met at the pace pods start, not one ``maxStep``
     per fixed cooldown."""
+    shrink_first: bool = False
+    """Scale up only into GPUs free now: GPUs that shrinking or evicting training frees are
+    taken by the next step once they are free, so the scheduler never preempts training to
+    place Ebbtide's own new replicas while a shrink's grace period runs. Needs
+    ``readyEndsCooldown`` (the next step then comes as soon as the GPUs are free)."""
+
+    @model_validator(mode="after")
+    def _shrink_first(self) -> ScaleSpec:
+        if self.shrink_first and not self.ready_ends_cooldown:
+            raise ValueError(
+                "shrinkFirst needs readyEndsCooldown: the step into the freed GPUs would wait "
+                "a whole cooldown"
+            )
+        return self
 
 
 class ServiceSpec(_Model):

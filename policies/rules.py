@@ -147,7 +147,11 @@ def respond_to_breach(
         needed = rnd.inv.service_pending_gpus.get(key, 0)
         inputs["pending_gpus"] = needed
     free = rnd.free(pool)
-    shortfall = max(0, needed - free)
+    first = spec.scale is not None and spec.scale.shrink_first
+    soon = _being_freed(rnd.inv, pool) if first else 0
+    if first:
+        inputs["gpus_being_freed"] = soon
+    shortfall = max(0, needed - free - soon)
     training = rnd.policy.spec.training
     plan = None
     if shortfall > 0 and training is not None:
@@ -171,14 +175,16 @@ def respond_to_breach(
     available = free + freed
     target = current
     if spec.scale is not None:
-        fit = (desired - current) if gpr == 0 else min(desired - current, available // gpr)
+        room = free if first else available
+        fit = (desired - current) if gpr == 0 else min(desired - current, room // gpr)
         target = current + fit
-        if fit <= 0:
+        if fit <= 0 and freed == 0:
             return
         if target < desired:
-            alternatives.append(
-                Alternative(f"scale to {desired}", f"only {available} GPUs could be found")
-            )
+            why = f"only {available} GPUs could be found"
+            if first:
+                why = f"{free} GPUs are free now, {freed + soon} more once training lets go"
+            alternatives.append(Alternative(f"scale to {desired}", why))
     elif plan is None or freed == 0:
         return
     inputs["gpus_freed"] = freed
@@ -242,9 +248,8 @@ def respond_to_breach(
                 )
             )
             rnd.taken.add(v.pod.key)
-    consumed = needed
-    if spec.scale is not None and workload is not None:
-        consumed = (target - current) * gpr
+    consumed = needed if spec.scale is None else (target - current) * gpr
+    if spec.scale is not None and workload is not None and target > current:
         rnd.emit(
             Scale(
                 now,
@@ -267,6 +272,19 @@ def respond_to_breach(
     rnd.claimed[pool] = rnd.claimed.get(pool, 0) + max(0, min(consumed, free))
     rnd.cooldowns.mark(key, now)
     rnd.cooldowns.mark(f"pool:{pool}", now)
+
+
+def _being_freed(inv: Inventory, pool: str) -> int:
+    """GPUs in ``pool`` that training pods still hold beyond their workloads' replicas: a
+    shrink's pods in their grace period, free soon."""
+    total = 0
+    for view in inv.training.values():
+        in_pool = view.pool_gpus.get(pool, 0)
+        if in_pool:
+            w = view.workload
+            excess = sum(p.gpus for p in view.pods) - w.replicas * w.gpus_per_replica
+            total += min(in_pool, max(0, excess))
+    return total
 
 
 def _served(rnd: Round, key: str, spec: ServiceSpec, workload: Workload | None) -> bool:
