@@ -379,6 +379,17 @@ def _value(view: TrainingView, order: Sequence[VictimKey]) -> tuple[float | str,
     )
 
 
+def _training_wants(rnd: Round, pool: str) -> int:
+    """Whole GPUs elastic training in ``pool`` would grow back into (up to its maximum): the
+    demand that brings MIG nodes back in the morning, once services have taken what it had."""
+    total = 0
+    for v in rnd.inv.training.values():
+        if v.pool_gpus.get(pool, 0) > 0 and v.protected is None:
+            w = v.workload
+            total += max(0, v.max_replicas - w.replicas) * w.gpus_per_replica
+    return total
+
+
 def run_mig(
     rnd: Round,
     *,
@@ -393,7 +404,8 @@ def run_mig(
     """Revert MIG nodes on sustained whole-card demand, else convert idle whole-card nodes."""
     now, inv = rnd.now, rnd.inv
     flights.settle(inv.nodes, now, mig.stuck_after)
-    unmet = inv.pending_whole_gpus - inv.free.get(mig.from_pool, 0)
+    wants = _training_wants(rnd, mig.from_pool)
+    unmet = inv.pending_whole_gpus + wants - inv.free.get(mig.from_pool, 0)
     if unmet > 0:
         if demand_since[0] is None:
             demand_since[0] = now
@@ -406,8 +418,15 @@ def run_mig(
     if slots <= 0:
         return
     reverts, unmet = plan_reverts(
-        now=now, spec=mig, inv=inv, demand_since=demand_since[0], slots=slots, flights=flights
+        now=now,
+        spec=mig,
+        inv=inv,
+        demand_since=demand_since[0],
+        slots=slots,
+        flights=flights,
+        training_wants=wants,
     )
+    waited = demand_since[0] or now
     for c in reverts:
         rnd.emit(
             MigRevert(
@@ -416,9 +435,10 @@ def run_mig(
                 c.profile,
                 Explanation.of(
                     "mig-revert",
-                    f"pods have waited {format_duration(now - (demand_since[0] or now))} for "
-                    f"{unmet} whole GPUs more than {mig.from_pool} has free; revert {c.node.name}",
-                    inputs=c.inputs,
+                    f"pods and training have waited {format_duration(now - waited)}"
+                    f" for {unmet} whole GPUs more than {mig.from_pool} has free; "
+                    f"revert {c.node.name}",
+                    inputs={**c.inputs, "training_wants_gpus": wants},
                     thresholds={
                         "revert_after": format_duration(mig.revert_after),
                         "max_concurrent": mig.max_concurrent,
@@ -428,8 +448,11 @@ def run_mig(
             )
         )
         flights.start(c.node.name, now, MIG_DISABLED)
-    if reverts or unmet > 0 or breaching:
-        return
+    if reverts:  # whole again: idle only from now on, not since before it was partitioned
+        back = {c.node.name for c in reverts}
+        idle.forget({n: None for n in inv.nodes if n not in back})
+    if reverts or unmet > 0 or breaching or wants > 0:
+        return  # a node is spare only once elastic training, at its maximum, wants no more
     oldest = pool_window.oldest(now)
     # observed for the whole period, give or take one missed reading
     covered = oldest is not None and oldest <= now - mig.convert_after + stale_s
