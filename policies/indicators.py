@@ -10,7 +10,8 @@ Design:
 * The rate is the request count of the SLO window (the exceedance counters the engine keeps
   anyway) over the part of the window that holds data: no second window, no extra work per
   event, and a window still filling after a start or a silence is not read as a quiet one
-  (which would scale up a little, then wait out a cooldown). Over a full window the rate is a
+  (which would scale up a little, then wait out a cooldown). Fewer requests than
+  ``minSamples`` give no rate, as they give no percentile. Over a full window the rate is a
   window's average, so on a step it lags by up to half a window: the percentile still answers
   a flash crowd; the rate meets a ramp early and keeps scale-down off what the load needs.
 """
@@ -30,15 +31,16 @@ def request_rate(spec: ServiceSpec, requests: int, window: LatencyWindow, now: f
     of it that holds data."""
     oldest = window.oldest(now)
     slo = spec.slo
-    span = slo.window if oldest is None else min(slo.window, max(slo.resolution, now - oldest))
+    span = slo.window if oldest is None else min(slo.window, max(1.0, now - oldest))
     return requests / span
 
 
 def leading_replicas(
     spec: ServiceSpec, requests: int, window: LatencyWindow, now: float
 ) -> int | None:
-    """Replicas the request rate asks for (``None`` without a leading indicator)."""
+    """Replicas the request rate asks for (``None`` without a leading indicator, or with fewer
+    requests than ``slo.minSamples``: too few to judge a rate by either)."""
     lead = spec.scale.leading if spec.scale is not None else None
-    if lead is None:
+    if lead is None or requests < spec.slo.min_samples:
         return None
     return math.ceil(request_rate(spec, requests, window, now) / lead.rate_per_replica - 1e-9)

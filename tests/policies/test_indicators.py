@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
 from policy_fixtures import T0, feed_latency, policy_dict, to_yaml, training
 
+from policies.casetest import load_cases, run_cases
 from policies.decisions import Decision, Scale
 from policies.engine import Engine
-from policies.loader import PolicyLoadError, load_policy_text
+from policies.loader import PolicyLoadError, Source, load_policy, load_policy_text, read_sources
 from policies.model import Policy
 from policies.snapshot import Snapshot, SnapshotBuilder
 
@@ -184,3 +186,18 @@ def test_shrink_first_scales_only_into_gpus_already_free(first: bool) -> None:
 def test_shrink_first_needs_ready_ends_cooldown() -> None:
     with pytest.raises(PolicyLoadError, match="shrinkFirst needs readyEndsCooldown"):
         chat_policy(shrinkFirst=True)
+
+
+def test_the_proactive_example_passes_its_cases() -> None:
+    """examples/policy-proactive.yaml (the policy of BENCHMARKS.md's proactive rows) against
+    its case file: the rate scales chat up with the P99 at a third of the objective, and with
+    nothing free training shrinks while chat waits."""
+    root = Path(__file__).resolve().parents[2] / "examples"
+    policy = load_policy(read_sources((root / "policy-proactive.yaml",)))
+    path = root / "policy-proactive.cases.yaml"
+    cases, errors = load_cases(Source(str(path), path.read_text()))
+    assert not errors
+    assert cases is not None
+    results = run_cases(policy, cases)
+    assert [r.name for r in results if not r.passed] == []
+    assert len(results) == 2
