@@ -36,11 +36,14 @@ def request_rate(spec: ServiceSpec, requests: int, window: LatencyWindow, now: f
 
 
 def leading_replicas(
-    spec: ServiceSpec, requests: int, window: LatencyWindow, now: float
+    spec: ServiceSpec, requests: int, window: LatencyWindow, now: float, *, margin: float = 0.0
 ) -> int | None:
-    """Replicas the request rate asks for (``None`` without a leading indicator, or with fewer
-    requests than ``slo.minSamples``: too few to judge a rate by either)."""
+    """Replicas the request rate, raised by ``margin``, asks for (``None`` without a leading
+    indicator, or with fewer requests than ``slo.minSamples``: too few to judge a rate by
+    either). Scale-down asks with ``scale.tolerance`` as the margin, so a rate hovering at a
+    replica boundary does not take a replica away that the next tick adds back."""
     lead = spec.scale.leading if spec.scale is not None else None
     if lead is None or requests < spec.slo.min_samples:
         return None
-    return math.ceil(request_rate(spec, requests, window, now) / lead.rate_per_replica - 1e-9)
+    rate = request_rate(spec, requests, window, now) * (1.0 + margin)
+    return math.ceil(rate / lead.rate_per_replica - 1e-9)

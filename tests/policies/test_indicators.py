@@ -88,7 +88,7 @@ def test_rate_within_capacity_does_nothing() -> None:
 
 def test_scale_down_never_goes_below_the_rate() -> None:
     """chat at 8 replicas, 20ms at 40 requests/s: the P99 alone would shrink it towards the
-    minimum, the rate (10 a replica) holds it at 4."""
+    minimum, the rate (10 a replica, raised by the 10% tolerance: 44/s) holds it at 5."""
     down = {"stabilization": "20s", "below": "50%", "maxStep": 8, "cooldown": "1s"}
     replicas, got = 8, []
     engine = Engine(chat_policy(leading={"ratePerReplica": 10}, down=down))
@@ -105,9 +105,9 @@ def test_scale_down_never_goes_below_the_rate() -> None:
             d.to_replicas for d in without.evaluate(T0 + s + 1, cluster(8)) if isinstance(d, Scale)
         ]
     assert got, got
-    assert min(got) == 4
+    assert min(got) == 5
     assert plain, plain
-    assert min(plain) < 4
+    assert min(plain) < 5
 
 
 @pytest.mark.parametrize("ready", [True, False])
