@@ -132,6 +132,7 @@ def respond_to_breach(
         bounds = spec.replicas
         thresholds.update(min_replicas=bounds.min, max_replicas=bounds.max)
         desired = min(max(bounds.min, desired), bounds.max)
+        ahead = (desired - current) * gpr  # what the whole climb takes, past this step
         if spec.scale.max_step is not None:
             desired = min(desired, current + spec.scale.max_step)
             thresholds["max_step"] = spec.scale.max_step
@@ -140,6 +141,10 @@ def respond_to_breach(
         if rnd.budgets.scale_steps.remaining(now) < 1:
             return
         needed = (desired - current) * gpr
+        if spec.scale.shrink_first:
+            # freeing takes a grace period whatever its size: free the whole climb's GPUs
+            # now, so the later steps find them free instead of waiting a grace period each
+            needed = ahead
         inputs.update(replicas=current, desired=desired)
     elif not breaching:
         return

@@ -201,3 +201,19 @@ def test_the_proactive_example_passes_its_cases() -> None:
     results = run_cases(policy, cases)
     assert [r.name for r in results if not r.passed] == []
     assert len(results) == 2
+
+
+def test_shrink_first_frees_the_whole_climb_at_once() -> None:
+    """maxStep 2 and chat wanting 10 from 2: the shrink frees the GPUs of the whole climb (8)
+    in one go, since each freeing costs a grace period whatever its size; the scale-ups then
+    climb 2 at a time into GPUs already free."""
+    engine = Engine(chat_policy(readyEndsCooldown=True, shrinkFirst=True, maxStep=2))
+    shrinks = []
+    for s in range(12):
+        feed_latency(engine, T0 + s, T0 + s + 1, 500.0)
+        shrinks += [
+            (d.from_replicas, d.to_replicas)
+            for d in engine.evaluate(T0 + s + 1, packed(14, 14))
+            if isinstance(d, Scale) and d.role == "training"
+        ]
+    assert shrinks == [(14, 6)]
