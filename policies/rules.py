@@ -12,7 +12,14 @@ Design:
   nothing while ``p / objective`` is within ``1 + tolerance``, bounded by the service's replica
   bounds and ``maxStep``, and further by the GPUs that can be found (free, then freed by
   :func:`~policies.preemption.plan_capacity`). Without a scale target, the GPUs the service's
-  pending pods wait for are freed instead.
+  pending pods wait for are freed instead. A service with ``scale.leading`` also asks for what
+  its request rate needs, breaching or not (:mod:`policies.indicators`); with
+  ``scale.shrinkFirst`` it scales only into GPUs free now and frees the whole climb's GPUs at
+  once, so its new replicas never wait in the scheduler (and preempt training) for GPUs a
+  shrink is still releasing.
+* MIG: elastic training below its maximum is whole-card demand too, so a MIG node converted at
+  night comes back once services have taken training's GPUs in the morning, and nothing is
+  converted while training would still grow into the free GPUs.
 """
 
 from __future__ import annotations
