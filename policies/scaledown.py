@@ -135,8 +135,8 @@ def scale_down(
     if slo.state == "ok" and slo.last_level in ("below", "between"):
         p = window.quantile(now, spec.slo.percentile / 100.0)
         lead = leading_replicas(spec, samples, window, now, margin=scale.tolerance)
-        if p is not None and lead is not None:  # the rate states the capacity the load needs
-            recommended = min(current, max(bounds.min, lead))
+        if p is not None and lead is not None and p < spec.slo.recover_below * objective:
+            recommended = min(current, max(bounds.min, lead))  # the capacity the rate needs
         elif p is not None and p < down.below * objective:
             desired = max(bounds.min, math.ceil(max(current, 1) * p / objective))
             recommended = min(current, desired)
