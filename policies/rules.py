@@ -18,8 +18,8 @@ Design:
   once, so its new replicas never wait in the scheduler (and preempt training) for GPUs a
   shrink is still releasing.
 * MIG: elastic training below its maximum is whole-card demand too, so a MIG node converted at
-  night comes back once services have taken training's GPUs in the morning, and nothing is
-  converted while training would still grow into the free GPUs.
+  night comes back once services have taken training's GPUs in the morning; a node brought
+  back is idle only from then on.
 """
 
 from __future__ import annotations
@@ -463,8 +463,8 @@ def run_mig(
     if reverts:  # whole again: idle only from now on, not since before it was partitioned
         back = {c.node.name for c in reverts}
         idle.forget({n: None for n in inv.nodes if n not in back})
-    if reverts or unmet > 0 or breaching or wants > 0:
-        return  # a node is spare only once elastic training, at its maximum, wants no more
+    if reverts or unmet > 0 or breaching:
+        return
     oldest = pool_window.oldest(now)
     # observed for the whole period, give or take one missed reading
     covered = oldest is not None and oldest <= now - mig.convert_after + stale_s
