@@ -41,12 +41,10 @@ def cluster(replicas: int, *, running: bool = True) -> Snapshot:
     if running:
         return snap
     pods = tuple(
-        type(p)(**{**{f: getattr(p, f) for f in p.__dataclass_fields__}, "phase": "Pending"})
-        if p.workload == "serving/chat"
-        else p
+        dataclasses.replace(p, phase="Pending") if p.workload == "serving/chat" else p
         for p in snap.pods
     )
-    return Snapshot(nodes=snap.nodes, pods=pods, workloads=snap.workloads)
+    return dataclasses.replace(snap, pods=pods)
 
 
 def ups(decisions: list[Decision]) -> list[tuple[str, int, int]]:
@@ -150,7 +148,7 @@ def packed(training_replicas: int, training_pods: int) -> Snapshot:
         dataclasses.replace(w, replicas=training_replicas) if w.name == "elastic" else w
         for w in snap.workloads
     )
-    return Snapshot(nodes=snap.nodes, pods=snap.pods, workloads=workloads)
+    return dataclasses.replace(snap, workloads=workloads)
 
 
 @pytest.mark.parametrize("first", [True, False])
