@@ -48,8 +48,9 @@ the MIG manager has to put that layout back first: the rollback patch restores t
 the node cordoned and records the phase ``restoring`` with its own deadline; the node is
 uncordoned (and the record deleted) only once the manager reports ``success`` for the old layout,
 and the resources the node advertised before are back, so no GPU pod lands on half-configured
-cards (a ``rebooting`` there extends its deadline as above). If it reports ``failed`` or stays silent past the
-deadline, the node is left cordoned for an operator with an ``EbbtideMigRestoreFailed`` Warning
+cards (a ``rebooting`` there extends its deadline as above). If it reports ``failed`` or stays
+silent past the deadline, the node is left cordoned for an operator with an
+``EbbtideMigRestoreFailed`` Warning
 (its record deleted, so nothing waits on it any more). The flow's outcome, FAILED, is reported
 when the rollback starts; the budget unit comes back then.
 
@@ -63,8 +64,9 @@ label change, no pool move. A flow still ``draining`` (the config label untouche
 once — uncordoned unless it was cordoned before, its record deleted, a Warning Event — because
 undoing our own cordon is the one write that takes the cluster back to where it was, and waiting
 for the switch to be lifted could leave the node cordoned indefinitely. A flow already
-``reconfiguring`` or ``advertising`` is paused where it stands: the MIG manager is repartitioning, and uncordoning
-before it reports a known layout would schedule GPU pods onto it. A flow ``restoring`` goes on:
+``reconfiguring`` or ``advertising`` is paused where it stands: the MIG manager is
+repartitioning (or the device plugin is not back), and uncordoning before the layout is known
+and advertised would schedule GPU pods onto it. A flow ``restoring`` goes on:
 waiting for the old layout and uncordoning only take the node back to where it was. Lost
 leadership pauses any flow (a follower writes nothing); the next leader resumes it from the
 record.

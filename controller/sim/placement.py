@@ -31,7 +31,7 @@ from typing import Literal
 from controller.sim.values import GpuUse
 from policies.inventory import matches
 from policies.miglayout import layout_of
-from policies.snapshot import MIG_DISABLED, Gpu, Node, Pod
+from policies.snapshot import Gpu, Node, Pod
 
 __all__ = [
     "Flight",

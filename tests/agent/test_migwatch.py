@@ -32,7 +32,6 @@ async def set_state(server: KubeAPIServer, state: str) -> None:
     await server.patch("nodes", None, NODE, {"metadata": {"labels": {STATE_LABEL: state}}})
 
 
-@pytest.mark.slow
 async def test_nvml_released_while_pending_or_rebooting_and_resumed_after_success(
     kubeapi: KubeAPIServer, kube_client: ApiClient, kafka_config: KafkaConfig, topic: str
 ) -> None:

@@ -105,7 +105,9 @@ def test_agent_runs_only_on_gpu_nodes_with_nvml(rendered: dict[str, Rendered]) -
     assert spec["runtimeClassName"] == "nvidia"
     assert spec["automountServiceAccountToken"] is True
     role = rendered["agent"].one("ClusterRole", "-agent")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
     (c,) = spec["containers"]
     env = {e["name"]: e for e in c["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"

@@ -59,7 +59,9 @@ def record_of(server: KubeAPIServer) -> Obj | None:
     return None if text is None else dict(json.loads(text))
 
 
-async def tick_until(act: KubeActuator, server: KubeAPIServer, what: Any, within: float = 5.0) -> None:
+async def tick_until(
+    act: KubeActuator, server: KubeAPIServer, what: Any, within: float = 5.0
+) -> None:
     """Tick ``resume_all`` until ``what(record)`` holds."""
     deadline = time.monotonic() + within
     while not what(record_of(server)):

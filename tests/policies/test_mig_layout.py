@@ -53,7 +53,11 @@ def test_layout_of_unknown_names_fail_clearly(name: str) -> None:
         pytest.param(
             MIXED,
             8,
-            {"nvidia.com/mig-1g.10gb": 16, "nvidia.com/mig-2g.20gb": 8, "nvidia.com/mig-3g.40gb": 8},
+            {
+                "nvidia.com/mig-1g.10gb": 16,
+                "nvidia.com/mig-2g.20gb": 8,
+                "nvidia.com/mig-3g.40gb": 8,
+            },
             id="mixed",
         ),
         pytest.param(layout_of("all-disabled"), 4, {"nvidia.com/gpu": 4}, id="disabled"),
@@ -73,9 +77,7 @@ def test_expected_resources(layout: MigLayout, gpus: int, want: dict[str, int]) 
         pytest.param(
             [SMALL, MIXED], {"1g.10gb": 2, "3g.40gb": 1}, "all-balanced", id="both-fit-mixed"
         ),
-        pytest.param(
-            [SMALL, MIXED, HALVES], {"3g.40gb": 4}, "all-3g.40gb", id="most-3g-wins"
-        ),
+        pytest.param([SMALL, MIXED, HALVES], {"3g.40gb": 4}, "all-3g.40gb", id="most-3g-wins"),
         pytest.param([MIXED, SMALL], {"1g.10gb": 1}, "all-balanced", id="tie-first-listed"),
         pytest.param(
             [SMALL, HALVES], {"1g.10gb": 5, "3g.40gb": 2}, "all-3g.40gb", id="compute-weighted"
@@ -133,15 +135,11 @@ def test_policy_rejects_bad_configs(overrides: dict[str, Any], error: str) -> No
         pytest.param({"3g.40gb": 1}, "all-balanced", id="3g-demand"),
     ],
 )
-def test_engine_converts_to_the_layout_the_demand_needs(
-    pending: dict[str, int], want: str
-) -> None:
+def test_engine_converts_to_the_layout_the_demand_needs(pending: dict[str, int], want: str) -> None:
     """With two configs listed for the model, the conversion takes the one pending MIG pods
     can use, and says how much MIG demand it saw."""
     policy = make_policy(
-        mig=mig_spec(
-            profiles={"A100-80GB": ["all-1g.10gb", "all-balanced"]}, configs=CONFIGS
-        )
+        mig=mig_spec(profiles={"A100-80GB": ["all-1g.10gb", "all-balanced"]}, configs=CONFIGS)
     )
     engine = Engine(policy)
     b = SnapshotBuilder()

@@ -13,8 +13,8 @@ BALANCED = {"all-balanced": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}}
 
 
 async def test_mixed_layout_converts_and_reverts_to_the_same_cards() -> None:
-    """all-balanced on 2 GPUs gives 4×1g + 2×2g + 2×3g; a MIG pod fits a 3g slice; reverting
-    gives back 2 whole cards, not one per profile entry."""
+    """all-balanced on 2 GPUs gives four 1g, two 2g and two 3g instances; reverting gives back
+    2 whole cards, not one per profile entry."""
     b = SnapshotBuilder().node("w0", gpus=2, labels=WHOLE)
     c = SimCluster(b.build(), delays=DELAYS, start=T0, pools=POOLS, mig_configs=BALANCED)
     [started] = await apply(c, convert("w0", "all-balanced"))
