@@ -44,11 +44,10 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, suppress
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 
-from controller.agent.migwatch import MigWatch
 from controller.agent.nvml import NvmlReader, NvmlUnavailable, Sample
 from controller.agent.pods import PodAttribution
 from streams.events import (
@@ -60,6 +59,9 @@ from streams.events import (
     encode_event,
 )
 from streams.producer import KafkaProducer
+
+if TYPE_CHECKING:  # the Kubernetes client is loaded only by agents that watch their node
+    from controller.agent.migwatch import MigWatch
 
 __all__ = ["Agent", "AgentSettings", "AgentStats", "Outgoing", "TokenBucket", "to_events"]
 

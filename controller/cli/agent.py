@@ -19,13 +19,11 @@ import socket
 
 import click
 
-from controller.agent.migwatch import MigWatch
 from controller.agent.nvml import NvmlReader, NvmlUnavailable
 from controller.agent.pods import DEFAULT_SOCKET, PodAttribution, PodResourcesClient
 from controller.agent.publisher import Agent, AgentSettings, AgentStats, MigUtil
 from controller.cli.options import bootstrap_option, duration_option, kafka_settings
 from controller.cli.runner import run_async
-from controller.kube.client import connect
 from streams.connection import KafkaConfig
 from streams.producer import KafkaProducer
 
@@ -115,13 +113,19 @@ async def serve(
 ) -> AgentStats:
     """Run the agent until SIGTERM or SIGINT."""
     attribution = PodAttribution(PodResourcesClient(socket_path)) if pod_attribution else None
-    api = await connect(pool_size=4) if release_during_mig else None
+    api, mig = None, None
+    if release_during_mig:  # loads the Kubernetes client: only when asked to
+        from controller.agent.migwatch import MigWatch
+        from controller.kube.client import connect
+
+        api = await connect(pool_size=4)
+        mig = MigWatch(api, settings.node)
     runner = Agent(
         settings,
         reader=reader,
         connect=lambda: KafkaProducer(config, linger_ms=20),
         attribution=attribution,
-        mig=MigWatch(api, settings.node) if api is not None else None,
+        mig=mig,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
