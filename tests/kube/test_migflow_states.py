@@ -154,6 +154,24 @@ async def test_a_device_plugin_that_never_advertises_rolls_back(
     node = node_of(kubeapi)
     assert node["metadata"]["labels"][CONFIG_LABEL] == "all-disabled"
     assert_released(node)
+    assert not set(AUTOSCALER_HOLD) & set(node["metadata"].get("annotations") or {})
+
+
+async def test_restart_while_waiting_for_the_device_plugin_resumes(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager
+) -> None:
+    """A controller restarted in phase advertising keeps waiting on the recorded deadline and
+    finishes once the resources show, without relabelling again."""
+    mig_manager.script("gpu-1", "success", advertise=0.8)
+    await gpu_node(kubeapi)
+    first = actuator(kube_client, kubeapi, advertise_timeout_s=5.0)
+    await first.apply([convert()])
+    await tick_until(first, kubeapi, lambda r: r is not None and r["phase"] == "advertising")
+    second = actuator(kube_client, kubeapi, advertise_timeout_s=5.0)
+    done = await drive(second)
+    assert done.outcome is Outcome.APPLIED
+    assert mig_manager.applied == [("gpu-1", TARGET, "success")]
+    assert_released(node_of(kubeapi))
 
 
 async def test_mixed_layout_waits_for_each_profile(
