@@ -63,7 +63,7 @@ _SLICES: Final = {
     "7g.141gb": 1,
 }
 _SLICES_BY_SIZE: Final = {"1g": 7, "2g": 3, "3g": 2, "4g": 1, "7g": 1}
-PROFILE_RE: Final = re.compile(r"^[1-9]g\.[0-9]+gb(\+me)?$")
+_PROFILE_RE: Final = re.compile(r"^[1-9]g\.[0-9]+gb(\+me)?$")
 
 
 def slices_per_gpu(profile: str) -> int:
@@ -93,7 +93,7 @@ def layout_of(name: str, configs: Mapping[str, Mapping[str, int]] | None = None)
     if name == MIG_DISABLED:
         return MigLayout(name, {})
     profile = name.removeprefix("all-")
-    if profile != name and PROFILE_RE.match(profile):
+    if profile != name and _PROFILE_RE.match(profile):
         return MigLayout(name, {profile: slices_per_gpu(profile)})
     raise ValueError(
         f"unknown MIG config {name!r}: neither all-<profile> (e.g. all-1g.10gb) "
