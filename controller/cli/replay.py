@@ -18,12 +18,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 
 from controller.cli.options import duration_option, load_policy_files, one_line, progress
 from controller.replay.counterfactual import counterfactual_replay
+from controller.replay.fit import fit_line
 from controller.replay.inventory import infer_cluster
 from controller.replay.report import write_outputs
 from controller.replay.runner import (
@@ -81,24 +81,6 @@ def _print_summary(result: ReplayResult, report: Path) -> None:
             "services the policy does not name"
         )
     click.echo(f"report: {report}")
-
-
-def fit_line(key: str, f: dict[str, Any]) -> str:
-    """One service's fit, goodness and validation error, in a line."""
-    if f["p0_ms"] is None:
-        return f"fit {key}: {f['reason']}; recorded latencies kept"
-    v = f["validation"]
-    held = (
-        "no held-back points"
-        if v is None
-        else f"held-back {v['held_points']} min: MAPE {v['mape_pct']:.1f}%, RMSE {v['rmse_ms']:g}ms"
-    )
-    used = "modelled" if f["modelled"] else f["reason"]
-    return (
-        f"fit {key}: P{f['percentile']:g} = {f['p0_ms']:g}ms / (1 - load / "
-        f"{f['capacity_rps_per_replica']:g} req/s per replica) + backlog; r2 {f['r2']:.2f}, "
-        f"RMSE {f['rmse_ms']:g}ms over {f['points']} min; {held}; {used}"
-    )
 
 
 @click.command("replay")

@@ -17,7 +17,8 @@
    their recorded latencies, and the summary names them.
 
 The recording's timing is kept: modelled requests are stamped at the tick their recorded
-counterparts preceded, so the engine's windows fill as in the open-loop replay. Draws are
+counterparts preceded, so the engine's windows fill as in the open-loop replay, and the
+recorded events still move the replay's clock (:class:`~.runner.Withheld`). Draws are
 seeded per service (``crc32`` of its key), so a counterfactual replay is deterministic.
 """
 
@@ -41,7 +42,7 @@ from controller.replay.fit import (
     fit_service,
     quantile_at,
 )
-from controller.replay.runner import ReplayCluster, ReplayResult, ReplaySettings, replay
+from controller.replay.runner import ReplayCluster, ReplayResult, ReplaySettings, Withheld, replay
 from controller.replay.summary import MODELLED_FIT
 from controller.simulate.latency import ServiceQueue
 from controller.simulate.telemetry import running_replicas
@@ -114,7 +115,7 @@ class FitRecorder:
         """The replay's first tick (that of its first event, as the runner's ``T_0``)."""
         self.last = 0
 
-    def filter(self, batch: list[Event | Rejection]) -> list[Event | Rejection]:
+    def filter(self, batch: list[Event | Rejection]) -> Sequence[Event | Rejection | Withheld]:
         dt, series, per = self.dt, self.series, self.per
         for item in batch:
             cls = type(item)
@@ -174,15 +175,16 @@ class ModelledLatency:
         window = max(1, round(SMOOTH_S / dt))
         self.recent: dict[str, deque[int]] = {k: deque(maxlen=window) for k in self.queues}
 
-    def filter(self, batch: list[Event | Rejection]) -> list[Event | Rejection]:
+    def filter(self, batch: list[Event | Rejection]) -> list[Event | Rejection | Withheld]:
         dt, pending = self.dt, self.pending
-        out: list[Event | Rejection] = []
+        out: list[Event | Rejection | Withheld] = []
         for item in batch:
             if type(item) is InferenceLatency:
                 counts = pending.get(item.key)
                 if counts is not None:
                     k = _tick_of(item.time, dt)
                     counts[k] = counts.get(k, 0) + len(_values(item))
+                    out.append(Withheld(item.time))
                     continue
             out.append(item)
         return out

@@ -55,6 +55,7 @@ __all__ = [
     "Fit",
     "LatencyFit",
     "Observed",
+    "fit_line",
     "fit_service",
     "predict",
     "quantile_at",
@@ -305,6 +306,25 @@ def _validate(obs: Observed, points: Points) -> dict[str, Any] | None:
         "mape_pct": round(100 * sum(abs(p - o) / o for p, o in errors) / len(errors), 2),
         "rmse_ms": round(math.sqrt(sum((p - o) ** 2 for p, o in errors) / len(errors)), 1),
     }
+
+
+def fit_line(key: str, f: dict[str, Any]) -> str:
+    """One service's fit (its ``summary.json`` entry), goodness and validation error, in a
+    line: the CLI prints it and the report lists it."""
+    if f["p0_ms"] is None:
+        return f"fit {key}: {f['reason']}; recorded latencies kept"
+    v = f["validation"]
+    held = (
+        "no held-back points"
+        if v is None
+        else f"held-back {v['held_points']} min: MAPE {v['mape_pct']:.1f}%, RMSE {v['rmse_ms']:g}ms"
+    )
+    used = "modelled" if f["modelled"] else f["reason"]
+    return (
+        f"fit {key}: P{f['percentile']:g} = {f['p0_ms']:g}ms / (1 - load / "
+        f"{f['capacity_rps_per_replica']:g} req/s per replica) + backlog; r2 {f['r2']:.2f}, "
+        f"RMSE {f['rmse_ms']:g}ms over {f['points']} min; {held}; {used}"
+    )
 
 
 def fit_service(obs: Observed) -> Fit:

@@ -14,8 +14,9 @@ Design:
 * **Open loop.** Latency and utilization come from the recording whatever the decisions were;
   only the simulated cluster's allocation follows the decisions (``simulate`` closes the loop).
   A :class:`TickHook` may change that: it sees each batch of events before the loop (and may
-  drop some) and, at each tick before the evaluation, gives the engine events of its own made
-  from the simulated cluster's state (:mod:`.counterfactual` closes the loop this way).
+  replace some by :class:`Withheld`, which move the clock but reach no engine) and, at each
+  tick before the evaluation, gives the engine events of its own made from the simulated
+  cluster's state (:mod:`.counterfactual` closes the loop this way).
 * **Synchronous.** Reading the file blocks anyway, so the loop is plain code; the port's
   ``async apply`` runs on a private :class:`asyncio.Runner`, only on ticks with decisions.
 * **As fast as possible**, or paced: with ``speed`` the tick at ``T`` waits until
@@ -69,6 +70,7 @@ __all__ = [
     "ReplayResult",
     "ReplaySettings",
     "TickHook",
+    "Withheld",
     "clear_outputs",
     "count_action",
     "decision_line",
@@ -122,10 +124,18 @@ def count_action(
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Withheld:
+    """An event a :class:`TickHook` keeps from the engine: it still advances the replay's
+    clock, so ticks fall where they would have."""
+
+    ts: float
+
+
 class TickHook(Protocol):
     """Changes what the engine sees (see the module docstring)."""
 
-    def filter(self, batch: list[Event | Rejection]) -> list[Event | Rejection]:
+    def filter(self, batch: list[Event | Rejection]) -> Sequence[Event | Rejection | Withheld]:
         """The batch the loop observes (called once per batch, before any of its events)."""
         ...
 
@@ -332,9 +342,8 @@ class _Replay:
         hook = self.hook
         for batch in read_event_batches(path, decoder, progress=progress, stats=stats):
             accepted += len(batch)  # less the rejections, below
-            if hook is not None:
-                batch = hook.filter(batch)
-            for item in batch:
+            items = batch if hook is None else hook.filter(batch)
+            for item in items:
                 cls = type(item)
                 if cls is Rejection:
                     rejected[item.code] += 1  # type: ignore[union-attr]
@@ -349,6 +358,8 @@ class _Replay:
                         devices, node_pool = self.devices, self.node_pool
                         util_sum = self.util_sum
                     next_tick = self.next_tick
+                if cls is Withheld:
+                    continue
                 observe(item)  # type: ignore[arg-type]
                 if cls is GpuUtilization:
                     ev: GpuUtilization = item  # type: ignore[assignment]

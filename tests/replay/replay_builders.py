@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import random
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from controller.sim import SimCluster
+from controller.simulate.latency import ServiceModel, ServiceQueue
+from controller.simulate.load import poisson
 from policies.loader import load_policy_text
 from policies.model import Policy
 from policies.snapshot import SnapshotBuilder
@@ -91,3 +94,41 @@ def one_node_cluster(start: float) -> SimCluster:
         .build()
     )
     return SimCluster(snap, start=start, pools=policy().spec.pools)
+
+
+def queue_chat_events(
+    minutes: int,
+    *,
+    rate: Callable[[float], float],
+    replicas: int = 2,
+    base_ms: float = 20.0,
+    per_replica_rps: float = 5.0,
+    seed: int = 1,
+) -> list[Event]:
+    """``minutes`` of ``serving/chat`` as the simulator's queueing model serves it with a fixed
+    ``replicas`` (``rate(s)`` requests/s offered at second ``s``), and every 15 s a reading from
+    each GPU of node ``n0``: a recording whose latency depends on load per replica."""
+    model = ServiceModel(
+        key="serving/chat", peak_rps=0.0, per_replica_rps=per_replica_rps, base_ms=base_ms
+    )
+    queue = ServiceQueue(model, random.Random(seed))
+    arrivals_rng = random.Random(seed + 1)
+    out: list[Event] = []
+    for s in range(minutes * 60):
+        offered = rate(s)
+        n = poisson(arrivals_rng, offered)
+        samples = queue.step(offered_rps=offered, replicas=replicas, arrivals=n, dt=1.0)
+        if samples:
+            out.append(
+                InferenceLatency(ts=T0 + s, service="chat", namespace="serving", samples_ms=samples)
+            )
+        if s % 15 == 0:
+            out += [GpuUtilization(ts=T0 + s, node="n0", gpu=g, util_pct=50.0) for g in range(8)]
+    return out
+
+
+def burst_rate(s: float) -> float:
+    """3 req/s, ramping to 9 (0.9 of two replicas' capacity) from minute 10 to 14, held until
+    minute 24, back to 3 by minute 28; then 3 until the end."""
+    ramp = min(1.0, max(0.0, (s - 600) / 240)) - min(1.0, max(0.0, (s - 1440) / 240))
+    return 3.0 + 6.0 * ramp
