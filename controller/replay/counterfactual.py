@@ -68,17 +68,22 @@ def _tick_of(ts: float, dt: float) -> int:
     return int(-(-ts // dt)) if ts % dt > _EPS * dt else round(ts / dt)
 
 
-def _values(event: InferenceLatency) -> list[float]:
-    """The event's request latencies; a histogram's requests count at their bucket's bound
-    (the overflow bucket at the last bound)."""
+def _requests(event: InferenceLatency) -> list[tuple[float, int]]:
+    """The event's requests as ``(latency, count)``; a histogram's count at their bucket's
+    bound (the overflow bucket at the last bound)."""
     if event.latency_ms is not None:
-        return [event.latency_ms]
+        return [(event.latency_ms, 1)]
     if event.samples_ms is not None:
-        return event.samples_ms
+        return [(v, 1) for v in event.samples_ms]
     h = event.histogram
     assert h is not None
-    bounds = [*h.bounds_ms, h.bounds_ms[-1]]
-    return [b for b, n in zip(bounds, h.counts, strict=True) for _ in range(n)]
+    return [(b, n) for b, n in zip([*h.bounds_ms, h.bounds_ms[-1]], h.counts, strict=True) if n]
+
+
+def _count(event: InferenceLatency) -> int:
+    """How many requests the event reports."""
+    h = event.histogram
+    return sum(h.counts) if h is not None else event.size
 
 
 @dataclass(slots=True)
@@ -86,15 +91,15 @@ class _Series:
     q: float
     arrivals: dict[int, int] = field(default_factory=dict)
     replicas: dict[int, int] = field(default_factory=dict)
-    open: dict[int, list[float]] = field(default_factory=dict)
-    """Bucket -> latencies, for buckets that may still get events."""
+    open: dict[int, list[tuple[float, int]]] = field(default_factory=dict)
+    """Bucket -> ``(latency, requests)``, for buckets that may still get events."""
     pq: dict[int, float | None] = field(default_factory=dict)
     p50: dict[int, float | None] = field(default_factory=dict)
 
     def close_before(self, bucket: int) -> None:
         for b in [b for b in self.open if b < bucket]:
             values = self.open.pop(b)
-            enough = len(values) >= MIN_REQUESTS
+            enough = sum(n for _, n in values) >= MIN_REQUESTS
             self.pq[b] = quantile_at(values, self.q) if enough else None
             self.p50[b] = quantile_at(values, 0.5) if enough else None
 
@@ -129,10 +134,9 @@ class FitRecorder:
             if s is None:
                 continue
             k = _tick_of(item.time, dt)  # type: ignore[union-attr]
-            values = _values(item)  # type: ignore[arg-type]
-            s.arrivals[k] = s.arrivals.get(k, 0) + len(values)
+            s.arrivals[k] = s.arrivals.get(k, 0) + _count(item)  # type: ignore[arg-type]
             b = (k - self.first) // per
-            s.open.setdefault(b, []).extend(values)
+            s.open.setdefault(b, []).extend(_requests(item))  # type: ignore[arg-type]
             s.close_before(b - 1)  # a minute late is still counted
         return batch
 
@@ -183,7 +187,7 @@ class ModelledLatency:
                 counts = pending.get(item.key)
                 if counts is not None:
                     k = _tick_of(item.time, dt)
-                    counts[k] = counts.get(k, 0) + len(_values(item))
+                    counts[k] = counts.get(k, 0) + _count(item)
                     out.append(Withheld(item.time))
                     continue
             out.append(item)

@@ -81,10 +81,18 @@ _GRID: Final = 40
 _GOLDEN: Final = 30
 
 
-def quantile_at(values: Sequence[float], q: float) -> float:
-    """The engine's percentile: the element of rank ``floor(q (n - 1))`` of sorted ``values``."""
+def quantile_at(values: Sequence[tuple[float, int]], q: float) -> float:
+    """The engine's percentile of ``(latency, requests)`` pairs: the request of rank
+    ``floor(q (n - 1))`` in latency order, ``n`` the requests in all (histogram buckets count
+    as their requests, without expanding them)."""
     ordered = sorted(values)
-    return ordered[math.floor(q * (len(ordered) - 1))]
+    rank = math.floor(q * (sum(n for _, n in ordered) - 1))
+    seen = 0
+    for value, n in ordered:
+        seen += n
+        if seen > rank:
+            return value
+    return ordered[-1][0]
 
 
 def smoothed_rates(arrivals: Sequence[int], dt: float) -> list[float]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from replay_builders import (
     POLICY,
+    T0,
     WHOLE,
     burst_rate,
     chat_events,
@@ -16,12 +17,13 @@ from replay_builders import (
     write_recording,
 )
 
-from controller.replay.counterfactual import _tick_of, counterfactual_replay
+from controller.replay.counterfactual import FitRecorder, _tick_of, counterfactual_replay
 from controller.replay.runner import ReplayCluster, ReplaySettings, replay
 from controller.replay.summary import MODELLED_FIT
 from controller.sim import SimCluster
 from policies.model import Policy
 from policies.snapshot import SnapshotBuilder
+from streams.events import InferenceLatency, LatencyHistogram
 
 FIXED = policy(POLICY.replace("replicas: {min: 1, max: 8}", "replicas: {min: 2, max: 2}"))
 SCALING = policy(POLICY.replace("replicas: {min: 1, max: 8}", "replicas: {min: 2, max: 8}"))
@@ -128,3 +130,16 @@ def test_a_service_without_a_usable_fit_keeps_its_recorded_latencies(tmp_path: P
     assert fit["reason"].startswith("poor fit")
     assert not fits["serving/chat"].modelled
     assert attainment(result.summary.to_dict()) == attainment(opened.summary.to_dict())
+
+
+def test_the_fit_pass_counts_histogram_requests_and_replicas() -> None:
+    """A histogram's requests count as arrivals and in the minute's percentiles (at their
+    bucket's bound, the overflow at the last), and each tick records the Running replicas."""
+    recorder = FitRecorder(FIXED, 1.0)
+    histogram = LatencyHistogram(bounds_ms=[10.0, 100.0], counts=[60, 38, 2])
+    event = InferenceLatency(ts=T0 + 1, service="chat", namespace="serving", histogram=histogram)
+    assert recorder.filter([event]) == [event]
+    recorder.tick(T0 + 1, cluster(FIXED)(T0).snapshot())
+    (obs,) = recorder.observed()
+    assert (list(obs.arrivals), list(obs.replicas)) == ([100], [2])
+    assert (list(obs.pq_ms), list(obs.p50_ms)) == ([100.0], [10.0])

@@ -50,8 +50,9 @@ def observed(
         arrivals.append(n)
         running.append(replicas(s))
         if s % 60 == 59:
-            pq.append(quantile_at(minute, 0.99) if len(minute) >= 50 else None)
-            p50.append(quantile_at(minute, 0.5) if len(minute) >= 50 else None)
+            pairs = [(v, 1) for v in minute]
+            pq.append(quantile_at(pairs, 0.99) if len(minute) >= 50 else None)
+            p50.append(quantile_at(pairs, 0.5) if len(minute) >= 50 else None)
             minute = []
     return Observed("serving/chat", 0.99, 1.0, arrivals, running, pq, p50)
 
@@ -136,13 +137,18 @@ def test_latency_unrelated_to_load_is_a_poor_fit() -> None:
 @pytest.mark.parametrize(
     ("values", "q", "want"),
     [
-        pytest.param([5.0], 0.99, 5.0, id="one"),
-        pytest.param([float(v) for v in range(1, 101)], 0.99, 99.0, id="rank floor(q(n-1))"),
-        pytest.param([3.0, 1.0, 2.0], 0.5, 2.0, id="unsorted median"),
+        pytest.param([(5.0, 1)], 0.99, 5.0, id="one"),
+        pytest.param([(float(v), 1) for v in range(1, 101)], 0.99, 99.0, id="floor(q(n-1))"),
+        pytest.param([(3.0, 1), (1.0, 1), (2.0, 1)], 0.5, 2.0, id="unsorted median"),
+        pytest.param([(10.0, 98), (500.0, 2)], 0.99, 500.0, id="histogram: rank 98 of 100"),
+        pytest.param([(10.0, 99), (500.0, 1)], 0.99, 10.0, id="histogram: rank 98 of 100 low"),
     ],
 )
-def test_quantile_uses_the_engines_rank_rule(values: list[float], q: float, want: float) -> None:
-    """quantile_at picks the element of rank floor(q (n - 1)), as the engine's percentile."""
+def test_quantile_uses_the_engines_rank_rule(
+    values: list[tuple[float, int]], q: float, want: float
+) -> None:
+    """quantile_at picks the request of rank floor(q (n - 1)), as the engine's percentile,
+    counting a histogram bucket as its requests."""
     before = list(values)
     assert quantile_at(values, q) == want
     assert values == before
