@@ -145,6 +145,9 @@ class LatencyFit:
     r2: float
     rmse_ms: float
     points: int
+    load_range: tuple[float, float]
+    """Lowest and highest mean load per replica (requests/s) of a point: beyond it the
+    model's form extrapolates, the data does not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +184,9 @@ class Fit:
             "r2": None if f is None else round(f.r2, 4),
             "rmse_ms": None if f is None else round(f.rmse_ms, 1),
             "points": 0 if f is None else f.points,
+            "load_range_rps_per_replica": None
+            if f is None
+            else [round(f.load_range[0], 3), round(f.load_range[1], 3)],
             "validation": self.validation,
         }
 
@@ -295,7 +301,18 @@ def _fit(obs: Observed, points: Points) -> LatencyFit | None:
         r2=1.0 - sse / total if total > 0 else 0.0,
         rmse_ms=rmse,
         points=len(points),
+        load_range=(min(loads := _loads(obs, points)), max(loads)),
     )
+
+
+def _loads(obs: Observed, points: Points) -> list[float]:
+    """Mean requests/s per Running replica of each point's bucket (ticks without one skipped)."""
+    per, out = obs.per_bucket, []
+    for b, _ in points:
+        ticks = range(b * per, min(len(obs.arrivals), (b + 1) * per))
+        served = [obs.arrivals[t] / (obs.replicas[t] * obs.dt) for t in ticks if obs.replicas[t]]
+        out.append(sum(served) / len(served) if served else 0.0)
+    return out
 
 
 def _validate(obs: Observed, points: Points) -> dict[str, Any] | None:
@@ -328,10 +345,12 @@ def fit_line(key: str, f: dict[str, Any]) -> str:
         else f"held-back {v['held_points']} min: MAPE {v['mape_pct']:.1f}%, RMSE {v['rmse_ms']:g}ms"
     )
     used = "modelled" if f["modelled"] else f["reason"]
+    lo, hi = f["load_range_rps_per_replica"]
     return (
         f"fit {key}: P{f['percentile']:g} = {f['p0_ms']:g}ms / (1 - load / "
         f"{f['capacity_rps_per_replica']:g} req/s per replica) + backlog; r2 {f['r2']:.2f}, "
-        f"RMSE {f['rmse_ms']:g}ms over {f['points']} min; {held}; {used}"
+        f"RMSE {f['rmse_ms']:g}ms over {f['points']} min at {lo:g}-{hi:g} req/s per replica; "
+        f"{held}; {used}"
     )
 
 

@@ -79,6 +79,9 @@ def test_fit_recovers_the_parameters_of_the_model_that_made_the_data() -> None:
     assert fit.fit.jitter == pytest.approx(JITTER, abs=0.05)
     assert fit.fit.r2 > 0.8
     assert fit.fit.points == 60
+    lo, hi = fit.fit.load_range  # the wave: 2 to 9.5 req/s over 2 then 3 replicas
+    assert 0.6 < lo < 1.2
+    assert 4.3 < hi < 5.2
     v = fit.validation
     assert v is not None
     assert (v["fit_points"], v["held_points"]) == (42, 18)

@@ -91,7 +91,7 @@ def test_model_fit_prints_and_writes_the_fit_and_its_validation(tmp_path: Path) 
     assert fit["modelled"] is True
     assert set(fit) == {
         "modelled", "reason", "model", "percentile", "p0_ms", "capacity_rps_per_replica",
-        "jitter", "r2", "rmse_ms", "points", "validation",
+        "jitter", "r2", "rmse_ms", "points", "load_range_rps_per_replica", "validation",
     }  # fmt: skip
     assert fit["points"] == 40
     assert set(fit["validation"]) == {
