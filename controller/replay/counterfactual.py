@@ -239,5 +239,6 @@ def counterfactual_replay(
     result = replay(path, policy=policy, cluster=cluster(policy), out_dir=out_dir,
                     settings=settings, progress=progress, notes=notes, hook=hook)  # fmt: skip
     result.summary.latency = MODELLED_FIT
-    result.summary.fit = {key: f.to_dict() for key, f in ours.items()}
+    under = f"{recorded_policy.metadata.name} {recorded_policy.digest()}"
+    result.summary.fit = {key: f.to_dict() | {"replicas_from": under} for key, f in ours.items()}
     return result, ours

@@ -338,6 +338,7 @@ def fit_line(key: str, f: dict[str, Any]) -> str:
     line: the CLI prints it and the report lists it."""
     if f["p0_ms"] is None:
         return f"fit {key}: {f['reason']}; recorded latencies kept"
+    under = f"; replicas as replayed under {f['replicas_from']}" if "replicas_from" in f else ""
     v = f["validation"]
     held = (
         "no held-back points"
@@ -350,7 +351,7 @@ def fit_line(key: str, f: dict[str, Any]) -> str:
         f"fit {key}: P{f['percentile']:g} = {f['p0_ms']:g}ms / (1 - load / "
         f"{f['capacity_rps_per_replica']:g} req/s per replica) + backlog; r2 {f['r2']:.2f}, "
         f"RMSE {f['rmse_ms']:g}ms over {f['points']} min at {lo:g}-{hi:g} req/s per replica; "
-        f"{held}; {used}"
+        f"{held}; {used}{under}"
     )
 
 

@@ -92,6 +92,7 @@ def test_model_fit_prints_and_writes_the_fit_and_its_validation(tmp_path: Path) 
     assert set(fit) == {
         "modelled", "reason", "model", "percentile", "p0_ms", "capacity_rps_per_replica",
         "jitter", "r2", "rmse_ms", "points", "load_range_rps_per_replica", "validation",
+        "replicas_from",
     }  # fmt: skip
     assert fit["points"] == 40
     assert set(fit["validation"]) == {
@@ -100,7 +101,7 @@ def test_model_fit_prints_and_writes_the_fit_and_its_validation(tmp_path: Path) 
     line = next(x for x in result.output.splitlines() if "fit serving/chat:" in x)
     assert f"r2 {fit['r2']:.2f}" in line
     assert f"MAPE {fit['validation']['mape_pct']:.1f}%" in line
-    assert line.endswith("; modelled")
+    assert "; modelled; replicas as replayed under replay-test " in line
     assert "latency modelled (fit)" in result.output
     report = (out / "report.html").read_text()
     assert "Latency model" in report
