@@ -178,6 +178,8 @@ class ModelledLatency:
         self.pending: dict[str, dict[int, int]] = {key: {} for key in self.queues}
         window = max(1, round(SMOOTH_S / dt))
         self.recent: dict[str, deque[int]] = {k: deque(maxlen=window) for k in self.queues}
+        self.done: int | None = None
+        """The last tick run: an arrival stamped at or before it counts at the next one."""
 
     def filter(self, batch: list[Event | Rejection]) -> list[Event | Rejection | Withheld]:
         dt, pending = self.dt, self.pending
@@ -187,6 +189,8 @@ class ModelledLatency:
                 counts = pending.get(item.key)
                 if counts is not None:
                     k = _tick_of(item.time, dt)
+                    if self.done is not None and k <= self.done:
+                        k = self.done + 1  # late, as the runner observes it
                     counts[k] = counts.get(k, 0) + _count(item)
                     out.append(Withheld(item.time))
                     continue
@@ -199,8 +203,8 @@ class ModelledLatency:
         events: list[Event] = []
         for key, queue in self.queues.items():
             counts = self.pending[key]
-            due = [t for t in counts if t <= k]
-            arrivals = sum(counts.pop(t) for t in due)
+            due = range(self.done + 1, k + 1) if self.done is not None else sorted(counts)
+            arrivals = sum(counts.pop(t, 0) for t in due if t <= k)
             recent = self.recent[key]
             recent.append(arrivals)
             rate = sum(recent) / (len(recent) * self.dt)
@@ -212,6 +216,7 @@ class ModelledLatency:
                 events.append(
                     InferenceLatency(ts=now, service=name, namespace=namespace, samples_ms=samples)
                 )
+        self.done = k
         return events
 
 

@@ -78,7 +78,7 @@ _SIMULATOR: Final = ServiceModel(key="", peak_rps=0.0, per_replica_rps=1.0, base
 _CAP: Final = _SIMULATOR.cap
 _TIMEOUT_MS: Final = _SIMULATOR.timeout_ms
 _GRID: Final = 40
-_GOLDEN: Final = 30
+_GOLDEN: Final = 20
 
 
 def quantile_at(values: Sequence[tuple[float, int]], q: float) -> float:
@@ -193,28 +193,34 @@ class Fit:
 
 def _terms(obs: Observed, capacity_rps: float) -> tuple[list[float], list[float]]:
     """Per bucket, the slowdown at the bucket's mean utilization and the highest backlog
-    wait (ms) in it (``inf`` slowdown where no replica ran)."""
-    per, dt = obs.per_bucket, obs.dt
+    wait (ms) in it (``inf`` slowdown where no replica ran). The fit's inner loop: it runs
+    once per tick for every candidate capacity, so it is written for speed."""
+    per, dt, limit = obs.per_bucket, obs.dt, _TIMEOUT_MS / 1000.0
     slow: list[float] = []
     wait: list[float] = []
+    rates, replicas = obs.rates, obs.replicas
     backlog = 0.0
-    total_rho = 0.0
-    worst = 0.0
-    dead = False
-    n_ticks = len(obs.arrivals)
-    for i, (rate, n) in enumerate(zip(obs.rates, obs.replicas, strict=True)):
-        cap = n * capacity_rps
-        if i % per == 0:
-            total_rho, worst, dead = 0.0, 0.0, False
-        if cap <= 0.0:
-            backlog, dead = 0.0, True
-        else:
-            backlog = min(cap * _TIMEOUT_MS / 1000.0, max(0.0, backlog + (rate - cap) * dt))
+    for start in range(0, len(rates), per):
+        total_rho = worst = 0.0
+        dead = False
+        end = min(start + per, len(rates))
+        for i in range(start, end):
+            cap = replicas[i] * capacity_rps
+            if cap <= 0.0:
+                backlog, dead = 0.0, True
+                continue
+            rate = rates[i]
             total_rho += rate / cap
-            worst = max(worst, 1000.0 * backlog / cap)
-        if i % per == per - 1 or i == n_ticks - 1:
-            slow.append(math.inf if dead else slowdown(total_rho / (i % per + 1), _CAP))
-            wait.append(worst)
+            if backlog or rate > cap:
+                backlog += (rate - cap) * dt
+                if backlog <= 0.0:
+                    backlog = 0.0
+                elif backlog > cap * limit:
+                    backlog = cap * limit
+                if 1000.0 * backlog / cap > worst:
+                    worst = 1000.0 * backlog / cap
+        slow.append(math.inf if dead else slowdown(total_rho / (end - start), _CAP))
+        wait.append(worst)
     return slow, wait
 
 
