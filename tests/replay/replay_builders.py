@@ -85,15 +85,16 @@ def write_recording(path: Path, events: Iterable[Event], *, extra: Iterable[str]
     return path
 
 
-def one_node_cluster(start: float) -> SimCluster:
-    """Node ``n0`` (8 GPUs, pool whole) running one replica of ``serving/chat``."""
+def one_node_cluster(start: float, *, replicas: int = 1, of: Policy | None = None) -> SimCluster:
+    """Node ``n0`` (8 GPUs, pool whole) running ``replicas`` of ``serving/chat``, with the
+    pools of policy ``of`` (default :func:`policy`)."""
     snap = (
         SnapshotBuilder()
         .node("n0", gpus=8, labels=WHOLE)
-        .workload("serving", "chat", replicas=1, nodes=["n0"])
+        .workload("serving", "chat", replicas=replicas, nodes=["n0"])
         .build()
     )
-    return SimCluster(snap, start=start, pools=policy().spec.pools)
+    return SimCluster(snap, start=start, pools=(of or policy()).spec.pools)
 
 
 def queue_chat_events(

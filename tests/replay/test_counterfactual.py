@@ -9,9 +9,9 @@ import pytest
 from replay_builders import (
     POLICY,
     T0,
-    WHOLE,
     burst_rate,
     chat_events,
+    one_node_cluster,
     policy,
     queue_chat_events,
     write_recording,
@@ -20,9 +20,7 @@ from replay_builders import (
 from controller.replay.counterfactual import FitRecorder, _tick_of, counterfactual_replay
 from controller.replay.runner import ReplayCluster, ReplaySettings, replay
 from controller.replay.summary import MODELLED_FIT
-from controller.sim import SimCluster
 from policies.model import Policy
-from policies.snapshot import SnapshotBuilder
 from streams.events import InferenceLatency, LatencyHistogram
 
 FIXED = policy(POLICY.replace("replicas: {min: 1, max: 8}", "replicas: {min: 2, max: 2}"))
@@ -31,17 +29,7 @@ SCALING = policy(POLICY.replace("replicas: {min: 1, max: 8}", "replicas: {min: 2
 
 def cluster(p: Policy) -> Callable[[float], ReplayCluster]:
     """Node ``n0`` (8 GPUs) running two replicas of ``serving/chat``."""
-
-    def make(start: float) -> ReplayCluster:
-        snap = (
-            SnapshotBuilder()
-            .node("n0", gpus=8, labels=WHOLE)
-            .workload("serving", "chat", replicas=2, nodes=["n0"])
-            .build()
-        )
-        return SimCluster(snap, start=start, pools=p.spec.pools)
-
-    return make
+    return lambda start: one_node_cluster(start, replicas=2, of=p)
 
 
 @pytest.fixture(scope="module")
