@@ -123,20 +123,16 @@ class FitRecorder:
     def filter(self, batch: list[Event | Rejection]) -> Sequence[Event | Rejection | Withheld]:
         dt, series, per = self.dt, self.series, self.per
         for item in batch:
-            cls = type(item)
-            if cls is Rejection:
+            if isinstance(item, Rejection):
                 continue
             if self.first is None:
-                self.first = _tick_of(item.ts, dt)  # type: ignore[union-attr,arg-type]
-            if cls is not InferenceLatency:
+                self.first = _tick_of(item.time, dt)
+            if not isinstance(item, InferenceLatency) or (s := series.get(item.key)) is None:
                 continue
-            s = series.get(item.key)  # type: ignore[union-attr]
-            if s is None:
-                continue
-            k = _tick_of(item.time, dt)  # type: ignore[union-attr]
-            s.arrivals[k] = s.arrivals.get(k, 0) + _count(item)  # type: ignore[arg-type]
+            k = _tick_of(item.time, dt)
+            s.arrivals[k] = s.arrivals.get(k, 0) + _count(item)
             b = (k - self.first) // per
-            s.open.setdefault(b, []).extend(_requests(item))  # type: ignore[arg-type]
+            s.open.setdefault(b, []).extend(_requests(item))
             s.close_before(b - 1)  # a minute late is still counted
         return batch
 
