@@ -42,6 +42,7 @@ from controller.replay.fit import (
     fit_service,
     quantile_at,
 )
+from controller.replay.inventory import MAX_PODS
 from controller.replay.runner import ReplayCluster, ReplayResult, ReplaySettings, Withheld, replay
 from controller.replay.summary import MODELLED_FIT
 from controller.simulate.latency import ServiceQueue
@@ -95,8 +96,13 @@ class _Series:
     """Bucket -> ``(latency, requests)``, for buckets that may still get events."""
     pq: dict[int, float | None] = field(default_factory=dict)
     p50: dict[int, float | None] = field(default_factory=dict)
+    pods: dict[int, set[str]] = field(default_factory=dict)
+    """Bucket -> the pods its latency events named, while open; then :attr:`pod_counts`."""
+    pod_counts: dict[int, int] = field(default_factory=dict)
 
     def close_before(self, bucket: int) -> None:
+        for b in [b for b in self.pods if b < bucket]:
+            self.pod_counts[b] = len(self.pods.pop(b))
         for b in [b for b in self.open if b < bucket]:
             values = self.open.pop(b)
             enough = sum(n for _, n in values) >= MIN_REQUESTS
@@ -106,7 +112,11 @@ class _Series:
 
 class FitRecorder:
     """The fit pass's hook: observes the recorded latencies, records replicas at each tick.
-    Memory: a few numbers per service and tick, and one open minute of latencies."""
+    Memory: a few numbers per service and tick, and one open minute of latencies.
+
+    The replicas that served are the simulated cluster's Running ones, except in minutes whose
+    latency events name pods (``pod``): there the distinct pods named are the recording's own
+    word for them (as :mod:`.inventory` counts a service's replicas)."""
 
     def __init__(self, policy: Policy, dt: float) -> None:
         self.dt = dt
@@ -133,6 +143,10 @@ class FitRecorder:
             s.arrivals[k] = s.arrivals.get(k, 0) + _count(item)
             b = (k - self.first) // per
             s.open.setdefault(b, []).extend(_requests(item))
+            if item.pod is not None:
+                pods = s.pods.setdefault(b, set())
+                if len(pods) < MAX_PODS:
+                    pods.add(item.pod)
             s.close_before(b - 1)  # a minute late is still counted
         return batch
 
@@ -154,9 +168,19 @@ class FitRecorder:
             pq = [s.pq.get(b) for b in buckets]
             p50 = [s.p50.get(b) for b in buckets]
             arrivals = [s.arrivals.get(k, 0) for k in ticks]
-            replicas = [s.replicas.get(k, 0) for k in ticks]
+            named, per = s.pod_counts, self.per
+            replicas = [named.get(i // per, s.replicas.get(k, 0)) for i, k in enumerate(ticks)]
             out.append(Observed(key, s.q, self.dt, arrivals, replicas, pq, p50))
         return out
+
+    def replicas_from(self, key: str, policy: Policy) -> str:
+        """Where the replicas fitted to for service ``key`` came from, in words."""
+        replayed = f"replayed under {policy.metadata.name} {policy.digest()}"
+        named = len(self.series[key].pod_counts)
+        if not named:
+            return replayed
+        minutes = -(-(self.last + 1 - (self.first or 0)) // self.per)
+        return f"pods named on its latency events ({named} of {minutes} min), else {replayed}"
 
 
 class ModelledLatency:
@@ -240,6 +264,8 @@ def counterfactual_replay(
     result = replay(path, policy=policy, cluster=cluster(policy), out_dir=out_dir,
                     settings=settings, progress=progress, notes=notes, hook=hook)  # fmt: skip
     result.summary.latency = MODELLED_FIT
-    under = f"{recorded_policy.metadata.name} {recorded_policy.digest()}"
-    result.summary.fit = {key: f.to_dict() | {"replicas_from": under} for key, f in ours.items()}
+    result.summary.fit = {
+        key: f.to_dict() | {"replicas_from": recorder.replicas_from(key, recorded_policy)}
+        for key, f in ours.items()
+    }
     return result, ours

@@ -344,7 +344,7 @@ def fit_line(key: str, f: dict[str, Any]) -> str:
     line: the CLI prints it and the report lists it."""
     if f["p0_ms"] is None:
         return f"fit {key}: {f['reason']}; recorded latencies kept"
-    under = f"; replicas as replayed under {f['replicas_from']}" if "replicas_from" in f else ""
+    under = f"; replicas {f['replicas_from']}" if "replicas_from" in f else ""
     v = f["validation"]
     held = (
         "no held-back points"

@@ -101,14 +101,17 @@ def queue_chat_events(
     minutes: int,
     *,
     rate: Callable[[float], float],
-    replicas: int = 2,
+    replicas: Callable[[int], int] = lambda s: 2,
+    name_pods: bool = False,
     base_ms: float = 20.0,
     per_replica_rps: float = 5.0,
     seed: int = 1,
 ) -> list[Event]:
-    """``minutes`` of ``serving/chat`` as the simulator's queueing model serves it with a fixed
-    ``replicas`` (``rate(s)`` requests/s offered at second ``s``), and every 15 s a reading from
-    each GPU of node ``n0``: a recording whose latency depends on load per replica."""
+    """``minutes`` of ``serving/chat`` as the simulator's queueing model serves it with
+    ``replicas(s)`` replicas (``rate(s)`` requests/s offered at second ``s``), and every 15 s a
+    reading from each GPU of node ``n0``: a recording whose latency depends on load per replica.
+    With ``name_pods`` each second's requests are split round-robin over events naming the
+    replicas ``chat-0``, ``chat-1``, …"""
     model = ServiceModel(
         key="serving/chat", peak_rps=0.0, per_replica_rps=per_replica_rps, base_ms=base_ms
     )
@@ -118,11 +121,17 @@ def queue_chat_events(
     for s in range(minutes * 60):
         offered = rate(s)
         n = poisson(arrivals_rng, offered)
-        samples = queue.step(offered_rps=offered, replicas=replicas, arrivals=n, dt=1.0)
-        if samples:
-            out.append(
-                InferenceLatency(ts=T0 + s, service="chat", namespace="serving", samples_ms=samples)
+        serving = replicas(s)
+        samples = queue.step(offered_rps=offered, replicas=serving, arrivals=n, dt=1.0)
+        shares = [samples[i::serving] for i in range(serving)] if name_pods else [samples]
+        out += [
+            InferenceLatency(
+                ts=T0 + s, service="chat", namespace="serving", samples_ms=share,
+                pod=f"chat-{i}" if name_pods else None,
             )
+            for i, share in enumerate(shares)
+            if share
+        ]  # fmt: skip
         if s % 15 == 0:
             out += [GpuUtilization(ts=T0 + s, node="n0", gpu=g, util_pct=50.0) for g in range(8)]
     return out

@@ -18,6 +18,7 @@ from replay_builders import (
 )
 
 from controller.replay.counterfactual import FitRecorder, _tick_of, counterfactual_replay
+from controller.replay.fit import fit_service
 from controller.replay.runner import ReplayCluster, ReplaySettings, replay
 from controller.replay.summary import MODELLED_FIT
 from policies.model import Policy
@@ -131,3 +132,41 @@ def test_the_fit_pass_counts_histogram_requests_and_replicas() -> None:
     (obs,) = recorder.observed()
     assert (list(obs.arrivals), list(obs.replicas)) == ([100], [2])
     assert (list(obs.pq_ms), list(obs.p50_ms)) == ([100.0], [10.0])
+
+
+def _fit_pass(recording: Path) -> FitRecorder:
+    """The fit pass of counterfactual replay under the fixed-replicas policy."""
+    recorder = FitRecorder(FIXED, 1.0)
+    replay(recording, policy=FIXED, cluster=cluster(FIXED),
+           out_dir=recording.parent / "fit", hook=recorder)  # fmt: skip
+    return recorder
+
+
+def test_pods_named_on_latency_events_are_the_replicas_fitted_to(tmp_path: Path) -> None:
+    """The recording's chat ran 2 replicas, then 4 from minute 20, which the fixed-replicas
+    policy's replay cannot know. When the latency events name their pods, the fit counts them
+    per minute and finds the per-replica capacity (5 req/s) within 15%; without the names it
+    fits the replay's 2 replicas throughout, misses it by more, and its validation error on
+    the held-back minutes (all at 4 replicas) shows it."""
+    fits = {}
+    for named in (True, False):
+        events = queue_chat_events(
+            40, rate=lambda s: 2.0 * burst_rate(s), replicas=lambda s: 2 if s < 1200 else 4,
+            name_pods=named,
+        )  # fmt: skip
+        (tmp_path / str(named)).mkdir()
+        recorder = _fit_pass(write_recording(tmp_path / str(named) / "r.jsonl", events))
+        (obs,) = recorder.observed()
+        fits[named] = fit_service(obs)
+        where = recorder.replicas_from("serving/chat", FIXED)
+        assert where.startswith("pods named on its latency events (40 of 40 min)") == named
+        assert set(obs.replicas) == ({2, 4} if named else {2})
+    named_fit, blind_fit = fits[True].fit, fits[False].fit
+    assert named_fit is not None
+    assert blind_fit is not None
+    assert named_fit.capacity_rps == pytest.approx(5.0, rel=0.15)
+    assert abs(blind_fit.capacity_rps - 5.0) > abs(named_fit.capacity_rps - 5.0)
+    named_v, blind_v = fits[True].validation, fits[False].validation
+    assert named_v is not None
+    assert blind_v is not None
+    assert named_v["mape_pct"] < 20.0 < 100.0 < blind_v["mape_pct"]

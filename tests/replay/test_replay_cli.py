@@ -101,7 +101,7 @@ def test_model_fit_prints_and_writes_the_fit_and_its_validation(tmp_path: Path) 
     line = next(x for x in result.output.splitlines() if "fit serving/chat:" in x)
     assert f"r2 {fit['r2']:.2f}" in line
     assert f"MAPE {fit['validation']['mape_pct']:.1f}%" in line
-    assert "; modelled; replicas as replayed under replay-test " in line
+    assert "; modelled; replicas replayed under replay-test " in line
     assert "latency modelled (fit)" in result.output
     report = (out / "report.html").read_text()
     assert "Latency model" in report
