@@ -170,3 +170,23 @@ def test_pods_named_on_latency_events_are_the_replicas_fitted_to(tmp_path: Path)
     assert named_v is not None
     assert blind_v is not None
     assert named_v["mape_pct"] < 20.0 < 100.0 < blind_v["mape_pct"]
+
+
+def test_withheld_latency_events_still_drive_the_clock(tmp_path: Path) -> None:
+    """A recording of latency events only: the counterfactual replay ticks over the same span
+    as the open-loop one (the recorded events it withholds from the engine still move time)
+    and the engine sees the modelled requests."""
+    events = [e for e in queue_chat_events(25, rate=burst_rate) if isinstance(e, InferenceLatency)]
+    recording = write_recording(tmp_path / "latency-only.jsonl", events)
+    settings = ReplaySettings()
+    opened = replay(recording, policy=FIXED, cluster=cluster(FIXED),
+                    out_dir=tmp_path / "open", settings=settings).summary.to_dict()  # fmt: skip
+    result, fits = counterfactual_replay(
+        recording, policy=FIXED, recorded_policy=FIXED, cluster=cluster,
+        out_dir=tmp_path / "cf", settings=settings,
+    )  # fmt: skip
+    assert fits["serving/chat"].modelled, fits["serving/chat"].reason
+    summary = result.summary.to_dict()
+    assert summary["time"] == opened["time"]
+    assert summary["time"]["ticks"] == 25 * 60
+    assert summary["slo"]["serving/chat"]["evaluated_seconds"] > 0.9 * 25 * 60
