@@ -17,9 +17,14 @@ from replay_builders import (
     write_recording,
 )
 
-from controller.replay.counterfactual import FitRecorder, _tick_of, counterfactual_replay
-from controller.replay.fit import fit_service
-from controller.replay.runner import ReplayCluster, ReplaySettings, replay
+from controller.replay.counterfactual import (
+    FitRecorder,
+    ModelledLatency,
+    _tick_of,
+    counterfactual_replay,
+)
+from controller.replay.fit import Fit, LatencyFit, fit_service
+from controller.replay.runner import ReplayCluster, ReplaySettings, Withheld, replay
 from controller.replay.summary import MODELLED_FIT
 from policies.model import Policy
 from streams.events import InferenceLatency, LatencyHistogram
@@ -190,3 +195,20 @@ def test_withheld_latency_events_still_drive_the_clock(tmp_path: Path) -> None:
     assert summary["time"] == opened["time"]
     assert summary["time"]["ticks"] == 25 * 60
     assert summary["slo"]["serving/chat"]["evaluated_seconds"] > 0.9 * 25 * 60
+
+
+def test_a_late_recorded_request_is_modelled_at_the_next_tick() -> None:
+    """A recorded event older than the last tick run (late, as the runner observes it) is
+    withheld and its requests are drawn at the next tick, not lost."""
+    fitted = LatencyFit(p0_ms=30.0, capacity_rps=5.0, jitter=0.1, r2=0.9, rmse_ms=1.0,
+                        points=40, load_range=(1.0, 4.0))  # fmt: skip
+    hook = ModelledLatency(FIXED, {"serving/chat": Fit("serving/chat", 0.99, fitted, None, True,
+                                                       "fitted")}, 1.0)  # fmt: skip
+    snapshot = cluster(FIXED)(T0).snapshot()
+    assert hook.tick(T0 + 10, snapshot) == []
+    late = InferenceLatency(ts=T0 + 5, service="chat", namespace="serving", samples_ms=[1.0] * 7)
+    assert hook.filter([late]) == [Withheld(T0 + 5)]
+    (drawn,) = hook.tick(T0 + 11, snapshot)
+    assert isinstance(drawn, InferenceLatency)
+    assert (drawn.ts, len(drawn.samples_ms or [])) == (T0 + 11, 7)
+    assert hook.tick(T0 + 12, snapshot) == []
