@@ -45,8 +45,8 @@ from typing import Final
 from controller.cluster import Outcome
 from policies.budgets import Budgets, BudgetState, Ledger, SlidingBudget
 from policies.decisions import Decision, Evict, MigConvert, Scale
-from policies.drain import disrupt_forbidden
-from policies.model import DO_NOT_DISRUPT, Policy
+from policies.drain import disrupt_annotation, disrupt_forbidden
+from policies.model import Policy
 from policies.snapshot import FrozenMap
 
 __all__ = [
@@ -125,8 +125,8 @@ def target_refusal(policy: Policy, decision: Decision, target: Target) -> str | 
     spec = policy.spec
     if target.namespace is not None and target.namespace in spec.protected_namespaces:
         return f"namespace {target.namespace} is protected"
-    if disrupt_forbidden(target.annotations):
-        return f"{target.kind} {target.name} is annotated {DO_NOT_DISRUPT}"
+    if (annotation := disrupt_annotation(target.annotations)) is not None:
+        return f"{target.kind} {target.name} is annotated {annotation}"
     if isinstance(decision, Scale):
         key = f"{target.namespace}/{target.name}"
         if decision.role == "inference":

@@ -24,7 +24,10 @@ Design:
   snapshot can show yields a new object.
 * Consistency is per informer, as in any informer-based controller: the snapshot is what the
   caches hold at the moment of the call, with no cross-kind transaction.
-* :meth:`KubeClusterState.pdbs` hands the cached PodDisruptionBudgets (raw dicts) to actuators.
+* :meth:`KubeClusterState.pdbs` hands the cached PodDisruptionBudgets (raw dicts) to actuators,
+  :meth:`KubeClusterState.owners` the workloads HPAs and KEDA ScaledObjects scale.
+* Workloads are translated by their kind's adapter (:mod:`controller.kube.workloads`), which
+  carries the owner's bounds (a PyTorchJob's ``elasticPolicy``) into the snapshot.
 """
 
 from __future__ import annotations
@@ -50,8 +53,9 @@ from controller.kube.translate import (
     node_from,
     pod_from,
     priorities_from,
-    workload_from,
 )
+from controller.kube.workloads import ADAPTERS, Adapter
+from controller.kube.workloads.autoscalers import HPAS, SCALED_OBJECTS, Owners, owners
 from policies.snapshot import Pod, Snapshot, Workload
 
 __all__ = ["WORKLOAD_KINDS", "ClusterStateSettings", "KubeClusterState", "workload_kinds"]
@@ -69,7 +73,7 @@ LIVE_PODS: Final = "status.phase!=Succeeded,status.phase!=Failed"
 
 #: The workload kinds the adapter can track, by the names the ``kube.workload_kinds`` setting uses.
 WORKLOAD_KINDS: Final[Mapping[str, WorkloadKind]] = {
-    k.kind: k for k in (DEPLOYMENT, STATEFULSET, PYTORCHJOB)
+    name: adapter.kind for name, adapter in ADAPTERS.items()
 }
 
 _T = TypeVar("_T")
@@ -206,6 +210,12 @@ class KubeClusterState:
         self._priorities = Priorities()
         self._classes = Informer(api, PRIORITY_CLASSES, **common)
         self._pdbs = Informer(api, PDBS, **scoped)
+        # Other autoscalers (KEDA is optional: no CRD lists 404 and counts as none).
+        self._hpas = Informer(api, HPAS, optional=True, rediscover_s=settings.rediscover_s, **scoped)
+        self._scaled_objects = Informer(
+            api, SCALED_OBJECTS, optional=True, rediscover_s=settings.rediscover_s, **scoped
+        )
+        self._owners: tuple[tuple[int, int], Owners] = ((-1, -1), {})
         self._nodes = _Translations(
             Informer(api, NODES, label_selector=settings.node_selector, **common),
             node_from,
@@ -239,7 +249,13 @@ class KubeClusterState:
         translated: list[_Translations[Any]] = [self._nodes, self._pods, *self._workloads]
         for translations in translated:
             translations.informer.on_change = translations.mark
-        self._all = (self._classes, self._pdbs, *(t.informer for t in translated))
+        self._all = (
+            self._classes,
+            self._pdbs,
+            self._hpas,
+            self._scaled_objects,
+            *(t.informer for t in translated),
+        )
         self._seen_versions: tuple[int, ...] | None = None
         self._classes_version = -1
         self._snapshot = Snapshot()
@@ -302,6 +318,14 @@ class KubeClusterState:
         their annotations."""
         return self._nodes.informer.items()
 
+    def owners(self) -> Owners:
+        """Workloads that an HPA or KEDA ScaledObject scales, and which one (re-indexed only
+        when either informer moved)."""
+        versions = (self._hpas.version, self._scaled_objects.version)
+        if versions != self._owners[0]:
+            self._owners = (versions, owners(self._hpas.items(), self._scaled_objects.items()))
+        return self._owners[1]
+
     def pdbs(self) -> list[Obj]:
         """The cached PodDisruptionBudgets, raw (the cache's own dicts: do not mutate)."""
         return self._pdbs.items()
@@ -336,8 +360,10 @@ class KubeClusterState:
         return pod_from(obj, priorities=self._priorities, kinds=self._kinds)
 
     def _workload_translator(self, kind: WorkloadKind) -> Callable[[Obj], Workload | None]:
+        adapter = ADAPTERS.get(kind.kind) or Adapter(kind)
+
         def translate(obj: Obj) -> Workload | None:
-            return workload_from(obj, kind, priorities=self._priorities)
+            return adapter.workload(obj, self._priorities)
 
         return translate
 

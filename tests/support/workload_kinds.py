@@ -1,0 +1,142 @@
+"""Realistic manifests of the workload kinds Ebbtide acts on (``manifests/``), and the resource
+types the test API server serves them as: JobSet, RayCluster, batch/v1 Job, Kueue Workload,
+HorizontalPodAutoscaler and KEDA ScaledObject (PyTorchJob is served by default)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes_asyncio.client import ApiClient
+
+from controller.kube.actuator import ApiLimits, KubeActuator
+from controller.kube.state import workload_kinds
+from controller.kube.workloads.autoscalers import Owners
+from controller.safety import SafetyGate
+from policies.decisions import Evict, Explanation, Scale
+from policies.model import Policy
+
+from .kubeapi import KubeAPIServer
+from .kubeapi_store import ResourceType
+
+__all__ = [
+    "HPA",
+    "JOB",
+    "JOBSET",
+    "KUEUE_WORKLOAD",
+    "RAYCLUSTER",
+    "SCALED_OBJECT",
+    "TRAINING",
+    "events",
+    "evict",
+    "kind_actuator",
+    "manifest",
+    "scale",
+    "training_policy",
+    "writes",
+]
+
+JOBSET = ResourceType(group="jobset.x-k8s.io", version="v1alpha2", plural="jobsets", kind="JobSet")
+RAYCLUSTER = ResourceType(group="ray.io", version="v1", plural="rayclusters", kind="RayCluster")
+JOB = ResourceType(group="batch", version="v1", plural="jobs", kind="Job")
+KUEUE_WORKLOAD = ResourceType(
+    group="kueue.x-k8s.io", version="v1beta1", plural="workloads", kind="Workload"
+)
+HPA = ResourceType(
+    group="autoscaling", version="v2", plural="horizontalpodautoscalers",
+    kind="HorizontalPodAutoscaler",
+)  # fmt: skip
+SCALED_OBJECT = ResourceType(
+    group="keda.sh", version="v1alpha1", plural="scaledobjects", kind="ScaledObject"
+)
+
+_DIR = Path(__file__).parent / "manifests"
+
+
+@cache
+def _load(file: str) -> tuple[dict[str, Any], ...]:
+    return tuple(d for d in yaml.safe_load_all((_DIR / file).read_text()) if d)
+
+
+def manifest(file: str, kind: str | None = None) -> dict[str, Any]:
+    """A fresh copy of the (first, or first ``kind``) object in ``manifests/<file>``."""
+    docs = [d for d in _load(file) if kind is None or d["kind"] == kind]
+    return copy.deepcopy(docs[0])
+
+
+TRAINING = {"ebbtide.io/class": "training"}
+
+
+def training_policy(**training: Any) -> Policy:
+    """A policy selecting ``ebbtide.io/class: training`` workloads, with ample budgets."""
+    return Policy.model_validate(
+        {
+            "apiVersion": "ebbtide.io/v1alpha1",
+            "kind": "Policy",
+            "metadata": {"name": "kinds"},
+            "spec": {
+                "pools": {"whole": {"nodeSelector": {"ebbtide.io/pool": "whole"}}},
+                "training": {"selector": dict(TRAINING), **training},
+                "budgets": {"evictions": {"max": 10, "per": "10m"}},
+            },
+        }
+    )
+
+
+def kind_actuator(
+    api: ApiClient,
+    kinds: tuple[str, ...],
+    *,
+    policy: Policy | None = None,
+    dry_run: bool = False,
+    owners: Callable[[], Owners] = dict,
+) -> KubeActuator:
+    """A leader's actuator for the named kinds, with short API limits."""
+    gate = SafetyGate(policy or training_policy(), is_leader=lambda: True, dry_run=dry_run)
+    return KubeActuator(
+        api,
+        gate,
+        nodes=list,
+        workload_kinds=workload_kinds(kinds),
+        limits=ApiLimits(timeout_s=0.5, attempts=3, deadline_s=5.0),
+        owners=owners,
+    )
+
+
+def why(rule: str = "free-gpus-evict-training") -> Explanation:
+    return Explanation.of(rule, "serving/chat breaching", inputs={"gpus_needed": 1})
+
+
+_AT = itertools.count(1)
+
+
+def scale(workload: str, kind: str, frm: int, to: int) -> Scale:
+    """A training Scale decision, each at its own time (so each is its own decision)."""
+    return Scale(float(next(_AT)), workload, kind, frm, to, "training", why())
+
+
+def evict(pod: str, workload: str | None = None) -> Evict:
+    """An Evict decision, each at its own time."""
+    return Evict(float(next(_AT)), pod, "gpu-1", workload, 10.0, why())
+
+
+def events(server: KubeAPIServer) -> list[tuple[str, str, str]]:
+    """(reason, involved kind/name, message) of every core/v1 Event."""
+    return [
+        (e["reason"], f"{e['involvedObject']['kind']}/{e['involvedObject']['name']}", e["message"])
+        for e in server.objects("events")
+    ]
+
+
+def writes(server: KubeAPIServer) -> list[tuple[str, str]]:
+    """(method, path) of every request that was not a read, Events left out."""
+    return [
+        (r.method, r.path)
+        for r in server.requests
+        if r.method != "GET" and "/events" not in r.path
+    ]
