@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, cast
@@ -409,10 +409,15 @@ def snapshot_from(
     workloads: Iterable[tuple[WorkloadKind, Obj]] = (),
     priority_classes: Iterable[Obj] = (),
     kinds: Sequence[WorkloadKind] = (DEPLOYMENT, STATEFULSET, PYTORCHJOB),
+    workload: Callable[[Obj, WorkloadKind, Priorities], Workload] | None = None,
 ) -> Snapshot:
-    """Translate whole lists into a snapshot, sorted as :class:`SnapshotBuilder` sorts."""
+    """Translate whole lists into a snapshot, sorted as :class:`SnapshotBuilder` sorts;
+    ``workload`` translates a workload (its kind's adapter), :func:`workload_from` by default."""
     priorities = priorities_from(priority_classes)
-    translated = [workload_from(o, k, priorities=priorities) for k, o in workloads]
+    if workload is None:
+        translated = [workload_from(o, k, priorities=priorities) for k, o in workloads]
+    else:
+        translated = [workload(o, k, priorities) for k, o in workloads]
     tracked = {w.key for w in translated}
     kept = (pod_from(o, priorities=priorities, kinds=kinds) for o in pods)
     return Snapshot(

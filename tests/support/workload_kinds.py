@@ -1,6 +1,6 @@
 """Realistic manifests of the workload kinds Ebbtide acts on (``manifests/``), and the resource
-types the test API server serves them as: JobSet, RayCluster, batch/v1 Job, Kueue Workload,
-HorizontalPodAutoscaler and KEDA ScaledObject (PyTorchJob is served by default)."""
+types the test API server serves them as: JobSet, RayCluster, batch/v1 Job, Kueue Workload and
+KEDA ScaledObject (PyTorchJob and HorizontalPodAutoscalers are served by default)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from .kubeapi import KubeAPIServer
 from .kubeapi_store import ResourceType
 
 __all__ = [
-    "HPA",
     "JOB",
     "JOBSET",
     "KUEUE_WORKLOAD",
@@ -47,10 +46,6 @@ JOB = ResourceType(group="batch", version="v1", plural="jobs", kind="Job")
 KUEUE_WORKLOAD = ResourceType(
     group="kueue.x-k8s.io", version="v1beta1", plural="workloads", kind="Workload"
 )
-HPA = ResourceType(
-    group="autoscaling", version="v2", plural="horizontalpodautoscalers",
-    kind="HorizontalPodAutoscaler",
-)  # fmt: skip
 SCALED_OBJECT = ResourceType(
     group="keda.sh", version="v1alpha1", plural="scaledobjects", kind="ScaledObject"
 )
