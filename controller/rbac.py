@@ -68,6 +68,7 @@ def kind_rules(kind: WorkloadKind) -> tuple[Rule, ...]:
     ``/scale`` subresource, or a patch of the object for kinds without one), and whatever else
     its owner is reached through (a Job's Kueue Workloads)."""
     adapter = ADAPTERS.get(kind.kind) or Adapter(kind)
+    rules: tuple[Rule, ...]
     if adapter.via_scale:
         rules = (
             Rule(kind.group, (kind.plural,), ("get", "list", "watch")),

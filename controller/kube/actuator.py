@@ -75,7 +75,7 @@ def _split(key: str) -> tuple[str, str]:
     return (namespace, name) if name else ("default", namespace)
 
 
-def _meta(obj: dict[str, Any]) -> dict[str, Any]:
+def _meta(obj: Obj) -> dict[str, Any]:
     return dict(obj.get("metadata") or {})
 
 
@@ -189,8 +189,8 @@ class KubeActuator:
             )
             if not (verdict := self.gate.check_target(d, live)).ok:
                 return await self._verdict(d, verdict, ref)
-            if (why := self._autoscaler_refusal(d, namespace, name)) is not None:
-                return await self._done(d, Outcome.REFUSED, why, ref)
+            if (other := self._autoscaler_refusal(d, namespace, name)) is not None:
+                return await self._done(d, Outcome.REFUSED, other, ref)
             return await self._scale_loop(d, adapter, obj, permit, ref)
 
     def _autoscaler_refusal(self, d: Scale, namespace: str, name: str) -> str | None:
@@ -227,8 +227,8 @@ class KubeActuator:
                 if replicas != d.from_replicas:
                     why = f"changed under us: replicas is {replicas}, decided on {step}"
                     return await self._done(d, Outcome.REFUSED, why, ref)
-                if (why := adapter.refusal(obj, d.to_replicas)) is not None:
-                    return await self._done(d, Outcome.REFUSED, why, ref)
+                if (owners_rule := adapter.refusal(obj, d.to_replicas)) is not None:
+                    return await self._done(d, Outcome.REFUSED, owners_rule, ref)
                 pods = await self._victim_pods(adapter, obj, d)
                 if self.gate.dry_run_for(d):
                     named = _named(adapter.resize(obj, d.to_replicas, pods))

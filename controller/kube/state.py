@@ -211,7 +211,9 @@ class KubeClusterState:
         self._classes = Informer(api, PRIORITY_CLASSES, **common)
         self._pdbs = Informer(api, PDBS, **scoped)
         # Other autoscalers (KEDA is optional: no CRD lists 404 and counts as none).
-        self._hpas = Informer(api, HPAS, optional=True, rediscover_s=settings.rediscover_s, **scoped)
+        self._hpas = Informer(
+            api, HPAS, optional=True, rediscover_s=settings.rediscover_s, **scoped
+        )
         self._scaled_objects = Informer(
             api, SCALED_OBJECTS, optional=True, rediscover_s=settings.rediscover_s, **scoped
         )

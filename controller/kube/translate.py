@@ -24,8 +24,9 @@ Design:
   value of ``spec.priorityClassName``, else the ``globalDefault`` class. The owner workload is a
   Deployment (via its ReplicaSet, whose name is ``<deployment>-<pod-template-hash>``), a
   StatefulSet, or a configured custom kind, directly or by a pod label such as
-  ``training.kubeflow.org/job-name`` (a label wins: a JobSet's pods are owned by its Jobs). Succeeded and Failed pods are dropped (:func:`pod_from`
-  returns None); :func:`keep_pod` keeps GPU pods and pods of tracked workloads.
+  ``training.kubeflow.org/job-name`` (a label wins: a JobSet's pods are owned by its Jobs).
+  Succeeded and Failed pods are dropped (:func:`pod_from` returns None); :func:`keep_pod` keeps
+  GPU pods and pods of tracked workloads.
 * **Workloads.** Deployments, StatefulSets and custom kinds described by :class:`WorkloadKind`
   (where the replica count and the pod template live), with GPUs per replica from the template.
 * :func:`snapshot_from` translates whole lists at once: the reference the incremental state is

@@ -100,9 +100,7 @@ async def test_the_policy_can_give_ebbtide_the_workload(
     assert writes(kubeapi) == [("PATCH", "/apis/apps/v1/namespaces/ml/deployments/train/scale")]
 
 
-async def test_a_cluster_without_keda_syncs(
-    kubeapi: KubeAPIServer, kube_client: ApiClient
-) -> None:
+async def test_a_cluster_without_keda_syncs(kubeapi: KubeAPIServer, kube_client: ApiClient) -> None:
     """No KEDA CRD (its LIST answers 404): the state syncs and still indexes HPAs."""
     await kubeapi.create(manifest("autoscalers.yaml", "HorizontalPodAutoscaler"))
     async with synced(kube_client) as state:

@@ -92,7 +92,8 @@ async def test_dry_run_preemption_writes_nothing(
     (result,) = await act.apply([evict("ml/sample-job-x7k2p", "ml/sample-job")])
     assert result.outcome is Outcome.DRY_RUN
     assert f"would deactivate Kueue Workload {WORKLOAD}" in result.detail
-    assert writes(kubeapi) == [] and active(kubeapi)
+    assert writes(kubeapi) == []
+    assert active(kubeapi)
 
 
 async def test_a_kueue_job_is_never_resized_and_resumes_when_grown(
@@ -104,7 +105,8 @@ async def test_a_kueue_job_is_never_resized_and_resumes_when_grown(
     await admitted_job(kubeapi)
     act = kind_actuator(kube_client, ("Job",))
     (shrink,) = await act.apply([scale("ml/sample-job", "Job", 3, 2)])
-    assert shrink.outcome is Outcome.REFUSED and "Kueue" in shrink.detail
+    assert shrink.outcome is Outcome.REFUSED
+    assert "Kueue" in shrink.detail
     await act.apply([evict("ml/sample-job-x7k2p", "ml/sample-job")])
     await kubeapi.patch("Job", "ml", "sample-job", {"spec": {"suspend": True}})  # Kueue's part
     job = kubeapi.get("Job", "ml", "sample-job")
@@ -128,7 +130,8 @@ async def test_a_job_suspended_by_someone_else_is_not_resumed(
     (result,) = await kind_actuator(kube_client, ("Job",)).apply(
         [scale("ml/sample-job", "Job", 0, 1)]
     )
-    assert result.outcome is Outcome.REFUSED and "someone else" in result.detail
+    assert result.outcome is Outcome.REFUSED
+    assert "someone else" in result.detail
     assert writes(kubeapi) == []
 
 
@@ -145,5 +148,6 @@ async def test_a_plain_job_is_resized_through_parallelism(
     )
     assert result.outcome is Outcome.APPLIED, result.detail
     stored = kubeapi.get("Job", "ml", "sample-job")
-    assert stored is not None and stored["spec"]["parallelism"] == 2
+    assert stored is not None
+    assert stored["spec"]["parallelism"] == 2
     assert writes(kubeapi) == [("PATCH", JOB_PATH)]

@@ -15,7 +15,7 @@ from support.workload_kinds import JOBSET, kind_actuator, manifest, scale, write
 
 def test_a_replica_is_a_whole_job_of_pods() -> None:
     """The first replicated job (the driver) is sized unless ebbtide.io/scale-group names
-    another; a workers replica takes parallelism (2) × 1 GPU."""
+    another; a workers replica takes parallelism (2) times 1 GPU."""
     job = manifest("jobset.yaml")
     assert (JOBSETS.replicas(job), JOBSETS.workload(job, Priorities()).gpus_per_replica) == (1, 0)
     job["metadata"]["annotations"] = {"ebbtide.io/scale-group": "workers"}
@@ -57,5 +57,6 @@ async def test_a_jobset_changed_since_the_decision_is_refused(
     (result,) = await kind_actuator(kube_client, ("JobSet",)).apply(
         [scale("ml/pytorch", "JobSet", 3, 2)]
     )
-    assert result.outcome is Outcome.REFUSED and "changed under us" in result.detail
+    assert result.outcome is Outcome.REFUSED
+    assert "changed under us" in result.detail
     assert writes(kubeapi) == []

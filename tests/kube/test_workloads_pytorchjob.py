@@ -76,7 +76,10 @@ def test_the_engine_sees_the_owner_bounds_not_its_annotations() -> None:
     """An elastic job's annotations say 0..9, its elasticPolicy 1..3: the engine shrinks and
     grows within 1..3."""
     job = elastic()
-    job["metadata"]["annotations"] = {"ebbtide.io/min-replicas": "0", "ebbtide.io/max-replicas": "9"}
+    job["metadata"]["annotations"] = {
+        "ebbtide.io/min-replicas": "0",
+        "ebbtide.io/max-replicas": "9",
+    }
     w = PYTORCHJOBS.workload(job, Priorities())
     view = Inventory(Snapshot(workloads=(w,)), training_policy()).training["ml/elastic-imagenet"]
     assert (view.min_replicas, view.max_replicas) == (1, 3)
@@ -114,12 +117,17 @@ async def test_a_job_without_elastic_policy_is_never_resized(
     assert "no elasticPolicy" in result.detail
     assert writes(kubeapi) == []
     (event,) = kubeapi.objects("events", "ml")
-    assert event["reason"] == "EbbtideRefused" and "no elasticPolicy" in event["message"]
+    assert event["reason"] == "EbbtideRefused"
+    assert "no elasticPolicy" in event["message"]
 
 
 @pytest.mark.parametrize(
     ("role", "index", "outcome"),
-    [("master", 0, Outcome.REFUSED), ("worker", 0, Outcome.REFUSED), ("worker", 1, Outcome.APPLIED)],
+    [
+        ("master", 0, Outcome.REFUSED),
+        ("worker", 0, Outcome.REFUSED),
+        ("worker", 1, Outcome.APPLIED),
+    ],
     ids=["master", "worker-0", "worker-1"],
 )
 async def test_the_master_and_worker_0_are_never_evicted(

@@ -75,9 +75,11 @@ async def test_the_group_bounds_and_the_ray_autoscaler_are_respected(
     await kubeapi.create(manifest("raycluster.yaml"))
     act = kind_actuator(kube_client, ("RayCluster",))
     (over,) = await act.apply([scale("ml/raycluster-gpu", "RayCluster", 3, 5)])
-    assert over.outcome is Outcome.REFUSED and "bounds 1..4" in over.detail
+    assert over.outcome is Outcome.REFUSED
+    assert "bounds 1..4" in over.detail
     await kubeapi.patch("RayCluster", "ml", "raycluster-gpu",
                         {"spec": {"enableInTreeAutoscaling": True}})  # fmt: skip
     (owned,) = await act.apply([scale("ml/raycluster-gpu", "RayCluster", 3, 2)])
-    assert owned.outcome is Outcome.REFUSED and "Ray autoscaler" in owned.detail
+    assert owned.outcome is Outcome.REFUSED
+    assert "Ray autoscaler" in owned.detail
     assert writes(kubeapi) == []

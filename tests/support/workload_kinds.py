@@ -11,8 +11,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes_asyncio.client import ApiClient
+from ruamel.yaml import YAML
 
 from controller.kube.actuator import ApiLimits, KubeActuator
 from controller.kube.state import workload_kinds
@@ -55,7 +55,7 @@ _DIR = Path(__file__).parent / "manifests"
 
 @cache
 def _load(file: str) -> tuple[dict[str, Any], ...]:
-    return tuple(d for d in yaml.safe_load_all((_DIR / file).read_text()) if d)
+    return tuple(d for d in YAML(typ="safe").load_all((_DIR / file).read_text()) if d)
 
 
 def manifest(file: str, kind: str | None = None) -> dict[str, Any]:
@@ -131,7 +131,5 @@ def events(server: KubeAPIServer) -> list[tuple[str, str, str]]:
 def writes(server: KubeAPIServer) -> list[tuple[str, str]]:
     """(method, path) of every request that was not a read, Events left out."""
     return [
-        (r.method, r.path)
-        for r in server.requests
-        if r.method != "GET" and "/events" not in r.path
+        (r.method, r.path) for r in server.requests if r.method != "GET" and "/events" not in r.path
     ]

@@ -58,6 +58,7 @@ def kueue_managed(obj: Obj) -> bool:
 
 class JobAdapter(Adapter):
     """See the module docstring."""
+
     checks_pods = True
     extra_rules = (("kueue.x-k8s.io", "workloads", ("list", "patch")),)
 
@@ -101,7 +102,11 @@ class JobAdapter(Adapter):
 
     def preempted(self, obj: Obj) -> str | None:
         marked = _marked(obj)
-        return f"Kueue Workload {marked} already deactivated: Kueue suspends the Job" if marked else None
+        return (
+            f"Kueue Workload {marked} already deactivated: Kueue suspends the Job"
+            if marked
+            else None
+        )
 
     async def preempt(self, io: Io, obj: Obj, *, dry_run: bool) -> str:
         """Deactivate the Job's Kueue Workload (found by its ownerReference to the Job's uid)
