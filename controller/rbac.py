@@ -12,6 +12,7 @@ Verbs per resource, and who needs them:
 * events — create (an Event for every action and refusal);
 * priorityclasses, poddisruptionbudgets — list/watch (victim order, PDB-aware planning);
 * horizontalpodautoscalers, KEDA scaledobjects — list/watch (never fight another autoscaler);
+* Volcano and coscheduling podgroups — list/watch (gang minimums from ``minMember``);
 * each tracked workload kind (the ``kube.workload_kinds`` setting: Deployments, StatefulSets,
   PyTorchJobs by default; JobSets, RayClusters, Jobs on request) — get/list/watch, and its
   ``/scale`` subresource get/patch, or patch on the object for kinds without ``/scale``
@@ -60,6 +61,8 @@ _BASE_RULES: tuple[Rule, ...] = (
     Rule("policy", ("poddisruptionbudgets",), ("list", "watch")),
     Rule("autoscaling", ("horizontalpodautoscalers",), ("list", "watch")),
     Rule("keda.sh", ("scaledobjects",), ("list", "watch")),
+    Rule("scheduling.volcano.sh", ("podgroups",), ("list", "watch")),
+    Rule("scheduling.x-k8s.io", ("podgroups",), ("list", "watch")),
 )
 
 

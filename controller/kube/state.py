@@ -27,7 +27,9 @@ Design:
 * :meth:`KubeClusterState.pdbs` hands the cached PodDisruptionBudgets (raw dicts) to actuators,
   :meth:`KubeClusterState.owners` the workloads HPAs and KEDA ScaledObjects scale.
 * Workloads are translated by their kind's adapter (:mod:`controller.kube.workloads`), which
-  carries the owner's bounds (a PyTorchJob's ``elasticPolicy``) into the snapshot.
+  carries the owner's bounds (a PyTorchJob's ``elasticPolicy``) into the snapshot; a Volcano or
+  coscheduling PodGroup's ``minMember`` becomes its gang minimum (a PodGroup change
+  re-translates the workloads).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import asyncio
 import bisect
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Generic, TypeVar
 
 import structlog
@@ -56,6 +58,7 @@ from controller.kube.translate import (
 )
 from controller.kube.workloads import ADAPTERS, Adapter
 from controller.kube.workloads.autoscalers import HPAS, SCALED_OBJECTS, Owners, owners
+from controller.kube.workloads.podgroups import PODGROUPS, Gangs, gang_minimum, gangs
 from policies.snapshot import Pod, Snapshot, Workload
 
 __all__ = ["WORKLOAD_KINDS", "ClusterStateSettings", "KubeClusterState", "workload_kinds"]
@@ -218,6 +221,12 @@ class KubeClusterState:
             api, SCALED_OBJECTS, optional=True, rediscover_s=settings.rediscover_s, **scoped
         )
         self._owners: tuple[tuple[int, int], Owners] = ((-1, -1), {})
+        self._podgroups = tuple(
+            Informer(api, r, optional=True, rediscover_s=settings.rediscover_s, **scoped)
+            for r in PODGROUPS
+        )
+        self._podgroups_version: tuple[int, ...] = ()
+        self._gangs: Gangs = {}
         self._nodes = _Translations(
             Informer(api, NODES, label_selector=settings.node_selector, **common),
             node_from,
@@ -256,6 +265,7 @@ class KubeClusterState:
             self._pdbs,
             self._hpas,
             self._scaled_objects,
+            *self._podgroups,
             *(t.informer for t in translated),
         )
         self._seen_versions: tuple[int, ...] | None = None
@@ -294,6 +304,14 @@ class KubeClusterState:
                 self._priorities = priorities
                 classes_changed = True
                 self._pods.invalidate()
+                for translations in self._workloads:
+                    translations.invalidate()
+        podgroups = tuple(i.version for i in self._podgroups)
+        if podgroups != self._podgroups_version:  # gang minimums are part of the translation
+            self._podgroups_version = podgroups
+            gang_index = gangs(pg for i in self._podgroups for pg in i.items())
+            if gang_index != self._gangs:
+                self._gangs = gang_index
                 for translations in self._workloads:
                     translations.invalidate()
         workloads_changed = any([w.refresh() for w in self._workloads])
@@ -365,7 +383,9 @@ class KubeClusterState:
         adapter = ADAPTERS.get(kind.kind) or Adapter(kind)
 
         def translate(obj: Obj) -> Workload | None:
-            return adapter.workload(obj, self._priorities)
+            w = adapter.workload(obj, self._priorities)
+            gang = gang_minimum(self._gangs, w.kind, w.namespace, w.name)
+            return w if gang is None else replace(w, gang_min=gang)
 
         return translate
 

@@ -4,17 +4,12 @@ syncs; Karpenter's and the cluster autoscaler's "leave this pod alone" annotatio
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from controller.cluster import Outcome
-from controller.kube.informer import Backoff
-from controller.kube.state import ClusterStateSettings, KubeClusterState
 from policies.drain import protection
 from policies.snapshot import Pod, frozen_map
 from support.kubeapi import KubeAPIServer
@@ -27,6 +22,7 @@ from support.workload_kinds import (
     kind_actuator,
     manifest,
     scale,
+    synced_state,
     training_policy,
     writes,
 )
@@ -47,18 +43,6 @@ def deployment(name: str) -> Obj:
     }
 
 
-@asynccontextmanager
-async def synced(api: ApiClient) -> AsyncIterator[KubeClusterState]:
-    state = KubeClusterState(api, ClusterStateSettings(backoff=Backoff(base_s=0.02, max_s=0.2)))
-    task = asyncio.create_task(state.run(), name="coexistence state")
-    try:
-        await asyncio.wait_for(state.wait_synced(), 5)
-        yield state
-    finally:
-        state.stop()
-        await asyncio.wait_for(task, 5)
-
-
 async def test_a_workload_another_autoscaler_scales_is_refused(
     kubeapi: KubeAPIServer, kube_client: ApiClient
 ) -> None:
@@ -69,7 +53,7 @@ async def test_a_workload_another_autoscaler_scales_is_refused(
         await kubeapi.create(deployment(name))
     await kubeapi.create(manifest("autoscalers.yaml", "HorizontalPodAutoscaler"))
     await kubeapi.create(manifest("autoscalers.yaml", "ScaledObject"))
-    async with synced(kube_client) as state:
+    async with synced_state(kube_client) as state:
         await kubeapi.until(lambda: len(state.owners()) == 2)
         act = kind_actuator(kube_client, ("Deployment",), owners=state.owners)
         results = await act.apply(
@@ -89,7 +73,7 @@ async def test_the_policy_can_give_ebbtide_the_workload(
     """With training.owner: ebbtide the HPA's Deployment is scaled through /scale."""
     await kubeapi.create(deployment("train"))
     await kubeapi.create(manifest("autoscalers.yaml", "HorizontalPodAutoscaler"))
-    async with synced(kube_client) as state:
+    async with synced_state(kube_client) as state:
         await kubeapi.until(lambda: bool(state.owners()))
         act = kind_actuator(
             kube_client, ("Deployment",), policy=training_policy(owner="ebbtide"),
@@ -103,7 +87,7 @@ async def test_the_policy_can_give_ebbtide_the_workload(
 async def test_a_cluster_without_keda_syncs(kubeapi: KubeAPIServer, kube_client: ApiClient) -> None:
     """No KEDA CRD (its LIST answers 404): the state syncs and still indexes HPAs."""
     await kubeapi.create(manifest("autoscalers.yaml", "HorizontalPodAutoscaler"))
-    async with synced(kube_client) as state:
+    async with synced_state(kube_client) as state:
         assert not state.informers["scaledobjects.keda.sh"].installed
         assert state.owners() == {("Deployment", "ml", "train"): "HorizontalPodAutoscaler ml/train"}
 

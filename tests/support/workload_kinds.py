@@ -4,9 +4,11 @@ KEDA ScaledObject (PyTorchJob and HorizontalPodAutoscalers are served by default
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,8 @@ from kubernetes_asyncio.client import ApiClient
 from ruamel.yaml import YAML
 
 from controller.kube.actuator import ApiLimits, KubeActuator
-from controller.kube.state import workload_kinds
+from controller.kube.informer import Backoff
+from controller.kube.state import ClusterStateSettings, KubeClusterState, workload_kinds
 from controller.kube.workloads.autoscalers import Owners
 from controller.safety import SafetyGate
 from policies.decisions import Evict, Explanation, Scale
@@ -25,17 +28,21 @@ from .kubeapi import KubeAPIServer
 from .kubeapi_store import ResourceType
 
 __all__ = [
+    "COSCHEDULING_PODGROUP",
     "JOB",
     "JOBSET",
     "KUEUE_WORKLOAD",
     "RAYCLUSTER",
     "SCALED_OBJECT",
     "TRAINING",
+    "VOLCANO_PODGROUP",
     "events",
     "evict",
     "kind_actuator",
     "manifest",
+    "manifests",
     "scale",
+    "synced_state",
     "training_policy",
     "writes",
 ]
@@ -50,12 +57,24 @@ SCALED_OBJECT = ResourceType(
     group="keda.sh", version="v1alpha1", plural="scaledobjects", kind="ScaledObject"
 )
 
+VOLCANO_PODGROUP = ResourceType(
+    group="scheduling.volcano.sh", version="v1beta1", plural="podgroups", kind="PodGroup"
+)
+COSCHEDULING_PODGROUP = ResourceType(
+    group="scheduling.x-k8s.io", version="v1alpha1", plural="podgroups", kind="PodGroup"
+)
+
 _DIR = Path(__file__).parent / "manifests"
 
 
 @cache
 def _load(file: str) -> tuple[dict[str, Any], ...]:
     return tuple(d for d in YAML(typ="safe").load_all((_DIR / file).read_text()) if d)
+
+
+def manifests(file: str) -> list[dict[str, Any]]:
+    """Fresh copies of every object in ``manifests/<file>``."""
+    return copy.deepcopy(list(_load(file)))
 
 
 def manifest(file: str, kind: str | None = None) -> dict[str, Any]:
@@ -65,6 +84,19 @@ def manifest(file: str, kind: str | None = None) -> dict[str, Any]:
 
 
 TRAINING = {"ebbtide.io/class": "training"}
+
+
+@asynccontextmanager
+async def synced_state(api: ApiClient) -> AsyncIterator[KubeClusterState]:
+    """A started KubeClusterState with the default kinds, synced; stopped on exit."""
+    state = KubeClusterState(api, ClusterStateSettings(backoff=Backoff(base_s=0.02, max_s=0.2)))
+    task = asyncio.create_task(state.run(), name="workload kinds state")
+    try:
+        await asyncio.wait_for(state.wait_synced(), 5)
+        yield state
+    finally:
+        state.stop()
+        await asyncio.wait_for(task, 5)
 
 
 def training_policy(**training: Any) -> Policy:
