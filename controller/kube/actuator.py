@@ -34,6 +34,7 @@ Every result is recorded (:mod:`controller.kube.recorder`): a counter, a log lin
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any, Final, TypeVar
 
 import structlog
@@ -43,9 +44,18 @@ from controller.cluster import ActionResult, Outcome
 from controller.kube.client import Conflict, KubeError, NotFound, TooManyRequests
 from controller.kube.migflow import ApiLimits, MigFlow, MigFlowSettings
 from controller.kube.recorder import ActionStats, ObjectRef, Recorder
-from controller.kube.translate import DEPLOYMENT, PYTORCHJOB, STATEFULSET, Obj, WorkloadKind
+from controller.kube.translate import (
+    DEPLOYMENT,
+    GPU_RESOURCE,
+    PYTORCHJOB,
+    STATEFULSET,
+    Obj,
+    WorkloadKind,
+    gpu_requests,
+)
 from controller.kube.workloads import ADAPTERS, Adapter, Io, Patch
 from controller.kube.workloads.autoscalers import Owners
+from controller.kube.workloads.checkpoint import NOTICE, Step, next_step, stamp, wasted_gpu_hours
 from controller.safety import Permit, SafetyGate, Target, Verdict
 from policies.decisions import Decision, Evict, MigConvert, MigRevert, Scale
 
@@ -64,6 +74,19 @@ _CONFLICT_RETRIES: Final = 3
 
 
 DEFAULT_WORKLOAD_KINDS: Final = (DEPLOYMENT, STATEFULSET, PYTORCHJOB)
+
+
+def _wasted(pod: Obj, *, now: float) -> float:
+    """GPU-hours evicting ``pod`` at ``now`` throws away (:mod:`.workloads.checkpoint`)."""
+    meta = _meta(pod)
+    status = pod.get("status") or {}
+    started = status.get("startTime") or meta.get("creationTimestamp")
+    return wasted_gpu_hours(
+        meta.get("annotations") or {},
+        gpu_requests(pod.get("spec") or {}).get(GPU_RESOURCE, 0),
+        started=started,
+        now=now,
+    )
 
 
 def _named(patch: Patch) -> str:
@@ -325,13 +348,45 @@ class KubeActuator:
                     return await self._done(d, Outcome.REFUSED, why, ref)
                 if adapter.preemption(workload) is not None:
                     return await self._preempt(d, adapter, workload, permit)
+            now = self.gate.now()
+            step = next_step(meta.get("annotations") or {}, now=now)
+            if step.action != "evict":
+                return await self._handshake(d, pod, step, ref)
             grace = max(0, round(d.grace_s))
+            wasted = _wasted(pod, now=now)
+            note = f"{step.detail}; " if step.detail else ""
+            note += f"wasted {wasted:.2f} GPU-hours"
             if self.gate.dry_run_for(d):
-                why = f"would evict (grace {grace}s) from node {d.node or '?'}"
+                why = f"would evict (grace {grace}s) from node {d.node or '?'}; {note}"
                 return await self._done(d, Outcome.DRY_RUN, why, ref)
             if not (verdict := self.gate.check_write()).ok:
                 return await self._verdict(d, verdict, ref)
-            return await self._post_eviction(d, permit, ref, uid, grace)
+            result = await self._post_eviction(d, permit, ref, uid, grace)
+            if result.outcome is not Outcome.APPLIED:
+                return result
+            return replace(result, detail=f"{result.detail}; {note}", wasted_gpu_hours=wasted)
+
+    async def _handshake(self, d: Evict, pod: Obj, step: Step, ref: ObjectRef) -> ActionResult:
+        """The checkpoint handshake before an eviction: give the notice (once: it is kept on
+        the pod, so a restarted controller does not give it again) or keep waiting."""
+        if step.action == "notify":
+            if self.gate.dry_run_for(d):
+                return await self._done(d, Outcome.DRY_RUN, f"would give a {step.detail}", ref)
+            if not (verdict := self.gate.check_write()).ok:
+                return await self._verdict(d, verdict, ref)
+            meta = _meta(pod)
+            body = {
+                "metadata": {
+                    "resourceVersion": meta.get("resourceVersion"),
+                    "annotations": {NOTICE: stamp(self.gate.now())},
+                }
+            }
+            path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}"
+            try:
+                await self._io().request("PATCH", path, body)
+            except KubeError as exc:
+                return await self._done(d, Outcome.FAILED, f"cannot give the notice: {exc}", ref)
+        return await self._done(d, Outcome.BLOCKED, step.detail, ref)
 
     async def _post_eviction(
         self, d: Evict, permit: Permit, ref: ObjectRef, uid: str | None, grace: int

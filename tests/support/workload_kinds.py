@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import cache
@@ -122,9 +123,12 @@ def kind_actuator(
     policy: Policy | None = None,
     dry_run: bool = False,
     owners: Callable[[], Owners] = dict,
+    clock: Callable[[], float] = time.time,
 ) -> KubeActuator:
     """A leader's actuator for the named kinds, with short API limits."""
-    gate = SafetyGate(policy or training_policy(), is_leader=lambda: True, dry_run=dry_run)
+    gate = SafetyGate(
+        policy or training_policy(), is_leader=lambda: True, dry_run=dry_run, clock=clock
+    )
     return KubeActuator(
         api,
         gate,
