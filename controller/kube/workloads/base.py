@@ -36,6 +36,7 @@ __all__ = [
     "Io",
     "Patch",
     "group_index",
+    "in_group",
     "int_or_none",
     "merge_patch_at",
     "meta",
@@ -230,6 +231,15 @@ class Adapter:
     async def preempt(self, io: Io, obj: Obj, *, dry_run: bool) -> str:
         """Stop the whole workload the owner's way; returns what was (or would be) done."""
         raise NotImplementedError(f"{self.kind.kind} pods are evicted, not preempted")
+
+
+def in_group(
+    kind: WorkloadKind, obj: Obj, groups_path: str, key: str, template: str
+) -> WorkloadKind:
+    """``kind`` located in the group :func:`group_index` picks: its ``replicas`` and, at
+    ``template`` under it, its pod template."""
+    at = f"{groups_path}.{group_index(obj, groups_path, key)}"
+    return replace(kind, replicas_path=f"{at}.replicas", template_path=f"{at}.{template}")
 
 
 def group_index(obj: Obj, groups_path: str, key: str) -> int:

@@ -9,11 +9,10 @@ GPUs. JobSet has no bounds of its own: they come from Ebbtide's annotations.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Final
 
 from controller.kube.translate import Obj, WorkloadKind, get_path
-from controller.kube.workloads.base import Adapter, group_index, int_or_none
+from controller.kube.workloads.base import Adapter, in_group, int_or_none
 
 __all__ = ["JOBSET", "JOBSETS", "JobSetAdapter"]
 
@@ -32,10 +31,7 @@ class JobSetAdapter(Adapter):
     """See the module docstring."""
 
     def located(self, obj: Obj) -> WorkloadKind:
-        at = f"spec.replicatedJobs.{group_index(obj, 'spec.replicatedJobs', 'name')}"
-        return replace(
-            self.kind, replicas_path=f"{at}.replicas", template_path=f"{at}.template.spec.template"
-        )
+        return in_group(self.kind, obj, "spec.replicatedJobs", "name", "template.spec.template")
 
     def gpus_per_replica(self, obj: Obj, pod_gpus: int) -> int:
         job_spec = self.located(obj).template_path.removesuffix(".template")

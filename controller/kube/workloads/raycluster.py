@@ -12,11 +12,10 @@ only raises ``replicas``. One group is resized: the first, or the one
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any, Final
 
 from controller.kube.translate import Obj, WorkloadKind, get_path
-from controller.kube.workloads.base import Adapter, Patch, group_index, int_or_none, meta
+from controller.kube.workloads.base import Adapter, Patch, in_group, int_or_none, meta
 
 __all__ = ["RAYCLUSTER", "RAYCLUSTERS", "RayClusterAdapter"]
 
@@ -34,16 +33,15 @@ RAYCLUSTER: Final = WorkloadKind(
 class RayClusterAdapter(Adapter):
     """See the module docstring."""
 
+    def located(self, obj: Obj) -> WorkloadKind:
+        return in_group(self.kind, obj, "spec.workerGroupSpecs", "groupName", "template")
+
     def _at(self, obj: Obj) -> str:
-        return f"spec.workerGroupSpecs.{group_index(obj, 'spec.workerGroupSpecs', 'groupName')}"
+        return self.located(obj).replicas_path.removesuffix(".replicas")
 
     def _group(self, obj: Obj) -> Mapping[str, Any]:
         group = get_path(obj, self._at(obj))
         return group if isinstance(group, Mapping) else {}
-
-    def located(self, obj: Obj) -> WorkloadKind:
-        at = self._at(obj)
-        return replace(self.kind, replicas_path=f"{at}.replicas", template_path=f"{at}.template")
 
     def bounds(self, obj: Obj) -> tuple[int, int]:
         replicas = self.replicas(obj)
