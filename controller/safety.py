@@ -25,7 +25,9 @@ Design:
   act only on workloads and pods matching the training selector (or, for a scale of inference, a
   workload the policy names as a scaled service); MIG conversion only on nodes of the
   ``mig.fromPool`` pool and revert only on nodes of ``mig.toPool``; nothing in a protected
-  namespace; nothing carrying ``ebbtide.io/do-not-disrupt`` (any value but ``"false"``).
+  namespace; nothing carrying ``ebbtide.io/do-not-disrupt`` (any value but ``"false"``),
+  Karpenter's ``karpenter.sh/do-not-disrupt: "true"`` or the cluster autoscaler's
+  ``safe-to-evict: "false"``.
 * **Dry-run** (the policy's ``dryRun``, the decision's ``dry_run`` or the process flag): the
   actuator reads, checks, and reports what it *would* do; it writes nothing but Events.
 * **Leadership is checked again immediately before each write** (:meth:`SafetyGate.check_write`),

@@ -6,18 +6,25 @@ Each decision passes the :class:`~controller.safety.SafetyGate` (leader, kill sw
 budget), then the live object is **re-read**, checked against the policy's selectors and
 protections, and only then written — leadership is checked again just before the write.
 
-* **Scale** goes through the ``/scale`` subresource: ``apps/v1`` Deployments and StatefulSets
-  with ``AppsV1Api``, configured custom resources (Kubeflow PyTorchJob by default) with
-  ``CustomObjectsApi`` and a JSON merge patch (kubernetes_asyncio would send a dict as a JSON
-  patch, which a real apiserver refuses). The Scale is read first: at ``to`` already →
-  ``ALREADY_DONE`` and no write; at ``from`` → write ``to`` *conditionally on the read
-  resourceVersion*; anything else → ``REFUSED`` ("changed under us"). A 409 re-reads and
-  decides again.
+* **Scale** goes through the workload's adapter (:mod:`controller.kube.workloads`, one per
+  kind), so each kind is resized the way its owner expects: ``/scale`` for Deployments,
+  StatefulSets and PyTorchJobs, the object's own fields for JobSets, RayClusters (with
+  ``workersToDelete``) and Jobs, always as a JSON merge patch conditional on the read
+  ``resourceVersion`` (kubernetes_asyncio would send a dict as a JSON patch, which a real
+  apiserver refuses). The replicas are read first: at ``to`` already → ``ALREADY_DONE`` and no
+  write; at ``from`` → write ``to``; anything else → ``REFUSED`` ("changed under us"). A 409
+  re-reads and decides again. Refused before any write: a resize the owner's rules forbid (a
+  PyTorchJob without ``elasticPolicy``, a Kueue-admitted Job, bounds), and a workload an HPA or
+  KEDA ScaledObject scales unless the policy's ``training.owner`` is ``ebbtide``.
 * **Evict** posts a ``policy/v1`` Eviction, so PodDisruptionBudgets hold: a 429 from a PDB is
   ``BLOCKED`` (the engine picks another victim or waits) — never a delete behind the PDB's back.
   The pod is re-read first (gone or terminating → ``ALREADY_DONE``) and the Eviction carries a
   ``uid`` precondition and the decision's grace period, so a retry can never evict a pod that a
-  StatefulSet re-created under the same name.
+  StatefulSet re-created under the same name. A pod whose owner has rules about its pods is
+  handled the owner's way: a PyTorchJob's Master and an elastic job's worker-0 are refused, a
+  Kueue-admitted Job is preempted through its Kueue Workload instead. Opted-in pods go through
+  the checkpoint handshake first (:mod:`controller.kube.workloads.checkpoint`), and every
+  eviction reports the GPU-hours it wasted.
 * **MIG** convert and revert are resumable flows on the node: :mod:`controller.kube.migflow`.
   Its drain evictions come back through this actuator's eviction path.
 
