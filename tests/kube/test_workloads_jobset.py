@@ -4,13 +4,27 @@ JobSet example manifest."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kubernetes_asyncio.client import ApiClient
 
 from controller.cluster import Outcome
+from controller.kube.state import workload_kinds
 from controller.kube.translate import Priorities
 from controller.kube.workloads.jobset import JOBSETS
+from controller.settings import Settings
 from support.kubeapi import KubeAPIServer
-from support.workload_kinds import JOBSET, kind_actuator, manifest, scale, writes
+from support.kubeapi_objects import make_pod
+from support.workload_kinds import (
+    JOB,
+    JOBSET,
+    TRAINING,
+    kind_actuator,
+    manifest,
+    scale,
+    synced_state,
+    writes,
+)
 
 
 def test_a_replica_is_a_whole_job_of_pods() -> None:
@@ -60,3 +74,26 @@ async def test_a_jobset_changed_since_the_decision_is_refused(
     assert result.outcome is Outcome.REFUSED
     assert "changed under us" in result.detail
     assert writes(kubeapi) == []
+
+
+async def test_the_setting_tracks_jobsets_and_their_pods(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """With kube.workload_kinds naming JobSet and Job, a JobSet pod (owned by a child Job,
+    labelled with the JobSet's name) belongs to the JobSet, not to the Job."""
+    kubeapi.add_resource(JOBSET)
+    kubeapi.add_resource(JOB)
+    await kubeapi.create(manifest("jobset.yaml"))
+    pod = make_pod("pytorch-workers-0-0-abcde", namespace="ml", labels=TRAINING, gpus=1)
+    pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] = "pytorch"
+    pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "pytorch-workers-0", "uid": "j",
+         "controller": True}
+    ]  # fmt: skip
+    await kubeapi.create(pod)
+    settings = Settings(policies=[Path("p.yaml")], kube={"workload_kinds": ["JobSet", "Job"]})
+    kinds = workload_kinds(settings.kube.workload_kinds)
+    async with synced_state(kube_client, kinds=kinds) as state:
+        snapshot = state.snapshot()
+    assert [(w.key, w.kind) for w in snapshot.workloads] == [("ml/pytorch", "JobSet")]
+    assert [p.workload for p in snapshot.pods] == ["ml/pytorch"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,6 +21,7 @@ from ruamel.yaml import YAML
 from controller.kube.actuator import ApiLimits, KubeActuator
 from controller.kube.informer import Backoff
 from controller.kube.state import ClusterStateSettings, KubeClusterState, workload_kinds
+from controller.kube.translate import WorkloadKind
 from controller.kube.workloads.autoscalers import Owners
 from controller.safety import SafetyGate
 from policies.decisions import Evict, Explanation, Scale
@@ -88,9 +90,14 @@ TRAINING = {"ebbtide.io/class": "training"}
 
 
 @asynccontextmanager
-async def synced_state(api: ApiClient) -> AsyncIterator[KubeClusterState]:
-    """A started KubeClusterState with the default kinds, synced; stopped on exit."""
-    state = KubeClusterState(api, ClusterStateSettings(backoff=Backoff(base_s=0.02, max_s=0.2)))
+async def synced_state(
+    api: ApiClient, *, kinds: tuple[WorkloadKind, ...] | None = None
+) -> AsyncIterator[KubeClusterState]:
+    """A started KubeClusterState (the default kinds unless ``kinds``), synced; stopped on exit."""
+    settings = ClusterStateSettings(backoff=Backoff(base_s=0.02, max_s=0.2))
+    if kinds is not None:
+        settings = dataclasses.replace(settings, workload_kinds=kinds)
+    state = KubeClusterState(api, settings)
     task = asyncio.create_task(state.run(), name="workload kinds state")
     try:
         await asyncio.wait_for(state.wait_synced(), 5)
