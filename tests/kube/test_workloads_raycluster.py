@@ -83,3 +83,18 @@ async def test_the_group_bounds_and_the_ray_autoscaler_are_respected(
     assert owned.outcome is Outcome.REFUSED
     assert "Ray autoscaler" in owned.detail
     assert writes(kubeapi) == []
+
+
+async def test_a_raycluster_kueue_admitted_is_not_resized(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """A RayCluster with Kueue's queue label is Kueue's: a resize is refused, nothing written."""
+    kubeapi.add_resource(RAYCLUSTER)
+    cluster = manifest("raycluster.yaml")
+    cluster["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "user-queue"
+    await kubeapi.create(cluster)
+    act = kind_actuator(kube_client, ("RayCluster",))
+    (result,) = await act.apply([scale("ml/raycluster-gpu", "RayCluster", 3, 2)])
+    assert result.outcome is Outcome.REFUSED
+    assert "Kueue manages the RayCluster" in result.detail
+    assert writes(kubeapi) == []

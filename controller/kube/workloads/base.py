@@ -30,6 +30,7 @@ from controller.kube.translate import Obj, Priorities, WorkloadKind, get_path, w
 from policies.snapshot import Workload
 
 __all__ = [
+    "KUEUE_QUEUE",
     "MERGE_PATCH",
     "SCALE_GROUP",
     "Adapter",
@@ -38,11 +39,14 @@ __all__ = [
     "group_index",
     "in_group",
     "int_or_none",
+    "kueue_managed",
     "merge_patch_at",
     "meta",
 ]
 
 MERGE_PATCH: Final = "application/merge-patch+json"
+KUEUE_QUEUE: Final = "kueue.x-k8s.io/queue-name"
+"""The label (an annotation in old Kueue releases) that hands a workload to Kueue."""
 SCALE_GROUP: Final = "ebbtide.io/scale-group"
 """Names the JobSet replicated job or RayCluster worker group Ebbtide resizes (default: the
 first)."""
@@ -98,6 +102,12 @@ class Io:
             once, attempts=self.attempts, deadline_s=self.deadline_s, timeout_s=self.timeout_s
         )
         return out
+
+
+def kueue_managed(obj: Obj) -> bool:
+    """Kueue admits this object (the queue label, or the annotation old Kueue releases used)."""
+    m = meta(obj)
+    return KUEUE_QUEUE in (m.get("labels") or {}) or KUEUE_QUEUE in (m.get("annotations") or {})
 
 
 def meta(obj: Obj) -> Mapping[str, Any]:
@@ -186,6 +196,11 @@ class Adapter:
 
     def refusal(self, obj: Obj, to: int) -> str | None:
         """Why the owner's rules forbid resizing to ``to`` replicas (None: allowed)."""
+        if kueue_managed(obj):
+            return (
+                f"Kueue manages the {self.kind.kind}: a resize behind Kueue's back makes it "
+                "suspend and requeue the workload"
+            )
         bounds = self.bounds(obj)
         if bounds is not None and not bounds[0] <= to <= bounds[1]:
             lo, hi = bounds

@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from controller.kube.translate import Obj, WorkloadKind, get_path
-from controller.kube.workloads.base import Adapter, Io, Patch, int_or_none, meta
+from controller.kube.workloads.base import Adapter, Io, Patch, int_or_none, kueue_managed, meta
 
-__all__ = ["JOB", "JOBS", "KUEUE_QUEUE", "KUEUE_WORKLOADS", "PREEMPTED", "JobAdapter"]
+__all__ = ["JOB", "JOBS", "KUEUE_WORKLOADS", "PREEMPTED", "JobAdapter"]
 
 JOB: Final = WorkloadKind(
     kind="Job",
@@ -34,8 +34,6 @@ JOB: Final = WorkloadKind(
     replicas_path="spec.parallelism",
     template_path="spec.template",
 )
-KUEUE_QUEUE: Final = "kueue.x-k8s.io/queue-name"
-"""The label (an annotation in old Kueue releases) that hands a Job to Kueue."""
 KUEUE_WORKLOADS: Final = "/apis/kueue.x-k8s.io/v1beta1/namespaces/{namespace}/workloads"
 PREEMPTED: Final = "ebbtide.io/preempted"
 """On a Job Ebbtide stopped: the Kueue Workload it deactivated."""
@@ -49,11 +47,6 @@ def _parallelism(obj: Obj) -> int:
 def _marked(obj: Obj) -> str | None:
     annotations: Mapping[str, str] = meta(obj).get("annotations") or {}
     return annotations.get(PREEMPTED) or None
-
-
-def kueue_managed(obj: Obj) -> bool:
-    m = meta(obj)
-    return KUEUE_QUEUE in (m.get("labels") or {}) or KUEUE_QUEUE in (m.get("annotations") or {})
 
 
 class JobAdapter(Adapter):
