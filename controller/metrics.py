@@ -188,6 +188,12 @@ class Metrics:
             "ebbtide_mig_conversion_failures", "MIG conversions that failed and rolled back.",
             registry=r,
         )  # fmt: skip
+        self.wasted_gpu_hours = Counter(
+            "ebbtide_preemption_wasted_gpu_hours",
+            "GPU-hours of training work preemptions threw away (since each pod's last "
+            "checkpoint, else its start).",
+            registry=r,
+        )
         self.events_stale = Counter(
             "ebbtide_events_stale",
             "Accepted events older than the policy's longest SLO window when they arrived: they "

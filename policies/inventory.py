@@ -145,8 +145,14 @@ class Inventory:
                 pool = self.node_pool.get(p.node or "")
                 if pool is not None and pool in allowed_pools:
                     pool_gpus[pool] = pool_gpus.get(pool, 0) + p.gpus
-            lo = _int_annotation(w.annotations, elastic.min_replicas_annotation)
-            hi = _int_annotation(w.annotations, elastic.max_replicas_annotation)
+            lo, hi = w.min_replicas, w.max_replicas  # the owner's bounds win over annotations
+            if lo is None:
+                lo = _int_annotation(w.annotations, elastic.min_replicas_annotation)
+            if hi is None:
+                hi = _int_annotation(w.annotations, elastic.max_replicas_annotation)
+            gang = w.gang_min
+            if gang is None:
+                gang = _int_annotation(w.annotations, training.gang_minimum_annotation)
             reason: str | None = None
             if w.namespace in protected_ns:
                 reason = f"namespace {w.namespace} is protected"
@@ -161,7 +167,7 @@ class Inventory:
                 workload=w,
                 min_replicas=min(w.replicas, lo) if lo is not None else w.replicas,
                 max_replicas=max(w.replicas, hi) if hi is not None else w.replicas,
-                gang_min=_int_annotation(w.annotations, training.gang_minimum_annotation) or 0,
+                gang_min=gang or 0,
                 progress=progress,
                 protected=reason,
                 pods=tuple(sorted(pods, key=lambda p: p.name)),

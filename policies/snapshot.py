@@ -188,6 +188,14 @@ class Workload:
     priority: int = 0
     priority_class: str | None = None
     created: float = 0.0
+    min_replicas: int | None = None
+    """Fewest replicas its owner allows (a PyTorchJob's ``elasticPolicy``); None: the policy's
+    elastic annotation decides."""
+    max_replicas: int | None = None
+    """Most replicas its owner allows; None: the policy's elastic annotation decides."""
+    gang_min: int | None = None
+    """Fewest pods its gang scheduler runs it with (a PodGroup's ``minMember``); None: the
+    policy's gang annotation decides."""
 
     @property
     def key(self) -> str:

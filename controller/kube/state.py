@@ -24,7 +24,12 @@ Design:
   snapshot can show yields a new object.
 * Consistency is per informer, as in any informer-based controller: the snapshot is what the
   caches hold at the moment of the call, with no cross-kind transaction.
-* :meth:`KubeClusterState.pdbs` hands the cached PodDisruptionBudgets (raw dicts) to actuators.
+* :meth:`KubeClusterState.pdbs` hands the cached PodDisruptionBudgets (raw dicts) to actuators,
+  :meth:`KubeClusterState.owners` the workloads HPAs and KEDA ScaledObjects scale.
+* Workloads are translated by their kind's adapter (:mod:`controller.kube.workloads`), which
+  carries the owner's bounds (a PyTorchJob's ``elasticPolicy``) into the snapshot; a Volcano or
+  coscheduling PodGroup's ``minMember`` becomes its gang minimum (a PodGroup change
+  re-translates the workloads).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import asyncio
 import bisect
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Generic, TypeVar
 
 import structlog
@@ -50,8 +55,10 @@ from controller.kube.translate import (
     node_from,
     pod_from,
     priorities_from,
-    workload_from,
 )
+from controller.kube.workloads import ADAPTERS, Adapter
+from controller.kube.workloads.autoscalers import HPAS, SCALED_OBJECTS, Owners, owners
+from controller.kube.workloads.podgroups import PODGROUPS, Gangs, gang_minimum, gangs
 from policies.snapshot import Pod, Snapshot, Workload
 
 __all__ = ["WORKLOAD_KINDS", "ClusterStateSettings", "KubeClusterState", "workload_kinds"]
@@ -69,7 +76,7 @@ LIVE_PODS: Final = "status.phase!=Succeeded,status.phase!=Failed"
 
 #: The workload kinds the adapter can track, by the names the ``kube.workload_kinds`` setting uses.
 WORKLOAD_KINDS: Final[Mapping[str, WorkloadKind]] = {
-    k.kind: k for k in (DEPLOYMENT, STATEFULSET, PYTORCHJOB)
+    name: adapter.kind for name, adapter in ADAPTERS.items()
 }
 
 _T = TypeVar("_T")
@@ -206,6 +213,20 @@ class KubeClusterState:
         self._priorities = Priorities()
         self._classes = Informer(api, PRIORITY_CLASSES, **common)
         self._pdbs = Informer(api, PDBS, **scoped)
+        # Other autoscalers (KEDA is optional: no CRD lists 404 and counts as none).
+        self._hpas = Informer(
+            api, HPAS, optional=True, rediscover_s=settings.rediscover_s, **scoped
+        )
+        self._scaled_objects = Informer(
+            api, SCALED_OBJECTS, optional=True, rediscover_s=settings.rediscover_s, **scoped
+        )
+        self._owners: tuple[tuple[int, int], Owners] = ((-1, -1), {})
+        self._podgroups = tuple(
+            Informer(api, r, optional=True, rediscover_s=settings.rediscover_s, **scoped)
+            for r in PODGROUPS
+        )
+        self._podgroups_version: tuple[int, ...] = ()
+        self._gangs: Gangs = {}
         self._nodes = _Translations(
             Informer(api, NODES, label_selector=settings.node_selector, **common),
             node_from,
@@ -239,7 +260,14 @@ class KubeClusterState:
         translated: list[_Translations[Any]] = [self._nodes, self._pods, *self._workloads]
         for translations in translated:
             translations.informer.on_change = translations.mark
-        self._all = (self._classes, self._pdbs, *(t.informer for t in translated))
+        self._all = (
+            self._classes,
+            self._pdbs,
+            self._hpas,
+            self._scaled_objects,
+            *self._podgroups,
+            *(t.informer for t in translated),
+        )
         self._seen_versions: tuple[int, ...] | None = None
         self._classes_version = -1
         self._snapshot = Snapshot()
@@ -278,6 +306,14 @@ class KubeClusterState:
                 self._pods.invalidate()
                 for translations in self._workloads:
                     translations.invalidate()
+        podgroups = tuple(i.version for i in self._podgroups)
+        if podgroups != self._podgroups_version:  # gang minimums are part of the translation
+            self._podgroups_version = podgroups
+            gang_index = gangs(pg for i in self._podgroups for pg in i.items())
+            if gang_index != self._gangs:
+                self._gangs = gang_index
+                for translations in self._workloads:
+                    translations.invalidate()
         workloads_changed = any([w.refresh() for w in self._workloads])
         nodes_changed = self._nodes.refresh()
         pods_changed = self._pods.refresh()
@@ -301,6 +337,14 @@ class KubeClusterState:
         """The cached Nodes, raw (the cache's own dicts: do not mutate); MIG flows are found in
         their annotations."""
         return self._nodes.informer.items()
+
+    def owners(self) -> Owners:
+        """Workloads that an HPA or KEDA ScaledObject scales, and which one (re-indexed only
+        when either informer moved)."""
+        versions = (self._hpas.version, self._scaled_objects.version)
+        if versions != self._owners[0]:
+            self._owners = (versions, owners(self._hpas.items(), self._scaled_objects.items()))
+        return self._owners[1]
 
     def pdbs(self) -> list[Obj]:
         """The cached PodDisruptionBudgets, raw (the cache's own dicts: do not mutate)."""
@@ -336,8 +380,12 @@ class KubeClusterState:
         return pod_from(obj, priorities=self._priorities, kinds=self._kinds)
 
     def _workload_translator(self, kind: WorkloadKind) -> Callable[[Obj], Workload | None]:
+        adapter = ADAPTERS.get(kind.kind) or Adapter(kind)
+
         def translate(obj: Obj) -> Workload | None:
-            return workload_from(obj, kind, priorities=self._priorities)
+            w = adapter.workload(obj, self._priorities)
+            gang = gang_minimum(self._gangs, w.kind, w.namespace, w.name)
+            return w if gang is None else replace(w, gang_min=gang)
 
         return translate
 

@@ -24,8 +24,9 @@ Design:
   value of ``spec.priorityClassName``, else the ``globalDefault`` class. The owner workload is a
   Deployment (via its ReplicaSet, whose name is ``<deployment>-<pod-template-hash>``), a
   StatefulSet, or a configured custom kind, directly or by a pod label such as
-  ``training.kubeflow.org/job-name``. Succeeded and Failed pods are dropped (:func:`pod_from`
-  returns None); :func:`keep_pod` keeps GPU pods and pods of tracked workloads.
+  ``training.kubeflow.org/job-name`` (a label wins: a JobSet's pods are owned by its Jobs).
+  Succeeded and Failed pods are dropped (:func:`pod_from` returns None); :func:`keep_pod` keeps
+  GPU pods and pods of tracked workloads.
 * **Workloads.** Deployments, StatefulSets and custom kinds described by :class:`WorkloadKind`
   (where the replica count and the pod template live), with GPUs per replica from the template.
 * :func:`snapshot_from` translates whole lists at once: the reference the incremental state is
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, cast
@@ -301,6 +302,9 @@ def pod_workload(obj: Obj, kinds: Sequence[WorkloadKind]) -> str | None:
     meta = _meta(obj)
     namespace = meta.get("namespace") or ""
     labels: Mapping[str, str] = meta.get("labels") or {}
+    for tracked in kinds:  # a label naming the top workload beats a direct owner (a JobSet's Job)
+        if tracked.pod_label and labels.get(tracked.pod_label):
+            return f"{namespace}/{labels[tracked.pod_label]}"
     refs = meta.get("ownerReferences") or []
     controllers = [r for r in refs if r.get("controller")] or refs
     for ref in controllers:
@@ -314,9 +318,6 @@ def pod_workload(obj: Obj, kinds: Sequence[WorkloadKind]) -> str | None:
         for tracked in kinds:
             if (tracked.kind, tracked.group) == (kind, group):
                 return f"{namespace}/{name}"
-    for tracked in kinds:
-        if tracked.pod_label and labels.get(tracked.pod_label):
-            return f"{namespace}/{labels[tracked.pod_label]}"
     return None
 
 
@@ -384,10 +385,15 @@ def snapshot_from(
     workloads: Iterable[tuple[WorkloadKind, Obj]] = (),
     priority_classes: Iterable[Obj] = (),
     kinds: Sequence[WorkloadKind] = (DEPLOYMENT, STATEFULSET, PYTORCHJOB),
+    workload: Callable[[Obj, WorkloadKind, Priorities], Workload] | None = None,
 ) -> Snapshot:
-    """Translate whole lists into a snapshot, sorted as :class:`SnapshotBuilder` sorts."""
+    """Translate whole lists into a snapshot, sorted as :class:`SnapshotBuilder` sorts;
+    ``workload`` translates a workload (its kind's adapter), :func:`workload_from` by default."""
     priorities = priorities_from(priority_classes)
-    translated = [workload_from(o, k, priorities=priorities) for k, o in workloads]
+    if workload is None:
+        translated = [workload_from(o, k, priorities=priorities) for k, o in workloads]
+    else:
+        translated = [workload(o, k, priorities) for k, o in workloads]
     tracked = {w.key for w in translated}
     kept = (pod_from(o, priorities=priorities, kinds=kinds) for o in pods)
     return Snapshot(
@@ -407,12 +413,16 @@ def snapshot_from(
 
 
 def get_path(obj: Obj, path: str) -> Any:
-    """The value at a dotted path (``spec.pytorchReplicaSpecs.Worker.replicas``), or None."""
+    """The value at a dotted path (``spec.pytorchReplicaSpecs.Worker.replicas``), or None; a
+    numeric part indexes a list (``spec.workerGroupSpecs.0.replicas``)."""
     node: Any = obj
     for part in path.split("."):
-        if not isinstance(node, Mapping):
+        if isinstance(node, list) and part.isdigit():
+            node = node[int(part)] if int(part) < len(node) else None
+        elif isinstance(node, Mapping):
+            node = node.get(part)
+        else:
             return None
-        node = node.get(part)
     return node
 
 

@@ -19,6 +19,7 @@ from controller.kube.informer import Backoff, Informer
 from controller.kube.runtime import KubeRuntime
 from controller.kube.state import WORKLOAD_KINDS, ClusterStateSettings, KubeClusterState
 from controller.kube.translate import DEPLOYMENT, PYTORCHJOB, STATEFULSET, snapshot_from
+from controller.kube.workloads import ADAPTERS
 from controller.settings import Settings, WorkloadKindName
 from policies.model import Policy
 from policies.snapshot import Snapshot
@@ -133,6 +134,7 @@ def reference(state: KubeClusterState) -> Snapshot:
         pods=informers["pods"].items(),
         workloads=[(k, o) for name, k in kinds.items() for o in informers[name].items()],
         priority_classes=informers["priorityclasses.scheduling.k8s.io"].items(),
+        workload=lambda obj, kind, priorities: ADAPTERS[kind.kind].workload(obj, priorities),
     )
 
 
@@ -279,8 +281,11 @@ async def test_a_kind_whose_crd_is_not_installed_is_skipped_then_rediscovered() 
                 await server.create(pytorchjob("bert", workers=2, gpus=8))
                 await server.until(lambda: any(r.query.get("watch") for r in jobs()))
                 assert [w.key for w in state.snapshot().workloads] == ["ml/bert"]
-        assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["informer.api_absent"]
-        assert [e["event"] for e in logs if e["event"].startswith("informer.api_")] == [
+        kubeflow = [e for e in logs if e.get("resource") == "pytorchjobs.kubeflow.org"]
+        assert [e["event"] for e in kubeflow if e["log_level"] == "warning"] == [
+            "informer.api_absent"
+        ]
+        assert [e["event"] for e in kubeflow if e["event"].startswith("informer.api_")] == [
             "informer.api_absent",
             "informer.api_installed",
         ]

@@ -118,6 +118,12 @@ BUILTIN_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType(
         group="coordination.k8s.io", version="v1", plural="leases", kind="Lease", has_status=False
     ),
+    ResourceType(
+        group="autoscaling",
+        version="v2",
+        plural="horizontalpodautoscalers",
+        kind="HorizontalPodAutoscaler",
+    ),
 )
 
 PYTORCHJOB = ResourceType(
