@@ -1,0 +1,110 @@
+"""Where a replica can land: the node-fit rules both runtimes follow, and per-node room.
+
+Design:
+
+* A pool's free GPU count says nothing about whether a replica fits: four nodes with one free
+  GPU each cannot take a two-GPU replica. Every placement question is asked per node, with the
+  same rules kube-scheduler applies to GPU pods: the node carries the pod's ``nodeSelector``
+  labels (the GPU model is one, ``nvidia.com/gpu.product``), the pod tolerates each of the
+  node's ``NoSchedule``/``NoExecute`` taints, it is neither cordoned nor reconfiguring, and it
+  has the whole GPUs (or MIG instances of each profile) free.
+* :func:`admits` is the label-and-taint half, shared by the engine (:mod:`policies.preemption`,
+  :mod:`policies.rules`) and the simulated cluster's scheduler (:mod:`controller.sim.placement`),
+  so a plan the engine believes in is one the simulated scheduler carries out.
+* :func:`room` lists free whole GPUs per node that admits a replica; :func:`slots` counts the
+  replicas that fit; :func:`place` takes replicas out of that room best-fit (fullest node
+  first, as the simulated scheduler places them), so rules later in a round see what earlier
+  ones took; :func:`node_order` ranks nodes to free for one more replica: victim order first
+  (the most important pod it takes), then the fewest GPUs evicted, then a node left entirely
+  empty before one left with holes, then by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import cast
+
+from policies.snapshot import Node, Placement, Taint, Toleration
+
+__all__ = ["admits", "node_order", "place", "room", "slots", "tolerated"]
+
+_REPELS = ("NoSchedule", "NoExecute")
+
+
+def tolerated(taints: Sequence[Taint], tolerations: Sequence[Toleration]) -> bool:
+    """Every taint that keeps pods off the node is tolerated."""
+    return all(
+        t.effect not in _REPELS or any(tol.tolerates(t) for tol in tolerations) for t in taints
+    )
+
+
+def admits(node: Node, selector: Mapping[str, str], tolerations: Sequence[Toleration] = ()) -> bool:
+    """``node`` may run a pod with ``selector`` and ``tolerations``, GPUs aside."""
+    labels = node.labels
+    return all(labels.get(k) == v for k, v in selector.items()) and tolerated(
+        node.taints, tolerations
+    )
+
+
+def room(
+    nodes: Iterable[Node], free: Mapping[str, int], where: Placement, *, gpus: int
+) -> dict[str, int]:
+    """Free whole GPUs on each schedulable whole-card node that admits ``where`` and could hold
+    a ``gpus``-GPU replica at all (``free``: free whole GPUs by node)."""
+    return {
+        n.name: free.get(n.name, 0)
+        for n in nodes
+        if not n.cordoned
+        and not n.mig_flow
+        and n.whole_gpus >= gpus
+        and admits(n, where.node_selector, where.tolerations)
+    }
+
+
+def slots(free: Mapping[str, int], gpus: int) -> int:
+    """Replicas of ``gpus`` GPUs that fit, each on one node."""
+    if gpus <= 0:
+        return 0
+    return sum(f // gpus for f in free.values() if f > 0)
+
+
+def node_order(
+    free: Mapping[str, int],
+    victims: Mapping[str, Sequence[tuple[tuple[float | str, ...], int]]],
+    total: Mapping[str, int],
+    *,
+    gpus: int,
+) -> list[str]:
+    """Nodes to free for one more ``gpus``-GPU replica, best first, as kube-scheduler picks a
+    node to preempt on; only nodes where it is possible. ``victims``: per node, the evictable
+    pods' victim-order keys (ties by name dropped) and GPUs, in victim order; ``free``: free
+    GPUs, ``total``: whole GPUs per node. Ranked by the most important victim needed, then GPUs
+    evicted, then whether the node is left empty (a whole node beats scattered holes)."""
+    ranked: list[tuple[tuple[float | str, ...], int, bool, str]] = []
+    for name, have in free.items():
+        short = gpus - have % gpus
+        got, worst = 0, cast(tuple[float | str, ...], ())
+        for key, n in victims.get(name, ()):
+            if got >= short:
+                break
+            got, worst = got + n, max(worst, key)
+        if got < short:
+            continue
+        emptied = have + got >= total.get(name, 0)
+        ranked.append((worst, got, not emptied, name))
+    ranked.sort()
+    return [r[3] for r in ranked]
+
+
+def place(free: Mapping[str, int], gpus: int, replicas: int) -> dict[str, int]:
+    """GPUs taken per node when ``replicas`` of ``gpus`` GPUs land best fit in ``free``."""
+    left = dict(free)
+    taken: dict[str, int] = {}
+    for _ in range(replicas if gpus > 0 else 0):
+        fits = [(f, name) for name, f in left.items() if f >= gpus]
+        if not fits:
+            break
+        _, name = min(fits)
+        left[name] -= gpus
+        taken[name] = taken.get(name, 0) + gpus
+    return taken
