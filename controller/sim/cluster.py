@@ -36,8 +36,9 @@ Design:
 * **Scheduler** (:mod:`controller.sim.placement`): pending pods, highest priority first, then
   oldest, go to the fitting node with the fewest free GPUs: whole cards on non-MIG nodes, MIG
   requests on nodes with free instances of each profile, never on cordoned or reconfiguring
-  nodes, only on nodes carrying the pod's selector (its workload's pool). A bound pod is
-  ``Pending`` until ``pod_startup_s`` passes, then ``Running``.
+  nodes, only on nodes carrying the pod's selector (its workload's pool and template) and
+  whose taints it tolerates (:func:`policies.placement.admits`, as the engine plans). A bound
+  pod is ``Pending`` until ``pod_startup_s`` passes, then ``Running``.
 * **Scheduler preemption** (off unless :attr:`SimCluster.preemption` is set; never while the
   starting cluster settles): kube-scheduler's DefaultPreemption with PriorityClasses. A pending
   pod that fits nowhere picks a node where evicting pods of *lower* priority makes it fit
@@ -166,7 +167,7 @@ class SimCluster:
             sel = selectors.get(pod.key)
             if sel is None and pod.workload is not None:
                 sel = self._template(pod.workload).node_selector
-            self._add_pod(pod, sel or FrozenMap())
+            self._add_pod(pod, FrozenMap({**pod.placement.node_selector, **(sel or {})}))
         for key in self._workloads:
             self._reconcile(key)
         self._schedule()
@@ -433,6 +434,7 @@ class SimCluster:
             index += 1
         self._next_index[wl.key] = index + 1
         tpl = self._template(wl.key)
+        where = wl.placement
         pod = Pod(
             wl.namespace,
             f"{wl.name}-{index}",
@@ -446,8 +448,9 @@ class SimCluster:
             wl.labels,
             tpl.annotations,
             self._now,
+            placement=where,
         )
-        self._add_pod(pod, tpl.node_selector)
+        self._add_pod(pod, FrozenMap({**where.node_selector, **tpl.node_selector}))
         if not self._instant:
             self._log("created", pod.key, wl.key)
 
@@ -503,7 +506,12 @@ class SimCluster:
         failed: set[tuple[Any, ...]] = set()
         for rec in sorted((self._pods[k] for k in self._pending), key=lambda r: r.order):
             pod = rec.pod
-            shape = (pod.gpus, tuple(sorted(pod.mig.items())), tuple(sorted(rec.selector.items())))
+            shape = (
+                pod.gpus,
+                tuple(sorted(pod.mig.items())),
+                tuple(sorted(rec.selector.items())),
+                pod.placement.tolerations,
+            )
             if shape in failed:
                 continue
             node = self._index.fit(pod, rec.selector, self._reserved(rec))
