@@ -11,6 +11,7 @@ Verbs per resource, and who needs them:
 * pods — get/list/watch (cluster state, drain); pods/eviction — create (preemption, drain);
 * events — create (an Event for every action and refusal);
 * priorityclasses, poddisruptionbudgets — list/watch (victim order, PDB-aware planning);
+* resourcequotas — list/watch (namespaces' GPU quotas bound training growth);
 * each tracked workload kind (the ``kube.workload_kinds`` setting: Deployments, StatefulSets,
   PyTorchJobs by default) — get/list/watch, and its ``/scale`` subresource — get/patch (elastic
   shrink and grow). :func:`cluster_rules` derives them from the setting; the chart renders the
@@ -54,6 +55,7 @@ _BASE_RULES: tuple[Rule, ...] = (
     Rule("", ("events",), ("create",)),
     Rule("scheduling.k8s.io", ("priorityclasses",), ("list", "watch")),
     Rule("policy", ("poddisruptionbudgets",), ("list", "watch")),
+    Rule("", ("resourcequotas",), ("list", "watch")),
 )
 
 
