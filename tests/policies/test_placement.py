@@ -7,7 +7,9 @@ import copy
 
 import pytest
 from policy_fixtures import BASE, MIG, T0, TRAINING, WHOLE, make_policy, run, training, util
+from prometheus_client import generate_latest
 
+from controller.metrics import Metrics, StateSources
 from policies.decisions import Evict, MigRevert, Scale
 from policies.engine import Engine
 from policies.inventory import Inventory
@@ -246,8 +248,8 @@ def test_pod_pending_for_other_reasons_is_still_demand() -> None:
 
 
 def test_idle_held_gpus_are_reported_reclaimable() -> None:
-    """GPUs held by pods but idle for the whole utilization window show as reclaimable; busy
-    ones and free ones do not."""
+    """GPUs held by pods but idle for the whole utilization window show as reclaimable, in pool
+    status and as a Prometheus gauge; busy ones and free ones do not."""
     b = SnapshotBuilder()
     b.node("w0", gpus=4, labels=WHOLE).node("w1", gpus=4, labels=WHOLE)
     b.workload("serving", "chat", replicas=3, nodes=["w0"])  # 3 held on w0, 1 free
@@ -262,3 +264,8 @@ def test_idle_held_gpus_are_reported_reclaimable() -> None:
     status = {p.name: p for p in engine.pool_status(T0 + 630)}
     assert status["whole"].reclaimable_gpus == 3
     assert status["mig"].reclaimable_gpus == 0
+    sources = StateSources(
+        engine=lambda: engine, consumer=lambda: None, is_leader=lambda: True, clock=lambda: T0 + 630
+    )
+    text = generate_latest(Metrics(sources).registry).decode()
+    assert 'ebbtide_reclaimable_gpus{pool="whole"} 3.0' in text
