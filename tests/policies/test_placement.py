@@ -14,11 +14,9 @@ from policies.decisions import Evict, MigRevert, Scale
 from policies.engine import Engine
 from policies.inventory import Inventory
 from policies.placement import admits, node_order, place, slots
-from policies.preemption import Fit, Plan, plan_capacity
 from policies.snapshot import (
     Node,
     Placement,
-    Snapshot,
     SnapshotBuilder,
     Taint,
     Toleration,
@@ -98,53 +96,6 @@ def test_node_order_follows_victim_order_then_fewest_evicted_then_emptied() -> N
     total = {"a": 2, "b": 8, "c": 2, "d": 8}
     # d needs 2 GPUs but has 1 evictable: impossible; c is left empty, b is not
     assert node_order(free, victims, total, gpus=2) == ["c", "b", "a"]
-
-
-def scattered() -> Snapshot:
-    """Four whole nodes of 8 GPUs, each with 1 free: training pods hold 7 (one 4-GPU pod and
-    three 1-GPU pods of different priority). Chat runs 2-GPU replicas elsewhere."""
-    b = SnapshotBuilder()
-    for i in range(4):
-        b.node(f"w{i}", gpus=8, labels=WHOLE)
-        b.pod("ml", f"big-{i}", node=f"w{i}", gpus=4, labels=TRAINING, priority=50)
-        for j in range(3):
-            b.pod("ml", f"small-{i}-{j}", node=f"w{i}", gpus=1, labels=TRAINING, priority=10 + i)
-    b.node("s0", gpus=8, labels={**WHOLE, "role": "serving"})
-    b.workload("serving", "chat", replicas=4, gpus_per_replica=2, nodes=["s0"])
-    return b.build()
-
-
-def plan_for(snap: Snapshot, *, needed: int, fit: Fit | None) -> Plan:
-    inv = Inventory(snap, POLICY)
-    before = copy.deepcopy(snap)
-    out = plan_capacity(
-        needed=needed,
-        pool="whole",
-        training=list(inv.training.values()),
-        loose_pods=inv.loose_training_pods,
-        pod_pool=inv.node_pool,
-        victim_order=["priority", "newest"],
-        protected_namespaces=frozenset(),
-        scale_budget=5,
-        eviction_budget=5,
-        fit=fit,
-    )
-    assert snap == before
-    return out
-
-
-def test_pool_counts_say_enough_but_no_node_fits_so_one_node_is_freed() -> None:
-    """4 GPUs free as 1+1+1+1: a 2-GPU replica fits nowhere. The pool-level plan frees nothing
-    (4 free >= 2 needed); the per-node plan evicts one 1-GPU pod on the node with the least
-    important victims, so 2 GPUs are free on that one node."""
-    snap = scattered()
-    inv = Inventory(snap, POLICY)
-    assert inv.free["whole"] == 4
-    space = {f"w{i}": 1 for i in range(4)}
-    assert plan_for(snap, needed=0, fit=None).evictions == ()
-    got = plan_for(snap, needed=2, fit=Fit(2, 1, space, dict.fromkeys(space, 8)))
-    assert [v.pod.key for v in got.evictions] == ["ml/small-0-0"]
-    assert dict(got.by_node) == {"w0": 1}
 
 
 def test_breach_frees_room_on_one_node_before_scaling() -> None:

@@ -20,24 +20,15 @@ apiVersion: ebbtide.io/v1alpha1
 kind: Policy
 metadata: {name: fit}
 spec:
-  pools:
-    whole: {nodeSelector: {ebbtide.io/pool: whole}, kind: whole}
+  pools: {whole: {nodeSelector: {ebbtide.io/pool: whole}, kind: whole}}
   services:
-    chat:
-      namespace: serving
-      pool: whole
-      gpusPerReplica: 2
-      replicas: {min: 1, max: 10}
-      slo: {percentile: 99, objectiveMs: 100, window: 30s, resolution: 1s, breachAfter: 10s,
-            recoverBelow: 80%, recoverAfter: 20s, minSamples: 10}
-      scale: {tolerance: 10%}
-  training:
-    selector: {ebbtide.io/class: training}
-    victimOrder: [priority, newest]
-    gracePeriod: 30s
-  budgets:
-    evictions: {max: 4, per: 10m}
-    scaleSteps: {max: 20, per: 10m}
+    chat: {namespace: serving, pool: whole, gpusPerReplica: 2, replicas: {min: 1, max: 10},
+           scale: {tolerance: 10%},
+           slo: {percentile: 99, objectiveMs: 100, window: 30s, resolution: 1s, breachAfter: 10s,
+                 recoverBelow: 80%, recoverAfter: 20s, minSamples: 10}}
+  training: {selector: {ebbtide.io/class: training}, victimOrder: [priority, newest],
+             gracePeriod: 30s}
+  budgets: {evictions: {max: 4, per: 10m}, scaleSteps: {max: 20, per: 10m}}
 """
 
 
