@@ -155,13 +155,14 @@ def respond_to_breach(
     free = rnd.free(pool)
     shortfall = max(0, needed - free)
     fit: Fit | None = None
-    if spec.scale is not None and workload is not None and gpr > 0:
-        # each new replica needs gpr GPUs on one node: count where it lands, not the pool
+    if workload is not None and gpr > 0:
+        # each new (or pending) replica needs gpr GPUs on one node: count where it lands
+        want = desired - current if spec.scale is not None else needed // gpr
         space = rnd.room(pool, workload.placement, gpus=gpr)
         fits_now = slots(space, gpr)
         inputs["replicas_fit_now"] = fits_now
-        shortfall = max(0, desired - current - fits_now) * gpr
-        fit = Fit(gpr, desired - current, space, {n: rnd.inv.nodes[n].whole_gpus for n in space})
+        shortfall = max(0, want - fits_now) * gpr
+        fit = Fit(gpr, want, space, {n: rnd.inv.nodes[n].whole_gpus for n in space})
     training = rnd.policy.spec.training
     plan = None
     if shortfall > 0 and training is not None:
@@ -254,7 +255,8 @@ def respond_to_breach(
             )
             rnd.taken.add(v.pod.key)
     if fit is not None:
-        rnd.claim(pool, fit.free, gpus=gpr, replicas=target - current)
+        landing = target - current if spec.scale is not None else fit.replicas
+        rnd.claim(pool, fit.free, gpus=gpr, replicas=landing)
     else:
         rnd.claimed[pool] = rnd.claimed.get(pool, 0) + max(0, min(needed, free))
     if spec.scale is not None and workload is not None:

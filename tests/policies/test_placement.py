@@ -98,11 +98,19 @@ def test_node_order_follows_victim_order_then_fewest_evicted_then_emptied() -> N
     assert node_order(free, victims, total, gpus=2) == ["c", "b", "a"]
 
 
-def test_breach_frees_room_on_one_node_before_scaling() -> None:
+@pytest.mark.parametrize(
+    ("scale", "evicts", "scales"),
+    [
+        pytest.param(True, ["ml/small-0", "ml/small-1"], [3], id="scale-target"),
+        pytest.param(False, ["ml/small-0"], [], id="pending-pods-only"),
+    ],
+)
+def test_breach_frees_room_on_one_node(scale: bool, evicts: list[str], scales: list[int]) -> None:
     """End to end: chat (2 GPUs a replica, on tainted H100 nodes only) breaches while its pool
     has 12 free GPUs: 8 on a node chat may not use and 1 on each H100 node. The pool count says
-    'enough' and used to scale with nothing freed; now one 1-GPU pod is evicted on each of the
-    two nodes with the least important victims, making two 2-GPU holes for two replicas."""
+    'enough', so nothing used to be freed; now a 1-GPU pod is evicted per replica, on the nodes
+    with the least important victims, making 2-GPU holes: two for the scale to ceil(1 x 2.5)
+    = 3, or one for the pending pod of a service without a scale target."""
     b = SnapshotBuilder()
     for i in range(4):
         b.node(f"w{i}", gpus=8, labels={**WHOLE, **H100}, taints=(GPU_TAINT,))
@@ -113,21 +121,22 @@ def test_breach_frees_room_on_one_node_before_scaling() -> None:
     b.workload(
         "serving",
         "chat",
-        replicas=1,
+        replicas=1 if scale else 2,
         gpus_per_replica=2,
-        nodes=["s0"],
+        nodes=["s0"] if scale else ["s0", None],
         placement=Placement(H100, (Toleration("nvidia.com/gpu", "Exists"),)),
     )
     snap = b.build()
     chat = copy.deepcopy(BASE["spec"]["services"]["chat"])
-    engine = Engine(make_policy(services={"chat": {**chat, "gpusPerReplica": 2}}))
-    for _, ds in run(engine, snap, T0, T0 + 12, 250.0):  # desired ceil(1 x 2.5) = 3
+    chat["gpusPerReplica"] = 2
+    if not scale:
+        del chat["scale"], chat["replicas"]
+    engine = Engine(make_policy(services={"chat": chat}))
+    for _, ds in run(engine, snap, T0, T0 + 12, 250.0):
         if ds:
             break
-    evicts = [d.pod for d in ds if isinstance(d, Evict)]
-    scales = [(d.workload, d.to_replicas) for d in ds if isinstance(d, Scale)]
-    assert evicts == ["ml/small-0", "ml/small-1"]
-    assert scales == [("serving/chat", 3)]
+    assert [d.pod for d in ds if isinstance(d, Evict)] == evicts
+    assert [d.to_replicas for d in ds if isinstance(d, Scale)] == scales
 
 
 def test_grow_stays_within_namespace_quota_and_says_why() -> None:
