@@ -17,11 +17,13 @@ Design:
   node, so the rules ask :mod:`policies.placement` where it fits rather than trusting a pool's
   total. Namespaces' GPU quotas are indexed for the same reason: a grow the quota refuses would
   leave pods pending, not training.
-* **Pending demand** is what could be scheduled and is not Ebbtide's own doing: gated pods are
-  no demand, and neither is a pod its workload created within :data:`RECREATE_WINDOW_S` after
-  Ebbtide evicted from or shrank that workload (``disrupted``: workload → times): the
-  replacement of a pod Ebbtide evicted waits for the GPUs Ebbtide took on purpose, and counting
-  it would revert a MIG node (or free GPUs) to undo the eviction.
+* **Pending demand** is what could be scheduled and is not Ebbtide's own doing. Gated pods
+  are no demand; nor are pods no pool node could ever take (a model, a toleration or a size
+  no node offers: :func:`policies.placement.could_land`, kept in :attr:`Inventory.unplaceable`);
+  nor is a pod its workload created within :data:`RECREATE_WINDOW_S` after Ebbtide evicted
+  from or shrank that workload (``disrupted``: workload → times). The replacement of a pod
+  Ebbtide evicted waits for the GPUs Ebbtide took on purpose; counting it would revert a MIG
+  node (or free GPUs) to undo the eviction.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from dataclasses import dataclass
 
 from policies.drain import DrainRule, disrupt_forbidden
 from policies.model import DO_NOT_DISRUPT, Policy
-from policies.snapshot import GpuQuota, Node, Pod, Snapshot, Workload
+from policies.placement import could_land
+from policies.snapshot import GpuQuota, Node, Placement, Pod, Snapshot, Workload
 
 __all__ = ["RECREATE_WINDOW_S", "Inventory", "TrainingView", "matches"]
 
@@ -109,6 +112,11 @@ class Inventory:
         self.pending_whole: list[Pod] = []
         self.replacements: list[Pod] = []
         """Pending pods that replace ones Ebbtide took (no demand; see the module docstring)."""
+        self.unplaceable: list[Pod] = []
+        """Pending pods no pool node could take (no demand; see the module docstring)."""
+        pool_nodes = [n for n in snapshot.nodes if self.node_pool[n.name] is not None]
+        selectors = [p.node_selector for _, p in pools]
+        landing: dict[tuple[Placement, int], bool] = {}
         for pod in snapshot.pods:
             if pod.workload is not None:
                 self.pods_by_workload.setdefault(pod.workload, []).append(pod)
@@ -116,8 +124,13 @@ class Inventory:
                 self.pods_by_node.setdefault(pod.node, []).append(pod)
                 held[pod.node] = held.get(pod.node, 0) + pod.gpus
             elif pod.waiting and pod.gpus > 0:
+                shape = (pod.placement, pod.gpus)
+                if shape not in landing:
+                    landing[shape] = could_land(pool_nodes, selectors, pod.placement, pod.gpus)
                 if _replacement(pod, disrupted):
                     self.replacements.append(pod)
+                elif not landing[shape]:
+                    self.unplaceable.append(pod)
                 else:
                     self.pending_whole.append(pod)
 

@@ -26,7 +26,7 @@ from typing import cast
 
 from policies.snapshot import Node, Placement, Taint, Toleration
 
-__all__ = ["admits", "node_order", "place", "room", "slots", "tolerated"]
+__all__ = ["admits", "could_land", "node_order", "place", "room", "slots", "tolerated"]
 
 _REPELS = ("NoSchedule", "NoExecute")
 
@@ -44,6 +44,23 @@ def admits(node: Node, selector: Mapping[str, str], tolerations: Sequence[Tolera
     return all(labels.get(k) == v for k, v in selector.items()) and tolerated(
         node.taints, tolerations
     )
+
+
+def could_land(
+    nodes: Iterable[Node], pool_selectors: Sequence[Mapping[str, str]], where: Placement, gpus: int
+) -> bool:
+    """Some node with at least ``gpus`` GPUs would admit ``where`` once in one of the pools
+    (carrying that pool's selector labels, as a MIG conversion or revert relabels it): what
+    freeing or reverting capacity could ever serve. A pod asking for a GPU model, a taint
+    toleration or a node size that no node offers is nobody's demand."""
+    selector, tolerations = where.node_selector, where.tolerations
+    for node in nodes:
+        if len(node.gpus) < gpus or not tolerated(node.taints, tolerations):
+            continue
+        for pool in pool_selectors:
+            if all(pool.get(k, node.labels.get(k)) == v for k, v in selector.items()):
+                return True
+    return False
 
 
 def room(

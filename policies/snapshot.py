@@ -129,6 +129,11 @@ class Placement:
     node_selector: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     tolerations: tuple[Toleration, ...] = ()
 
+    def __post_init__(self) -> None:
+        # hashable whatever the caller passed: placements key caches of "where could it land"
+        object.__setattr__(self, "node_selector", frozen_map(self.node_selector))
+        object.__setattr__(self, "tolerations", tuple(self.tolerations))
+
 
 #: No constraint: any untainted node.
 ANYWHERE: Final = Placement()

@@ -199,7 +199,7 @@ def test_replacement_of_an_evicted_pod_reverts_no_mig_node() -> None:
 
 def test_pod_pending_for_other_reasons_is_still_demand() -> None:
     """A pending pod created long after the eviction is real demand: the filter is no blanket."""
-    b = SnapshotBuilder()
+    b = SnapshotBuilder().node("w0", gpus=8, labels=WHOLE)
     b.workload("ml", "batch", kind="Job", replicas=1, labels=TRAINING)
     b.pod("ml", "batch-9", gpus=2, labels=TRAINING, workload="ml/batch", created=T0 + 3600)
     inv = Inventory(b.build(), POLICY, disrupted={"ml/batch": (T0,)})
@@ -229,3 +229,35 @@ def test_idle_held_gpus_are_reported_reclaimable() -> None:
     )
     text = generate_latest(Metrics(sources).registry).decode()
     assert 'ebbtide_reclaimable_gpus{pool="whole"} 3.0' in text
+
+
+@pytest.mark.parametrize(
+    ("where", "gpus", "demand"),
+    [
+        pytest.param(Placement(), 4, True, id="fits-a-whole-node"),
+        pytest.param(Placement(WHOLE), 4, True, id="selects-the-whole-pool"),
+        pytest.param(Placement(H100), 4, False, id="model-no-node-has"),
+        pytest.param(Placement(), 16, False, id="larger-than-any-node"),
+    ],
+)
+def test_only_pods_some_node_could_take_are_demand_and_revert_mig(
+    where: Placement, gpus: int, demand: bool
+) -> None:
+    """A pending pod is demand only if some node, once in a pool, could take it (the MIG node
+    counts: a revert relabels it into the whole pool). A pod asking for a model or a size no
+    node has waits for nothing Ebbtide can give, so it reverts no MIG node."""
+    b = SnapshotBuilder().node("w0", gpus=8, labels=WHOLE)
+    b.node("m0", gpus=8, labels=MIG, mig_config="all-1g.10gb")
+    b.workload("serving", "chat", replicas=8, nodes=["w0"])
+    b.pod("ml", "waiting", gpus=gpus, placement=where)
+    snap = b.build()
+    inv = Inventory(snap, POLICY)
+    assert [p.name for p in inv.pending_whole] == (["waiting"] if demand else [])
+    engine = Engine(make_policy())
+    reverts = [
+        d.target
+        for s in range(0, 300, 10)
+        for d in engine.evaluate(T0 + s, snap)
+        if isinstance(d, MigRevert)
+    ]
+    assert reverts == (["m0"] if demand else [])
