@@ -154,6 +154,15 @@ def respond_to_breach(
         inputs["pending_gpus"] = needed
     free = rnd.free(pool)
     shortfall = max(0, needed - free)
+    left = rnd.inv.quota_left(workload.namespace) if workload is not None else None
+    if spec.scale is not None and left is not None and gpr > 0 and needed > left:
+        # replicas the quota refuses would only wait: never free (or evict) GPUs for them
+        inputs["quota_gpus_left"] = left
+        alternatives.append(Alternative(f"scale to {desired}", _quota_note(left, gpr)))
+        desired = current + left // gpr
+        needed = (desired - current) * gpr
+        if desired <= current:
+            return
     fit: Fit | None = None
     if workload is not None and gpr > 0:
         # each new (or pending) replica needs gpr GPUs on one node: count where it lands
@@ -392,9 +401,13 @@ def _grow_step(
         (fits, f"only {fits} replicas of {gpr} GPUs fit, each on one node"),
     ]
     if left is not None:
-        limits.append((left // gpr, f"namespace GPU quota has {left} left, a replica needs {gpr}"))
+        limits.append((left // gpr, _quota_note(left, gpr)))
     step, why = min(limits, key=lambda lim: lim[0])
     return (wanted, "") if step >= wanted else (step, why)
+
+
+def _quota_note(left: int, gpr: int) -> str:
+    return f"namespace GPU quota has {left} left, a replica needs {gpr}"
 
 
 def _value(view: TrainingView, order: Sequence[VictimKey]) -> tuple[float | str, ...]:

@@ -261,3 +261,21 @@ def test_only_pods_some_node_could_take_are_demand_and_revert_mig(
         if isinstance(d, MigRevert)
     ]
     assert reverts == (["m0"] if demand else [])
+
+
+def test_a_breach_scales_only_as_far_as_the_namespace_quota_allows() -> None:
+    """Replicas the quota would refuse would only wait, so no training is evicted for them: chat
+    wants 5 replicas, its namespace has room for one more, so one pod is evicted and chat
+    scales 1→2, naming the quota."""
+    b = SnapshotBuilder().node("w0", gpus=8, labels=WHOLE)
+    b.workload("serving", "chat", replicas=1, nodes=["w0"])
+    training(b, "batch", replicas=7, nodes=["w0"])
+    b.quota("serving", hard=2, used=1)
+    engine = Engine(make_policy())
+    for _, ds in run(engine, b.build(), T0, T0 + 12, 500.0):
+        if ds:
+            break
+    assert len([d for d in ds if isinstance(d, Evict)]) == 1
+    scale = next(d for d in ds if isinstance(d, Scale))
+    assert (scale.from_replicas, scale.to_replicas) == (1, 2)
+    assert any("quota" in a.why_not for a in scale.explanation.alternatives)
