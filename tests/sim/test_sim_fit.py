@@ -85,3 +85,37 @@ async def test_engine_frees_one_node_and_the_simulated_cluster_places_the_replic
         "serving/chat-1": ("w0", "Pending"),
         "serving/chat-2": ("w1", "Pending"),
     }
+
+
+MIG_POLICY = POLICY.replace(
+    "  pools: {whole: {nodeSelector: {ebbtide.io/pool: whole}, kind: whole}}",
+    "  pools: {whole: {nodeSelector: {ebbtide.io/pool: whole}, kind: whole},\n"
+    "          mig: {nodeSelector: {ebbtide.io/pool: mig}, kind: mig}}\n"
+    "  mig: {fromPool: whole, toPool: mig, convertBelow: 20%, convertAfter: 10m,\n"
+    "        profiles: {A100-80GB: all-1g.10gb}, revertAfter: 2m}",
+).replace("gpusPerReplica: 2", "gpusPerReplica: 1")
+
+
+async def test_an_evicted_pods_replacement_does_not_revert_a_mig_node() -> None:
+    """Regression, in the simulated cluster: a breach evicts rigid training; its Job recreates
+    the pods, which wait. They are Ebbtide's own doing, so no MIG node is reverted to serve
+    them (which would undo the eviction) over the next ten minutes."""
+    b = SnapshotBuilder().node("w0", gpus=8, labels=WHOLE)
+    b.node("m0", gpus=8, labels={"ebbtide.io/pool": "mig"}, mig_config="all-1g.10gb")
+    b.workload("serving", "chat", replicas=2, nodes=["w0"], priority=1000)
+    b.workload("ml", "batch", kind="Job", replicas=6, labels=TRAINING, nodes=["w0"], priority=10)
+    c = cluster(b)
+    engine = Engine(load_policy_text(MIG_POLICY, "mig.yaml"))
+    made: list[Decision] = []
+    for s in range(1, 600):
+        if s <= 20:
+            for k in range(20):
+                engine.observe(InferenceLatency(T0 + s - 1 + k / 20, "chat", "serving", 250.0))
+        c.advance(T0 + s)
+        decisions = engine.evaluate(T0 + s, c.snapshot())
+        made += decisions
+        await c.apply(decisions)
+    evicted = [d.pod for d in made if isinstance(d, Evict)]
+    assert evicted
+    assert [d.action for d in made if d.action.startswith("mig")] == []
+    assert [p for p in c.pending_pods() if p.workload == "ml/batch"]  # replacements wait
