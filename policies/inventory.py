@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from policies.drain import DrainRule, disrupt_forbidden
 from policies.model import DO_NOT_DISRUPT, Policy
 from policies.placement import could_land
-from policies.snapshot import GpuQuota, Node, Placement, Pod, Snapshot, Workload
+from policies.snapshot import GpuQuota, Node, Placement, Pod, Snapshot, Taint, Workload
 
 __all__ = ["RECREATE_WINDOW_S", "Inventory", "TrainingView", "matches"]
 
@@ -110,12 +110,16 @@ class Inventory:
         self.pods_by_workload: dict[str, list[Pod]] = {}
         held: dict[str, int] = {}
         self.pending_whole: list[Pod] = []
+        self.pending_mig: dict[str, int] = {}
+        """MIG instances pending pods wait for, by profile: what a conversion's layout serves."""
         self.replacements: list[Pod] = []
         """Pending pods that replace ones Ebbtide took (no demand; see the module docstring)."""
         self.unplaceable: list[Pod] = []
         """Pending pods no pool node could take (no demand; see the module docstring)."""
         pool_nodes = [n for n in snapshot.nodes if self.node_pool[n.name] is not None]
-        selectors = [p.node_selector for _, p in pools]
+        pool_shapes = [
+            (p.node_selector, [Taint(t.key, t.value, t.effect) for t in p.taints]) for _, p in pools
+        ]
         landing: dict[tuple[Placement, int], bool] = {}
         for pod in snapshot.pods:
             if pod.workload is not None:
@@ -126,13 +130,16 @@ class Inventory:
             elif pod.waiting and pod.gpus > 0:
                 shape = (pod.placement, pod.gpus)
                 if shape not in landing:
-                    landing[shape] = could_land(pool_nodes, selectors, pod.placement, pod.gpus)
+                    landing[shape] = could_land(pool_nodes, pool_shapes, pod.placement, pod.gpus)
                 if _replacement(pod, disrupted):
                     self.replacements.append(pod)
                 elif not landing[shape]:
                     self.unplaceable.append(pod)
                 else:
                     self.pending_whole.append(pod)
+            elif pod.waiting and not _replacement(pod, disrupted):
+                for profile, n in pod.mig.items():
+                    self.pending_mig[profile] = self.pending_mig.get(profile, 0) + n
 
         self.capacity: dict[str, int] = {}
         self.free: dict[str, int] = {}

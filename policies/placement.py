@@ -47,18 +47,26 @@ def admits(node: Node, selector: Mapping[str, str], tolerations: Sequence[Tolera
 
 
 def could_land(
-    nodes: Iterable[Node], pool_selectors: Sequence[Mapping[str, str]], where: Placement, gpus: int
+    nodes: Iterable[Node],
+    pools: Sequence[tuple[Mapping[str, str], Sequence[Taint]]],
+    where: Placement,
+    gpus: int,
 ) -> bool:
-    """Some node with at least ``gpus`` GPUs would admit ``where`` once in one of the pools
-    (carrying that pool's selector labels, as a MIG conversion or revert relabels it): what
-    freeing or reverting capacity could ever serve. A pod asking for a GPU model, a taint
-    toleration or a node size that no node offers is nobody's demand."""
+    """Some node with at least ``gpus`` GPUs would admit ``where`` once in one of the ``pools``
+    (each: node selector, taints): carrying that pool's labels and taints and none of the other
+    pools' taints, as a MIG conversion or revert moves it. What freeing or reverting capacity
+    could ever serve: a pod asking for a GPU model, a toleration or a node size no node offers
+    is nobody's demand."""
     selector, tolerations = where.node_selector, where.tolerations
+    moved = {(t.key, t.effect) for _, taints in pools for t in taints}
     for node in nodes:
-        if len(node.gpus) < gpus or not tolerated(node.taints, tolerations):
+        if len(node.gpus) < gpus:
             continue
-        for pool in pool_selectors:
-            if all(pool.get(k, node.labels.get(k)) == v for k, v in selector.items()):
+        kept = [t for t in node.taints if (t.key, t.effect) not in moved]
+        for labels, taints in pools:
+            if all(labels.get(k, node.labels.get(k)) == v for k, v in selector.items()) and (
+                tolerated([*kept, *taints], tolerations)
+            ):
                 return True
     return False
 

@@ -13,7 +13,7 @@ from controller.metrics import Metrics, StateSources
 from policies.decisions import Evict, MigRevert, Scale
 from policies.engine import Engine
 from policies.inventory import Inventory
-from policies.placement import admits, node_order, place, slots
+from policies.placement import admits, could_land, node_order, place, slots
 from policies.snapshot import (
     Node,
     Placement,
@@ -279,3 +279,29 @@ def test_a_breach_scales_only_as_far_as_the_namespace_quota_allows() -> None:
     scale = next(d for d in ds if isinstance(d, Scale))
     assert (scale.from_replicas, scale.to_replicas) == (1, 2)
     assert any("quota" in a.why_not for a in scale.explanation.alternatives)
+
+
+MIG_TAINT = Taint("nvidia.com/mig", "true", "NoSchedule")
+
+
+@pytest.mark.parametrize(
+    ("taints", "where", "lands"),
+    [
+        pytest.param((MIG_TAINT,), Placement(WHOLE), True, id="pool-taint-goes-with-a-revert"),
+        pytest.param((GPU_TAINT,), Placement(WHOLE), False, id="own-taint-stays"),
+        pytest.param(
+            (GPU_TAINT,),
+            Placement(WHOLE, (Toleration("nvidia.com/gpu", "Exists"),)),
+            True,
+            id="own-taint-tolerated",
+        ),
+    ],
+)
+def test_could_land_moves_pool_labels_and_taints(
+    taints: tuple[Taint, ...], where: Placement, lands: bool
+) -> None:
+    """A MIG node (the only node) could serve a whole-GPU pod once reverted into the whole
+    pool: it takes that pool's labels and loses the mig pool's taints, but keeps its own."""
+    m0 = SnapshotBuilder().node("m0", labels=MIG, mig_config="all-1g.10gb", taints=taints)
+    pools = [(WHOLE, ()), (MIG, (MIG_TAINT,))]
+    assert could_land(m0.build().nodes, pools, where, 4) is lands
