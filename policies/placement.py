@@ -17,12 +17,13 @@ Design:
   ones took; :func:`node_order` ranks nodes to free for one more replica: victim order first
   (the most important pod it takes), then the fewest GPUs evicted, then a node left entirely
   empty before one left with holes, then by name.
+* :func:`could_land` asks whether any node could ever take a pending pod once a MIG flow moved
+  it into a pool (the pool's labels and taints): a pod no node could take is no demand.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import cast
 
 from policies.snapshot import Node, Placement, Taint, Toleration
 
@@ -108,7 +109,8 @@ def node_order(
     ranked: list[tuple[tuple[float | str, ...], int, bool, str]] = []
     for name, have in free.items():
         short = gpus - have % gpus
-        got, worst = 0, cast(tuple[float | str, ...], ())
+        got = 0
+        worst: tuple[float | str, ...] = ()
         for key, n in victims.get(name, ()):
             if got >= short:
                 break
