@@ -16,7 +16,8 @@ Design:
   first, as the simulated scheduler places them), so rules later in a round see what earlier
   ones took; :func:`node_order` ranks nodes to free for one more replica: victim order first
   (the most important pod it takes), then the fewest GPUs evicted, then a node left entirely
-  empty before one left with holes, then by name.
+  empty before one left with holes, then one whose NVLink domain (``nvidia.com/gpu.clique``)
+  has the most GPUs free already, then by name.
 * :func:`could_land` asks whether any node could ever take a pending pod once a MIG flow moved
   it into a pool (the pool's labels and taints): a pod no node could take is no demand.
 """
@@ -27,7 +28,19 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from policies.snapshot import Node, Placement, Taint, Toleration
 
-__all__ = ["admits", "could_land", "node_order", "place", "room", "slots", "tolerated"]
+__all__ = [
+    "NVLINK_DOMAIN_LABEL",
+    "admits",
+    "could_land",
+    "node_order",
+    "place",
+    "room",
+    "slots",
+    "tolerated",
+]
+
+#: Node label naming its NVLink domain (GPU Feature Discovery's clique id on NVL systems).
+NVLINK_DOMAIN_LABEL = "nvidia.com/gpu.clique"
 
 _REPELS = ("NoSchedule", "NoExecute")
 
@@ -100,13 +113,20 @@ def node_order(
     total: Mapping[str, int],
     *,
     gpus: int,
+    domains: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Nodes to free for one more ``gpus``-GPU replica, best first, as kube-scheduler picks a
     node to preempt on; only nodes where it is possible. ``victims``: per node, the evictable
     pods' victim-order keys (ties by name dropped) and GPUs, in victim order; ``free``: free
-    GPUs, ``total``: whole GPUs per node. Ranked by the most important victim needed, then GPUs
-    evicted, then whether the node is left empty (a whole node beats scattered holes)."""
-    ranked: list[tuple[tuple[float | str, ...], int, bool, str]] = []
+    GPUs, ``total``: whole GPUs per node; ``domains``: NVLink domain per node. Ranked by the
+    most important victim needed, then GPUs evicted, then whether the node is left empty, then
+    the free GPUs already in its NVLink domain (whole nodes and domains beat scattered holes)."""
+    domains = domains or {}
+    domain_free: dict[str, int] = {}
+    for name, have in free.items():
+        if name in domains:
+            domain_free[domains[name]] = domain_free.get(domains[name], 0) + have
+    ranked: list[tuple[tuple[float | str, ...], int, bool, int, str]] = []
     for name, have in free.items():
         short = gpus - have % gpus
         got = 0
@@ -118,9 +138,10 @@ def node_order(
         if got < short:
             continue
         emptied = have + got >= total.get(name, 0)
-        ranked.append((worst, got, not emptied, name))
+        beside = domain_free.get(domains[name], 0) - have if name in domains else 0
+        ranked.append((worst, got, not emptied, -beside, name))
     ranked.sort()
-    return [r[3] for r in ranked]
+    return [r[-1] for r in ranked]
 
 
 def place(free: Mapping[str, int], gpus: int, replicas: int) -> dict[str, int]:

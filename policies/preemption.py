@@ -14,10 +14,9 @@ Design (Kueue's ``GetTargets`` in spirit: decide on an in-memory view, actuate e
 3. **Per node** (with a :class:`Fit`): a replica of N GPUs needs N free on one node, so four
    scattered free GPUs are no room for a two-GPU replica. Shrink steps are credited to the
    nodes of the workload's highest-named pods (StatefulSet ordinals and job indexes go first);
-   evictions then go node by node, the node needing the fewest GPUs evicted for one more
-   replica first, one that is left empty before one that is not
-   (:func:`policies.placement.node_order`), each node's pods in victim order, until the
-   replicas fit.
+   evictions then go node by node, best first by :func:`policies.placement.node_order` (the
+   least important victims, the fewest GPUs evicted, a node left empty, the most GPUs free in
+   its NVLink domain), each node's pods in victim order, until the replicas fit.
 4. **Never**: inference pods (not in the training view at all), protected namespaces,
    ``ebbtide.io/do-not-disrupt``. Each skipped candidate is reported as an
    :class:`~policies.decisions.Alternative` with the reason.
@@ -30,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from policies.decisions import Alternative
 from policies.drain import protection
@@ -85,6 +84,8 @@ class Fit:
     """Free whole GPUs on each node that admits a replica (:func:`policies.placement.room`)."""
     total: Mapping[str, int]
     """Whole GPUs of those nodes."""
+    domains: Mapping[str, str] = field(default_factory=dict)
+    """NVLink domain of those nodes that have one."""
 
 
 def victim_sort_key(
@@ -268,7 +269,7 @@ def plan_capacity(
                 if pod.key not in gone and pod.node is not None and refusal(pod, cview) is None:
                     by_node.setdefault(pod.node, []).append((key[:-1], pod.gpus))
             now_free = {n: f + gained.get(n, 0) for n, f in fit.free.items() if n not in tried}
-            order = node_order(now_free, by_node, fit.total, gpus=fit.gpus)
+            order = node_order(now_free, by_node, fit.total, gpus=fit.gpus, domains=fit.domains)
             if not order:
                 break
             node = order[0]

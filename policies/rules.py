@@ -34,7 +34,7 @@ from policies.decisions import (
 from policies.inventory import Inventory, TrainingView
 from policies.mig import IdleTracker, MigFlights, plan_conversions, plan_reverts
 from policies.model import MigSpec, Policy, ServiceSpec, VictimKey, format_duration
-from policies.placement import place, room, slots
+from policies.placement import NVLINK_DOMAIN_LABEL, place, room, slots
 from policies.preemption import Fit, plan_capacity, victim_sort_key
 from policies.slo import SloState
 from policies.snapshot import MIG_DISABLED, Placement
@@ -171,7 +171,14 @@ def respond_to_breach(
         fits_now = slots(space, gpr)
         inputs["replicas_fit_now"] = fits_now
         shortfall = max(0, want - fits_now) * gpr
-        fit = Fit(gpr, want, space, {n: rnd.inv.nodes[n].whole_gpus for n in space})
+        nodes = rnd.inv.nodes
+        fit = Fit(
+            gpr,
+            want,
+            space,
+            {n: nodes[n].whole_gpus for n in space},
+            {n: d for n in space if (d := nodes[n].labels.get(NVLINK_DOMAIN_LABEL))},
+        )
     training = rnd.policy.spec.training
     plan = None
     if shortfall > 0 and training is not None:

@@ -87,6 +87,22 @@ def test_slots_and_place_count_replicas_per_node() -> None:
     assert place({"a": 1}, 2, 3) == {}
 
 
+def test_node_order_prefers_the_nvlink_domain_with_the_most_free() -> None:
+    """All else equal, the hole goes where its NVLink domain already has free GPUs, so free
+    capacity gathers in whole domains instead of scattering over all of them."""
+    key = (0.0,)
+    victims = {"a1": [(key, 1)], "b1": [(key, 1)]}
+    free = {"a1": 1, "a2": 8, "b1": 1, "b2": 0}
+    total = dict.fromkeys(free, 8)
+    domains = {"a1": "A", "a2": "A", "b1": "B", "b2": "B"}
+    assert node_order(free, victims, total, gpus=2, domains=domains) == ["a1", "b1"]
+    assert node_order(free, victims, total, gpus=2) == ["a1", "b1"]  # by name without domains
+    flipped = {"a1": "B", "a2": "B", "b1": "A", "b2": "A"}
+    assert node_order(free, victims, total, gpus=2, domains=flipped) == ["a1", "b1"]
+    swapped = {"a1": "A", "a2": "B", "b1": "B", "b2": "A"}
+    assert node_order(free, victims, total, gpus=2, domains=swapped) == ["b1", "a1"]
+
+
 def test_node_order_follows_victim_order_then_fewest_evicted_then_emptied() -> None:
     """The node whose victims are least important wins; on a tie, fewer GPUs evicted, then a
     node left empty beats one left with holes."""
