@@ -3,7 +3,7 @@ work there: scattered free GPUs are not room for a multi-GPU replica in either r
 
 from __future__ import annotations
 
-from sim_builders import DELAYS, T0, TRAINING, WHOLE, apply, cluster, scale, where
+from sim_builders import DELAYS, T0, TRAINING, WHOLE, apply, cluster, evict, scale, where
 
 from policies.decisions import Decision, Evict, Scale
 from policies.engine import Engine
@@ -119,3 +119,24 @@ async def test_an_evicted_pods_replacement_does_not_revert_a_mig_node() -> None:
     assert evicted
     assert [d.action for d in made if d.action.startswith("mig")] == []
     assert [p for p in c.pending_pods() if p.workload == "ml/batch"]  # replacements wait
+
+
+async def test_quota_admission_caps_pods_and_the_snapshot_reports_its_use() -> None:
+    """A namespace's GPU quota stops pod creation at ``hard``, the snapshot shows the use, and a
+    pod leaving the namespace lets its workload catch up."""
+    b = SnapshotBuilder().node("w0", gpus=8, labels=WHOLE).quota("ml", hard=3)
+    b.workload("ml", "train", replicas=2, labels=TRAINING, nodes=["w0"])
+    c = cluster(b)
+    assert [(q.namespace, q.hard, q.used) for q in c.snapshot().quotas] == [("ml", 3, 2)]
+    await apply(c, scale("ml/train", 5, frm=2))
+    c.advance(T0 + DELAYS.scale_up_create_s + 1)
+    assert sorted(k for k in where(c) if k.startswith("ml/")) == [
+        "ml/train-0",
+        "ml/train-1",
+        "ml/train-2",
+    ]
+    assert c.snapshot().quotas[0].used == 3
+    await apply(c, evict("ml/train-0", grace=1.0, at=T0 + 5))
+    c.advance(T0 + 5 + 1 + DELAYS.scale_up_create_s)
+    assert "ml/train-0" not in where(c)
+    assert len([k for k in where(c) if k.startswith("ml/")]) == 3
