@@ -262,27 +262,33 @@ def plan_capacity(
                 break
             take(pod, cview)
     else:
+        # per node, its evictable candidates in victim order (refusals do not change in a plan)
+        per_node: dict[str, list[tuple[tuple[float | str, ...], Pod, TrainingView | None]]] = {}
+        for c in candidates:
+            node = c[1].node
+            if node is not None and node in fit.free and refusal(c[1], c[2]) is None:
+                per_node.setdefault(node, []).append(c)
+        victims = {n: [(k[:-1], p.gpus) for k, p, _ in cs] for n, cs in per_node.items()}
         tried: set[str] = set()
         while not enough():
-            by_node: dict[str, list[tuple[tuple[float | str, ...], int]]] = {}
-            for key, pod, cview in candidates:
-                if pod.key not in gone and pod.node is not None and refusal(pod, cview) is None:
-                    by_node.setdefault(pod.node, []).append((key[:-1], pod.gpus))
             now_free = {n: f + gained.get(n, 0) for n, f in fit.free.items() if n not in tried}
-            order = node_order(now_free, by_node, fit.total, gpus=fit.gpus, domains=fit.domains)
+            order = node_order(now_free, victims, fit.total, gpus=fit.gpus, domains=fit.domains)
             if not order:
                 break
             node = order[0]
             tried.add(node)
             want = slots({node: now_free[node]}, fit.gpus) + 1
-            for _, pod, cview in candidates:
-                if pod.node == node:
-                    take(pod, cview)
-                    if slots({node: fit.free[node] + gained.get(node, 0)}, fit.gpus) >= want:
-                        tried.discard(node)
-                        break
-            if enough():
-                break
+            before = len(evictions)
+            for _, pod, cview in per_node[node]:
+                take(pod, cview)
+                if slots({node: fit.free[node] + gained.get(node, 0)}, fit.gpus) >= want:
+                    tried.discard(node)
+                    break
+            moved = {v.pod.node for v in evictions[before:] if v.pod.node is not None}
+            for touched in sorted(moved & per_node.keys()):
+                left = [c for c in per_node[touched] if c[1].key not in gone]
+                per_node[touched] = left
+                victims[touched] = [(k[:-1], p.gpus) for k, p, _ in left]
     return Plan(tuple(shrinks), tuple(evictions), freed, tuple(rejected), FrozenMap(gained))
 
 
