@@ -13,6 +13,7 @@ Verbs per resource, and who needs them:
 * priorityclasses, poddisruptionbudgets — list/watch (victim order, PDB-aware planning);
 * horizontalpodautoscalers, KEDA scaledobjects — list/watch (never fight another autoscaler);
 * Volcano and coscheduling podgroups — list/watch (gang minimums from ``minMember``);
+* resourcequotas — list/watch (namespaces' GPU quotas bound training growth);
 * each tracked workload kind (the ``kube.workload_kinds`` setting: Deployments, StatefulSets,
   PyTorchJobs by default; JobSets, RayClusters, Jobs on request) — get/list/watch, and its
   ``/scale`` subresource get/patch, or patch on the object for kinds without ``/scale``
@@ -63,6 +64,7 @@ _BASE_RULES: tuple[Rule, ...] = (
     Rule("keda.sh", ("scaledobjects",), ("list", "watch")),
     Rule("scheduling.volcano.sh", ("podgroups",), ("list", "watch")),
     Rule("scheduling.x-k8s.io", ("podgroups",), ("list", "watch")),
+    Rule("", ("resourcequotas",), ("list", "watch")),
 )
 
 

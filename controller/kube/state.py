@@ -4,7 +4,8 @@ Design:
 
 * :class:`KubeClusterState` runs one :class:`~controller.kube.informer.Informer` per kind —
   Nodes (by a node label selector), Pods (by a label selector and/or namespaces, finished pods
-  excluded by a field selector), PriorityClasses, PodDisruptionBudgets, and each tracked workload
+  excluded by a field selector), PriorityClasses, PodDisruptionBudgets, ResourceQuotas (the
+  namespaces' GPU quotas, which bound training growth), and each tracked workload
   kind (Deployments, StatefulSets, custom resources with ``/scale`` such as PyTorchJob, described
   by :class:`~controller.kube.translate.WorkloadKind`; which ones is a setting). It is
   :attr:`synced` once every informer has listed. A workload kind whose API is not installed (no
@@ -55,11 +56,13 @@ from controller.kube.translate import (
     node_from,
     pod_from,
     priorities_from,
+    quota_from,
+    tightest_quotas,
 )
 from controller.kube.workloads import ADAPTERS, Adapter
 from controller.kube.workloads.autoscalers import HPAS, SCALED_OBJECTS, Owners, owners
 from controller.kube.workloads.podgroups import PODGROUPS, Gangs, gang_minimum, gangs
-from policies.snapshot import Pod, Snapshot, Workload
+from policies.snapshot import GpuQuota, Pod, Snapshot, Workload
 
 __all__ = ["WORKLOAD_KINDS", "ClusterStateSettings", "KubeClusterState", "workload_kinds"]
 
@@ -71,6 +74,7 @@ PRIORITY_CLASSES: Final = Resource(
     group="scheduling.k8s.io", version="v1", plural="priorityclasses", namespaced=False
 )
 PDBS: Final = Resource(group="policy", version="v1", plural="poddisruptionbudgets")
+QUOTAS: Final = Resource(plural="resourcequotas")
 #: Finished pods hold no GPUs; the apiserver filters them out (and sends DELETED as they finish).
 LIVE_PODS: Final = "status.phase!=Succeeded,status.phase!=Failed"
 
@@ -243,6 +247,9 @@ class KubeClusterState:
             self._translate_pod,
             lambda p: (p.namespace, p.name),
         )
+        self._quotas = _Translations(
+            Informer(api, QUOTAS, **scoped), _named_quota, lambda q: (q[1].namespace, q[0])
+        )
         self._workloads: list[_Translations[Workload]] = []
         for kind in self._kinds:
             resource = Resource(group=kind.group, version=kind.version, plural=kind.plural)
@@ -257,7 +264,12 @@ class KubeClusterState:
             self._workloads.append(
                 _Translations(informer, self._workload_translator(kind), _workload_order)
             )
-        translated: list[_Translations[Any]] = [self._nodes, self._pods, *self._workloads]
+        translated: list[_Translations[Any]] = [
+            self._nodes,
+            self._pods,
+            self._quotas,
+            *self._workloads,
+        ]
         for translations in translated:
             translations.informer.on_change = translations.mark
         self._all = (
@@ -317,10 +329,12 @@ class KubeClusterState:
         workloads_changed = any([w.refresh() for w in self._workloads])
         nodes_changed = self._nodes.refresh()
         pods_changed = self._pods.refresh()
+        quotas_changed = self._quotas.refresh()
         if pods_changed or workloads_changed:
             tracked = {w.key for t in self._workloads for w in t.values()}
             self._kept_pods = tuple(p for p in self._pods.values() if keep_pod(p, tracked))
-        if classes_changed or workloads_changed or nodes_changed or pods_changed:
+        changed = (classes_changed, workloads_changed, nodes_changed, pods_changed, quotas_changed)
+        if any(changed):
             workloads = sorted(
                 (w for t in self._workloads for w in t.values()), key=_workload_order
             )
@@ -329,6 +343,7 @@ class KubeClusterState:
                 pods=self._kept_pods,
                 workloads=tuple(workloads),
                 priority_classes=self._priorities.classes(),
+                quotas=tightest_quotas(q for _, q in self._quotas.values()),
             )
         self.last_rebuild_s = time.perf_counter() - started
         return self._snapshot
@@ -388,6 +403,12 @@ class KubeClusterState:
             return w if gang is None else replace(w, gang_min=gang)
 
         return translate
+
+
+def _named_quota(obj: Obj) -> tuple[str, GpuQuota] | None:
+    """A ResourceQuota's GPU quota with the object's name (several may share a namespace)."""
+    quota = quota_from(obj)
+    return None if quota is None else (str((obj.get("metadata") or {}).get("name", "")), quota)
 
 
 def _workload_order(w: Workload) -> tuple[str, str, str]:

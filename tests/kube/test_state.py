@@ -135,6 +135,7 @@ def reference(state: KubeClusterState) -> Snapshot:
         workloads=[(k, o) for name, k in kinds.items() for o in informers[name].items()],
         priority_classes=informers["priorityclasses.scheduling.k8s.io"].items(),
         workload=lambda obj, kind, priorities: ADAPTERS[kind.kind].workload(obj, priorities),
+        quotas=informers["resourcequotas"].items(),
     )
 
 
@@ -311,6 +312,38 @@ def test_the_workload_kinds_setting_chooses_what_is_watched_and_scaled(
     assert {"statefulsets.apps", "nodes"} <= watched
     assert not watched & {"deployments.apps", "pytorchjobs.kubeflow.org"}
     assert runtime.state.settings.workload_kinds == (STATEFULSET,)
+
+
+async def test_quotas_taints_and_template_placement_reach_the_snapshot(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """ResourceQuotas capping GPUs are watched (the tightest per namespace), node taints and a
+    workload template's tolerations reach the snapshot, and a quota change makes a new one."""
+    node = make_node("gpu-1", gpus=8)
+    node["spec"]["taints"] = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+    await kubeapi.create(node)
+    web = deployment("web", replicas=1, gpus=2)
+    web["spec"]["template"]["spec"]["tolerations"] = [
+        {"key": "nvidia.com/gpu", "operator": "Exists"}
+    ]
+    await kubeapi.create(web)
+    for name, hard in (("wide", "16"), ("tight", "4")):
+        await kubeapi.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "metadata": {"name": name, "namespace": "ml"},
+                "spec": {"hard": {"requests.nvidia.com/gpu": hard}},
+            }
+        )
+    async with running(kube_client) as state:
+        snapshot = state.snapshot()
+        assert [(q.namespace, q.hard) for q in snapshot.quotas] == [("ml", 4)]
+        assert [t.key for t in snapshot.nodes[0].taints] == ["nvidia.com/gpu"]
+        assert [t.operator for t in snapshot.workloads[0].placement.tolerations] == ["Exists"]
+        assert snapshot == reference(state)
+        await kubeapi.delete("ResourceQuota", "ml", "tight")
+        await eventually(lambda: [q.hard for q in state.snapshot().quotas] == [16])
 
 
 async def test_pdbs_are_exposed_raw(kubeapi: KubeAPIServer, kube_client: ApiClient) -> None:

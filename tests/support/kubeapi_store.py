@@ -107,6 +107,7 @@ BUILTIN_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType(
         group="policy", version="v1", plural="poddisruptionbudgets", kind="PodDisruptionBudget"
     ),
+    ResourceType(group="", version="v1", plural="resourcequotas", kind="ResourceQuota"),
     ResourceType(
         group="scheduling.k8s.io",
         version="v1",
