@@ -678,6 +678,19 @@ class UtilizationWindow(_Ring):
         maxes = [m for w in windows if (m := w.max(now)) is not None]
         return max(maxes) if maxes else None
 
+    def steady_until(self, now: float) -> float:
+        """The earliest time after ``now`` at which a read may differ from one at ``now``
+        without any write in between: when an interval leaves the window, or one written ahead
+        of ``now`` enters it; ``inf`` when the window holds nothing."""
+        interval, length = self._interval_s, self._length
+        last = _slot_of(now, interval)
+        first = max(last, self._head) - length + 1
+        until = _INF
+        for slot in self._slots:
+            if slot >= first:
+                until = min(until, (slot if slot > last else slot + length) * interval)
+        return until
+
     def _live(self, now: float) -> list[int]:
         """Ring indices with readings covered by a read at ``now``."""
         first, last = self._span(now)
