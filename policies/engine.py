@@ -271,6 +271,8 @@ class Engine:
         self._busy: dict[str, str] = {}
         #: What the last tick saw; a change ticks every service.
         self._seen: tuple[Inventory, Policy] | None = None
+        #: The services whose SLO the last evaluation stepped.
+        self._stepped: list[_Service] = []
         #: ``now`` of the last round that ran the rules.
         self._last_round: float | None = None
         #: The shortest scale-down stabilization window: a longer gap between rounds ticks all.
@@ -279,6 +281,10 @@ class Engine:
         #: and until when they would go on so (see :meth:`_pools_steady_until`).
         self._pools_seen: tuple[Inventory, Policy, set[str]] | None = None
         self._pools_wake = -math.inf
+        #: Whether the whole-card pool's mean was at or above ``convertBelow`` (or unknown),
+        #: for (events taken, the window's slot): neither changed, nor did the mean.
+        self._mean_for = (-1, 0)
+        self._mean_high = False
         #: The latest hold on a MIG node after a failed flow.
         self._mig_held_until = -math.inf
         self._apply(policy)
@@ -323,6 +329,7 @@ class Engine:
             svc.index = i
         self._seen = None  # every service is ticked at the next evaluation
         self._pools_seen = None
+        self._mean_for = (-1, 0)
         self._busy = {}
         self._gap_s = min(
             (
@@ -479,7 +486,9 @@ class Engine:
         and return this round's decisions, in the order they were taken."""
         self.advance(now)
         inv = self._index(snapshot)
-        for svc in self._slo_due(now, inv):
+        due = self._slo_due(now, inv)
+        self._stepped = due
+        for svc in due:
             level, n = svc.exceed.level(now, svc.q, svc.min_samples)
             slo = svc.slo = step(svc.slo, level, now, svc.spec.slo)
             svc.samples = n
@@ -496,6 +505,13 @@ class Engine:
         spec = self._policy.spec
         if spec.kill_switch:
             return []
+        ruled = [self._ordered[i] for i in sorted(self._rules | self._unsettled)]
+        self._rules = set()
+        last_round, self._last_round = self._last_round, now
+        busy_pools = set(self._busy.values())
+        seen = (inv, self._policy, busy_pools)
+        if not ruled and self._pools_quiet(now, seen):
+            return []  # a quiet tick: every rule would decide nothing and change nothing
         self._held = {pod: hold for pod, hold in self._held.items() if hold[0] > now}
         rnd = Round(
             now=now,
@@ -505,12 +521,9 @@ class Engine:
             cooldowns=self._cooldowns,
             held={pod: why for pod, (_, why) in self._held.items()},
         )
-        ruled = [self._ordered[i] for i in sorted(self._rules | self._unsettled)]
-        self._rules = set()
         for svc in ruled:
             if svc.slo.state == "breaching":
                 respond_to_breach(rnd, svc.key, svc.spec, svc.slo, svc.latency)
-        last_round = self._last_round
         for svc in ruled:
             down = svc.down
             settled = True
@@ -529,9 +542,6 @@ class Engine:
                 self._unsettled.discard(svc.index)
             else:
                 self._unsettled.add(svc.index)
-        self._last_round = now
-        busy_pools = set(self._busy.values())
-        seen = (inv, self._policy, busy_pools)
         if rnd.decisions or not self._pools_quiet(now, seen):
             grow_training(rnd, busy_pools=busy_pools, free_since=self._free_since)
             if spec.mig is not None and spec.mig.enabled:
@@ -569,8 +579,12 @@ class Engine:
         mig = self._policy.spec.mig
         if mig is None or not mig.enabled or seen[2]:
             return True
-        mean = self._pool_windows[mig.from_pool].mean(now)
-        return mean is None or mean >= mig.convert_below * 100.0
+        key = (self.observed, int(now // self._util_interval))  # what the mean depends on
+        if key != self._mean_for:
+            mean = self._pool_windows[mig.from_pool].mean(now)
+            self._mean_for = key
+            self._mean_high = mean is None or mean >= mig.convert_below * 100.0
+        return self._mean_high
 
     def _pools_steady_until(self, now: float, inv: Inventory, busy_pools: set[str]) -> float:
         """Until when the pool rules, having just decided nothing, would go on deciding nothing
@@ -726,6 +740,11 @@ class Engine:
         window's intervals incrementally: cheap to call once per tick, not free."""
         svc = self._services[service_key]
         return svc.latency.quantile(now, svc.q)
+
+    def stepped(self) -> list[str]:
+        """The services (``namespace/service``) whose SLO the last :meth:`evaluate` stepped,
+        in order: every other service's :meth:`slo_state` is the same object as before it."""
+        return [svc.key for svc in self._stepped]
 
     def slo_state(self, service_key: str) -> SloState:
         """The SLO state of ``namespace/service``."""
