@@ -19,7 +19,8 @@ minute (23 inference services, one latency event of 40 requests each; 15 nodes o
 utilization reading each), at fixed offsets within the minute, so the engine ticks once a
 second with ~2.4 events between ticks: a replay's speed there is the cost of a quiet tick.
 Every fourth service has a 20-minute burst at 10x its latency every 6 hours, so it breaches,
-scales and later scales down; three nodes idle, so MIG converts them.
+scales up and later back down; three of the 15 nodes idle, but the whole-card pool's mean
+stays above ``convertBelow``, so MIG converts nothing.
 """
 
 from __future__ import annotations

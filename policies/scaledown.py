@@ -143,7 +143,8 @@ def scale_down(
     objective = spec.slo.objective_ms
     p: float | None = None
     recommended = current
-    if slo.state == "ok" and slo.last_level in ("below", "between"):
+    # At (or below) replicas.min nothing lower can be recommended: no percentile to read.
+    if slo.state == "ok" and slo.last_level in ("below", "between") and current > bounds.min:
         p = window.quantile(now, spec.slo.percentile / 100.0)
         if p is not None and p < down.below * objective:
             desired = max(bounds.min, math.ceil(max(current, 1) * p / objective))
