@@ -648,11 +648,15 @@ class UtilizationWindow(_Ring):
         return True
 
     def mean(self, now: float) -> float | None:
-        """Mean of the readings in the window at ``now``; ``None`` when there are none."""
-        live = self._live(now)
-        if not live:
-            return None
-        return sum(self._sums[i] for i in live) / sum(self._counts[i] for i in live)
+        """Mean of the readings in the window at ``now``; ``None`` when there are none. One
+        pass, no intermediate list: the engine reads a pool's mean on most ticks."""
+        first, last = self._span(now)
+        total, n = 0.0, 0
+        for slot, s, c in zip(self._slots, self._sums, self._counts, strict=True):
+            if first <= slot <= last:
+                total += s
+                n += c
+        return total / n if n else None
 
     def max(self, now: float) -> float | None:
         """Highest reading in the window at ``now``; ``None`` when there are none."""
