@@ -88,6 +88,8 @@ class Inventory:
         self.pods_by_workload: dict[str, list[Pod]] = {}
         held: dict[str, int] = {}
         self.pending_whole: list[Pod] = []
+        self.pending_mig: dict[str, int] = {}
+        """MIG instances pending pods wait for, by profile: what a conversion's layout serves."""
         for pod in snapshot.pods:
             if pod.workload is not None:
                 self.pods_by_workload.setdefault(pod.workload, []).append(pod)
@@ -96,6 +98,9 @@ class Inventory:
                 held[pod.node] = held.get(pod.node, 0) + pod.gpus
             elif pod.waiting and pod.gpus > 0:
                 self.pending_whole.append(pod)
+            elif pod.waiting:
+                for profile, n in pod.mig.items():
+                    self.pending_mig[profile] = self.pending_mig.get(profile, 0) + n
 
         self.capacity: dict[str, int] = {}
         self.free: dict[str, int] = {}

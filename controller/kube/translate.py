@@ -42,6 +42,7 @@ from datetime import datetime
 from typing import Any, Final, cast
 
 from controller.kube.migrecord import FLOW_ANNOTATION
+from policies.miglayout import slices_per_gpu
 from policies.snapshot import (
     MIG_DISABLED,
     FrozenMap,
@@ -88,31 +89,6 @@ _MIG_STATE_LABEL: Final = "nvidia.com/mig.config.state"
 _MIG_STRATEGY_LABEL: Final = "nvidia.com/mig.strategy"
 _TEMPLATE_HASH_LABEL: Final = "pod-template-hash"
 _PHASES: Final = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
-
-#: MIG instances per GPU by profile (NVIDIA mig-parted defaults), and by slice size otherwise.
-_MIG_SLICES: Final = {
-    "1g.5gb": 7,
-    "1g.5gb+me": 7,
-    "2g.10gb": 3,
-    "3g.20gb": 2,
-    "4g.20gb": 1,
-    "7g.40gb": 1,
-    "1g.10gb": 7,
-    "1g.10gb+me": 7,
-    "1g.20gb": 4,
-    "2g.20gb": 3,
-    "3g.40gb": 2,
-    "4g.40gb": 1,
-    "7g.80gb": 1,
-    "1g.18gb": 7,
-    "1g.18gb+me": 7,
-    "1g.35gb": 4,
-    "2g.35gb": 3,
-    "3g.71gb": 2,
-    "4g.71gb": 1,
-    "7g.141gb": 1,
-}
-_SLICES_BY_SIZE: Final = {"1g": 7, "2g": 3, "3g": 2, "4g": 1, "7g": 1}
 
 #: GPU families whose model is ``<family>-<memory>GB``, with the memory when the label omits it.
 _FAMILIES: Final = re.compile(r"(GH200|H200|H100|H20|A100|A30|B200)(?![0-9A-Za-z])")
@@ -223,10 +199,9 @@ def gpu_model(product: str | None) -> str:
 
 
 def mig_slices_per_gpu(profile: str) -> int:
-    """MIG instances of ``profile`` (``1g.10gb``) one GPU holds."""
-    if profile in _MIG_SLICES:
-        return _MIG_SLICES[profile]
-    return _SLICES_BY_SIZE.get(profile.split(".", 1)[0], 1)
+    """MIG instances of ``profile`` (``1g.10gb``) one GPU holds (the table lives in
+    :mod:`policies.miglayout`, shared with the MIG flow and the simulator)."""
+    return slices_per_gpu(profile)
 
 
 def node_from(obj: Obj) -> Node | None:

@@ -13,6 +13,10 @@ Design:
   late, as the live controller would see them.
 * **Open loop.** Latency and utilization come from the recording whatever the decisions were;
   only the simulated cluster's allocation follows the decisions (``simulate`` closes the loop).
+  A :class:`TickHook` may change that: it sees each batch of events before the loop (and may
+  replace some by :class:`Withheld`, which move the clock but reach no engine) and, at each
+  tick before the evaluation, gives the engine events of its own made from the simulated
+  cluster's state (:mod:`.counterfactual` closes the loop this way).
 * **Synchronous.** Reading the file blocks anyway, so the loop is plain code; the port's
   ``async apply`` runs on a private :class:`asyncio.Runner`, only on ticks with decisions.
 * **As fast as possible**, or paced: with ``speed`` the tick at ``T`` waits until
@@ -39,7 +43,7 @@ import contextlib
 import gc
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final, Protocol
@@ -56,7 +60,7 @@ from policies.engine import Engine
 from policies.inventory import matches
 from policies.model import Policy
 from policies.snapshot import Snapshot
-from streams.events import EventDecoder, GpuUtilization, Rejection
+from streams.events import Event, EventDecoder, GpuUtilization, Rejection
 
 __all__ = [
     "DECISIONS_FILE",
@@ -65,6 +69,8 @@ __all__ = [
     "ReplayCluster",
     "ReplayResult",
     "ReplaySettings",
+    "TickHook",
+    "Withheld",
     "clear_outputs",
     "count_action",
     "decision_line",
@@ -118,6 +124,26 @@ def count_action(
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Withheld:
+    """An event a :class:`TickHook` keeps from the engine: it still advances the replay's
+    clock, so ticks fall where they would have."""
+
+    ts: float
+
+
+class TickHook(Protocol):
+    """Changes what the engine sees (see the module docstring)."""
+
+    def filter(self, batch: list[Event | Rejection]) -> Sequence[Event | Rejection | Withheld]:
+        """The batch the loop observes (called once per batch, before any of its events)."""
+        ...
+
+    def tick(self, now: float, snapshot: Snapshot) -> Sequence[Event]:
+        """Events stamped ``now`` for the engine, before it evaluates at ``now``."""
+        ...
+
+
 class ReplayCluster(Cluster, Protocol):
     """The cluster port plus the simulator's clock and GPU-use view."""
 
@@ -156,9 +182,11 @@ class _Replay:
         decisions: IO[bytes],
         settings: ReplaySettings,
         runner: asyncio.Runner,
+        hook: TickHook | None = None,
     ) -> None:
         s = settings
         self.runner = runner
+        self.hook = hook
         self.engine = Engine(policy)
         self.make_cluster = cluster
         self.cluster: ReplayCluster | None = None
@@ -256,6 +284,9 @@ class _Replay:
         snap = cluster.snapshot()
         if snap is not self.snap:
             self._refresh_pools(snap)
+        if self.hook is not None:
+            for event in self.hook.tick(now, snap):
+                engine.observe(event)
         tl = self.timeline
         assert tl is not None
         if tl.is_sample_tick(self.k):
@@ -358,9 +389,11 @@ class _Replay:
         accepted = 0
         stats = SourceStats()
         self.summary.rejected_lines = stats.rejected_lines
+        hook = self.hook
         for batch in read_event_batches(path, decoder, progress=progress, stats=stats):
             accepted += len(batch)  # less the rejections, below
-            for item in batch:
+            items = batch if hook is None else hook.filter(batch)
+            for item in items:
                 cls = type(item)
                 if cls is Rejection:
                     rejected[item.code] += 1  # type: ignore[union-attr]
@@ -375,6 +408,8 @@ class _Replay:
                         devices, node_pool = self.devices, self.node_pool
                         util_sum = self.util_sum
                     next_tick = self.next_tick
+                if cls is Withheld:
+                    continue
                 observe(item)  # type: ignore[arg-type]
                 if cls is GpuUtilization:
                     ev: GpuUtilization = item  # type: ignore[assignment]
@@ -441,11 +476,13 @@ def replay(
     decoder: EventDecoder | None = None,
     progress: Callable[[int], None] | None = None,
     notes: tuple[str, ...] = (),
+    hook: TickHook | None = None,
 ) -> ReplayResult:
     """Replay ``path`` under ``policy``; writes ``out_dir/decisions.jsonl`` as it goes and
     returns the accounting (see :func:`controller.replay.report.write_outputs`). ``cluster`` makes
     the simulated cluster given the replay's start ``T_0`` (known at the first event).
-    ``progress`` is called with the bytes of the file read so far after each batch.
+    ``progress`` is called with the bytes of the file read so far after each batch; ``hook``
+    changes what the engine sees (:class:`TickHook`).
 
     An earlier run's outputs in ``out_dir`` are removed first, and this run's
     ``decisions.jsonl`` when it fails (a damaged recording raises
@@ -463,7 +500,9 @@ def replay(
             asyncio.Runner() as runner,
             _fewer_collections(),
         ):
-            run = _Replay(policy, cluster, decisions=decisions, settings=settings, runner=runner)
+            run = _Replay(
+                policy, cluster, decisions=decisions, settings=settings, runner=runner, hook=hook
+            )
             run.summary.notes = notes
             run.run(path, decoder or EventDecoder(), progress)
     except BaseException:

@@ -41,6 +41,7 @@ from policies.model import Policy
 __all__ = [
     "MAX_BREACHES",
     "MODELLED",
+    "MODELLED_FIT",
     "RECORDED",
     "Breach",
     "PoolAccount",
@@ -180,6 +181,13 @@ MODELLED: Final = (
     "controller/simulate/latency.py)"
 )
 
+#: Counterfactual replay closes the loop with a latency model fitted to the recording.
+MODELLED_FIT: Final = (
+    "modelled (fit): a queueing model fitted to this recording, driven by the replicas this "
+    "policy runs (closed loop, see docs/replay.md); services whose fit is poor keep their "
+    "recorded latencies (fit.<service>.modelled)"
+)
+
 
 @dataclass(slots=True)
 class Summary:
@@ -203,7 +211,10 @@ class Summary:
     rejected_lines: list[tuple[int, str]] = field(default_factory=list)
     """The first rejected lines of the recording: ``(line number, "code: detail")``."""
     latency: str = RECORDED
-    """Where the latencies attainment is computed from (:data:`RECORDED` or :data:`MODELLED`)."""
+    """Where the latencies attainment is computed from (:data:`RECORDED`, :data:`MODELLED` or
+    :data:`MODELLED_FIT`)."""
+    fit: dict[str, Any] | None = None
+    """Per service, the fitted latency model and its validation (``--model fit`` only)."""
 
     @classmethod
     def for_policy(cls, policy: Policy, sha256: str, dt: float) -> Summary:
@@ -258,4 +269,4 @@ class Summary:
             },
             "pools": {name: acc.to_dict(dt) for name, acc in self.pools.items()},
             "inventory": list(self.notes),
-        }
+        } | ({} if self.fit is None else {"fit": self.fit})

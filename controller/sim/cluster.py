@@ -112,13 +112,15 @@ class SimCluster:
         revert_to: str | None = None,
         drain: DrainRule | None = None,
         preemption: bool = False,
+        mig_configs: Mapping[str, Mapping[str, int]] | None = None,
     ) -> None:
         """Start from ``snapshot`` at ``start``. Workloads missing pods get them at once and
         pending pods are placed at once, already Running: the snapshot is a settled cluster.
         ``templates`` (by workload key) and ``pod_selectors`` (by pod key) say where pods may run;
         converted nodes join ``convert_to`` (default: the first ``mig`` pool by name), reverted
         ones ``revert_to`` (default: the first ``whole`` pool). ``drain`` is the policy's drain
-        rule (default: a policy's default protected namespaces and ``training_selector``)."""
+        rule (default: a policy's default protected namespaces and ``training_selector``);
+        ``mig_configs`` the policy's named MIG configs (mixed layouts)."""
         self.delays = delays or SimDelays()
         self.seed = seed
         self._rng = random.Random(seed)
@@ -135,6 +137,7 @@ class SimCluster:
         )
         """Which pods a MIG drain may evict; the gated cluster keeps it the policy's."""
         self.preemption = preemption
+        self._mig_configs = mig_configs
         """The scheduler preempts lower-priority pods (kube's DefaultPreemption); see above."""
         self.preemptions = 0
         """Pods the scheduler has preempted so far."""
@@ -381,7 +384,7 @@ class SimCluster:
             node = replace(node, mig_config=flight.previous, mig_state="failed")
             self._log("mig_failed", node.name, f"rolled back to {flight.previous or 'whole'}")
         else:
-            gpus = mig_layout(node.gpus, flight.target)
+            gpus = mig_layout(node.gpus, flight.target, self._mig_configs)
             labels = self._relabel(node, flight.to_pool)
             node = replace(node, gpus=gpus, labels=labels, mig_config=flight.target)
             node = replace(node, mig_state="success")

@@ -28,10 +28,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from controller.kube.translate import mig_slices_per_gpu
 from controller.sim.values import GpuUse
 from policies.inventory import matches
-from policies.snapshot import MIG_DISABLED, Gpu, Node, Pod
+from policies.miglayout import layout_of
+from policies.snapshot import Gpu, Node, Pod
 
 __all__ = [
     "Flight",
@@ -247,10 +247,16 @@ def gpu_use(
     return {k: GpuUse(*acc[k]) for k in sorted(acc)}
 
 
-def mig_layout(gpus: tuple[Gpu, ...], config: str) -> tuple[Gpu, ...]:
-    """The node's GPUs under MIG ``config`` (``all-1g.10gb``; ``all-disabled``: whole cards)."""
-    if config == MIG_DISABLED:
-        return tuple(Gpu(g.index, g.model) for g in gpus)
-    profile = config.removeprefix("all-")
-    slices = mig_slices_per_gpu(profile)
-    return tuple(Gpu(g.index, g.model, profile, slices) for g in gpus)
+def mig_layout(
+    gpus: tuple[Gpu, ...], config: str, configs: Mapping[str, Mapping[str, int]] | None = None
+) -> tuple[Gpu, ...]:
+    """The node's GPUs under MIG ``config`` (:func:`policies.miglayout.layout_of`; ``configs``:
+    the policy's named ones). A snapshot :class:`Gpu` holds one profile, so a mixed layout gives
+    each physical GPU one entry per profile, all with its index: capacity by profile is exact,
+    and ``all-disabled`` turns each index back into one whole card."""
+    layout = layout_of(config, configs)
+    cards = {g.index: g for g in gpus}.values()
+    if layout.disabled:
+        return tuple(Gpu(g.index, g.model) for g in cards)
+    per_gpu = sorted(layout.per_gpu.items())
+    return tuple(Gpu(g.index, g.model, p, n) for g in cards for p, n in per_gpu)
