@@ -140,6 +140,7 @@ class _Service:
         "samples",
         "slo",
         "spec",
+        "ticked_at",
         "wake",
     )
 
@@ -150,6 +151,8 @@ class _Service:
         self.due = True
         #: When the SLO must be ticked again without events (see the module docstring).
         self.wake = -math.inf
+        #: When the SLO was last ticked.
+        self.ticked_at = -math.inf
         #: Samples in the window when the SLO was last ticked.
         self.samples = 0
         #: When the rules last ran for the service.
@@ -199,10 +202,6 @@ class _Service:
         self.q = new.percentile / 100.0
         self.min_samples = new.min_samples
         self.interval = new.resolution
-
-
-def _by_index(svc: _Service) -> int:
-    return svc.index
 
 
 class _Device:
@@ -263,6 +262,9 @@ class Engine:
         #: Services due for an SLO tick (events arrived), and (wake, index) deadlines.
         self._due: list[_Service] = []
         self._wakes: list[tuple[float, int]] = []
+        #: The services ticked at the last evaluation: their wake time is worked out at the next
+        #: one, and only when no event made them due again (on a busy stream, never).
+        self._settling: list[_Service] = []
         #: Indexes of services whose rules run at the next round: ticked since their rules last
         #: ran, or unsettled.
         self._rules: set[int] = set()
@@ -497,11 +499,9 @@ class Engine:
                 self._busy[svc.key] = svc.spec.pool
             else:
                 self._busy.pop(svc.key, None)
-            wake = min(svc.exceed.steady_until(now), steady_until(slo, svc.spec.slo))
-            svc.wake = wake - _EARLY * abs(wake) if wake < math.inf else wake
-            if wake < math.inf:
-                heapq.heappush(self._wakes, (svc.wake, svc.index))
+            svc.ticked_at = now
             self._rules.add(svc.index)
+        self._settling = due
         spec = self._policy.spec
         if spec.kill_switch:
             return []
@@ -620,9 +620,10 @@ class Engine:
         return until - _EARLY * abs(until) if until < math.inf else until
 
     def _slo_due(self, now: float, inv: Inventory) -> list[_Service]:
-        """The services whose SLO this tick must step, in order: all of them after a new
-        snapshot or policy, a long gap or when not incremental; else those with events since
-        and those whose wake time has come."""
+        """The services whose SLO this tick must step (in no particular order: each steps
+        alone, and their rules run in order): all of them after a new snapshot or policy, a
+        long gap or when not incremental; else those with events since and those whose wake
+        time has come."""
         seen = (inv, self._policy)
         last = self._last_round
         gap = last is not None and now - last > self._gap_s
@@ -636,11 +637,23 @@ class Engine:
             self._seen = seen
             self._due = []
             self._wakes = []
+            self._settling = []
             self._rules = set(range(len(self._ordered)))
             self._unsettled = set()
             return self._ordered
         due = self._due
         wakes = self._wakes
+        for svc in self._settling:
+            if svc.due:
+                continue  # events again: no need to know when it would have changed
+            # no write since it was ticked: when its reads or its SLO timers change next
+            wake = min(svc.exceed.steady_until(svc.ticked_at), steady_until(svc.slo, svc.spec.slo))
+            svc.wake = wake = wake - _EARLY * abs(wake) if wake < math.inf else wake
+            if wake <= now:
+                svc.due = True
+                due.append(svc)
+            elif wake < math.inf:
+                heapq.heappush(wakes, (wake, svc.index))
         ordered = self._ordered
         while wakes and wakes[0][0] <= now:
             wake, i = heapq.heappop(wakes)
@@ -648,11 +661,8 @@ class Engine:
             if svc.wake == wake and not svc.due:
                 svc.due = True
                 due.append(svc)
-        if not due:
-            return due
-        self._due = []
-        if len(due) > 1:
-            due.sort(key=_by_index)
+        if due:
+            self._due = []
         return due
 
     @property
@@ -742,8 +752,9 @@ class Engine:
         return svc.latency.quantile(now, svc.q)
 
     def stepped(self) -> list[str]:
-        """The services (``namespace/service``) whose SLO the last :meth:`evaluate` stepped,
-        in order: every other service's :meth:`slo_state` is the same object as before it."""
+        """The services (``namespace/service``) whose SLO the last :meth:`evaluate` stepped (in
+        no particular order): every other service's :meth:`slo_state` is the same object as
+        before it."""
         return [svc.key for svc in self._stepped]
 
     def slo_state(self, service_key: str) -> SloState:
