@@ -45,17 +45,11 @@ PER_SECOND = NODES * GPUS_PER_NODE + SERVICES
 SPARSE_NODES, SPARSE_SERVICES = 15, 23
 
 
-def policy_text() -> str:
-    services = "\n".join(
-        f"    svc-{i:03d}: {{namespace: serving, pool: whole, replicas: {{min: 2, max: 8}}, "
-        f"scale: {{maxStep: 2}}, slo: {{percentile: 99, objectiveMs: 200, window: 60s, "
-        f"resolution: 5s, breachAfter: 30s, minSamples: 20}}}}"
-        for i in range(SERVICES)
-    )
+def _policy(name: str, services: str, *, mig_extra: str = "", scale_steps: int) -> str:
     return f"""\
 apiVersion: ebbtide.io/v1alpha1
 kind: Policy
-metadata: {{name: bench}}
+metadata: {{name: {name}}}
 spec:
   pools:
     whole: {{nodeSelector: {{ebbtide.io/pool: whole}}, kind: whole}}
@@ -68,11 +62,21 @@ spec:
     toPool: mig
     convertBelow: 20%
     convertAfter: 30m
-    profiles: {{A100-80GB: all-1g.10gb}}
+{mig_extra}    profiles: {{A100-80GB: all-1g.10gb}}
     revertAfter: 5m
   budgets:
-    scaleSteps: {{max: 100, per: 10m}}
+    scaleSteps: {{max: {scale_steps}, per: 10m}}
 """
+
+
+def policy_text() -> str:
+    services = "\n".join(
+        f"    svc-{i:03d}: {{namespace: serving, pool: whole, replicas: {{min: 2, max: 8}}, "
+        f"scale: {{maxStep: 2}}, slo: {{percentile: 99, objectiveMs: 200, window: 60s, "
+        f"resolution: 5s, breachAfter: 30s, minSamples: 20}}}}"
+        for i in range(SERVICES)
+    )
+    return _policy("bench", services, scale_steps=100)
 
 
 def sparse_policy_text() -> str:
@@ -83,29 +87,12 @@ def sparse_policy_text() -> str:
         f"recoverAfter: 5m, staleAfter: 10m, minSamples: 20}}}}"
         for i in range(SPARSE_SERVICES)
     )
-    return f"""\
-apiVersion: ebbtide.io/v1alpha1
-kind: Policy
-metadata: {{name: bench-sparse}}
-spec:
-  pools:
-    whole: {{nodeSelector: {{ebbtide.io/pool: whole}}, kind: whole}}
-    mig: {{nodeSelector: {{ebbtide.io/pool: mig}}, kind: mig}}
-  services:
-{services}
-  training: {{selector: {{ebbtide.io/class: training}}}}
-  mig:
-    fromPool: whole
-    toPool: mig
-    convertBelow: 20%
-    convertAfter: 30m
-    nodeIdleBelow: 5%
-    minWholeNodes: 2
-    profiles: {{A100-80GB: all-1g.10gb}}
-    revertAfter: 5m
-  budgets:
-    scaleSteps: {{max: 30, per: 10m}}
-"""
+    return _policy(
+        "bench-sparse",
+        services,
+        mig_extra="    nodeIdleBelow: 5%\n    minWholeNodes: 2\n",
+        scale_steps=30,
+    )
 
 
 def generate_sparse(path: Path, hours: float) -> int:
