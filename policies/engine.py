@@ -38,16 +38,21 @@ Design:
   ticks a service's SLO only when it is due: it received events since it was last ticked, an
   interval left (or entered) its window (:meth:`~policies.slo.ExceedanceWindow.steady_until`),
   or one of its SLO timers runs out (:func:`~policies.slo.steady_until`: breachAfter,
-  recoverAfter, staleAfter); a min-heap holds the next of these per service. A service's rules
+  recoverAfter, staleAfter); a min-heap holds the next of these per service, worked out at the
+  tick after it was ticked and only if no event made it due again. A service's rules
   run when its SLO was ticked since its rules last ran, or every tick while it is unsettled
   (breaching, or a scale-down recommendation below its replicas, where cooldowns, budgets and
   the stabilization window decide); a settled service's skipped ticks would each only have
   recorded its current replicas as its recommendation, and :meth:`Recommendations.hold
   <policies.scaledown.Recommendations.hold>` records them in one call when it next runs. A new
   snapshot, a reload, or a gap between ticks longer than the shortest stabilization window ticks
-  every service. Pool rules (training growth, MIG) run every tick. The decisions are those of
-  ticking everything (``Engine(…, incremental=False)``, kept for the tests and benchmarks
-  that check exactly that).
+  every service. The pool rules (training growth, MIG) are skipped while they provably decide
+  nothing: they decided nothing last time, with the same snapshot, policy and busy pools, no
+  outcome or log record came back, none of their timers ran out (growAfter, the pool's
+  cooldown, a MIG node's hold; while a timer the engine does not follow may run, they run every
+  tick) and, where MIG may convert, the whole-card pool's mean is not below ``convertBelow``.
+  The decisions are those of ticking everything (``Engine(…, incremental=False)``, kept for the
+  tests and benchmarks that check exactly that).
 * ``reload(policy)`` refuses a policy with problems and keeps the old one; an accepted policy
   re-indexes the last snapshot at once (nodes join or leave pools before the next event) and
   keeps the windows and SLO state of services whose SLO settings did not change, what budgets
