@@ -27,7 +27,11 @@ Design:
   series are downsampled to a fixed number of points, and breaches listed are capped.
 * **The hot loop** does per event: a type check, a comparison with the next tick, the engine's
   ``observe`` and, for utilization, one dict lookup and two float updates (a pool's running sum
-  of its devices' last utilization). Per-tick work is O(services + pools) plus windowed
+  of its devices' last utilization). Per-tick work follows what changed: the services whose
+  SLO the engine stepped (:meth:`~policies.engine.Engine.stepped`) or that are above their
+  objective; the others' unchanged ticks are accounted in bulk when they next change or at the
+  end (:meth:`~controller.replay.summary.ServiceAccount.repeat`), and GPUs by use once per
+  timeline bucket or cluster change; plus the pools' utilization, plus windowed
   percentiles (:meth:`~policies.engine.Engine.quantile`: a running sum of the window's older
   intervals plus the newest, tens of µs when many intervals changed since the last read), still
   rationed: for the plot, on the
