@@ -120,6 +120,9 @@ class PoolStatus:
     capacity_gpus: int
     free_gpus: int
     util_pct: float | None
+    reclaimable_gpus: int = 0
+    """GPUs held by pods but idle (windowed utilization under the idle threshold for the whole
+    utilization window): an over-provisioned replica's GPUs, reclaimable by scaling it in."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +251,10 @@ class Engine:
         self._flights = MigFlights()
         self._free_since: dict[str, float] = {}
         self._held: dict[str, tuple[float, str]] = {}
+        #: workload -> when Ebbtide last evicted from or shrank it (its replacements are no demand)
+        self._disrupted: dict[str, tuple[float, ...]] = {}
+        #: ``_disrupted`` as the cached inventory was built with it.
+        self._indexed_disrupted: dict[str, tuple[float, ...]] = {}
         self._demand_since: list[float | None] = [None]
         self._gpu_windows: dict[str, UtilizationWindow] = {}
         self._pool_windows: dict[str, UtilizationWindow] = {}
@@ -475,10 +482,15 @@ class Engine:
         if cached is not None and cached[1] is self._policy and self._inventory is not None:
             if cached[0] is snapshot:
                 return self._inventory
-            if cached[0] == snapshot:  # rebuilt unchanged: keep the indexes, and the ticks
+            if cached[0] == snapshot and self._disrupted == self._indexed_disrupted:
+                # rebuilt unchanged (and so is what Ebbtide disrupted): keep the indexes
                 self._inventory_for = (snapshot, self._policy)
                 return self._inventory
-        inv = Inventory(snapshot, self._policy)
+        known = {p.workload for p in snapshot.pods} | {w.key for w in snapshot.workloads}
+        for gone_wl in [k for k in self._disrupted if k not in known]:
+            del self._disrupted[gone_wl]
+        inv = Inventory(snapshot, self._policy, disrupted=self._disrupted)
+        self._indexed_disrupted = dict(self._disrupted)
         self._inventory, self._inventory_for = inv, (snapshot, self._policy)
         self._node_pool = inv.node_pool
         self._devices = {}
@@ -525,6 +537,7 @@ class Engine:
             budgets=self._budgets,
             cooldowns=self._cooldowns,
             held={pod: why for pod, (_, why) in self._held.items()},
+            disrupted=self._disrupted,
         )
         for svc in ruled:
             if svc.slo.state == "breaching":
@@ -558,7 +571,7 @@ class Engine:
                     idle=self._idle,
                     flights=self._flights,
                     demand_since=self._demand_since,
-                    stale_s=max(60.0, 2 * self._util_window_s / UTIL_SLOTS),
+                    stale_s=self._stale_s,
                     breaching=bool(busy_pools),
                 )
             self._pools_seen = None if rnd.decisions else seen
@@ -781,9 +794,32 @@ class Engine:
                     capacity_gpus=inv.capacity.get(name, 0) if inv else 0,
                     free_gpus=inv.free.get(name, 0) if inv else 0,
                     util_pct=window.mean(now) if window is not None else None,
+                    reclaimable_gpus=self._reclaimable(inv, name, now) if inv else 0,
                 )
             )
         return out
+
+    @property
+    def _stale_s(self) -> float:
+        """A GPU silent this long is not known idle (one missed reading is tolerated)."""
+        return max(60.0, 2 * self._util_window_s / UTIL_SLOTS)
+
+    def _reclaimable(self, inv: Inventory, pool: str, now: float) -> int:
+        """Per node of ``pool``: GPUs held by pods, up to the whole GPUs idle for the window."""
+        idle: dict[str, int] = {}
+        cutoff = now - self._util_window_s + self._stale_s  # observed the whole window
+        for key, window in self._gpu_windows.items():
+            node, _, gpu = key.partition("/")
+            oldest = window.oldest(now)
+            mean = window.mean(now)
+            if "/" in gpu or oldest is None or oldest > cutoff or mean is None:
+                continue
+            if mean < self._idle.threshold_pct:
+                idle[node] = idle.get(node, 0) + 1
+        return sum(
+            min(idle.get(n.name, 0), n.whole_gpus - inv.node_free.get(n.name, 0))
+            for n in inv.pool_nodes.get(pool, ())
+        )
 
     def gpu_utilization(self, now: float) -> dict[str, float | None]:
         """Windowed mean utilization per GPU (``node/gpu``), sorted by key."""

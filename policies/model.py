@@ -349,6 +349,9 @@ class TrainingSpec(_Model):
     """Annotation giving the fewest pods a gang-scheduled workload can run with."""
     progress_annotation: str = "ebbtide.io/progress"
     """Annotation with the job's progress (0..1), for the leastProgress victim key."""
+    owner: Literal["others", "ebbtide"] = "others"
+    """Who resizes a training workload that a HorizontalPodAutoscaler or KEDA ScaledObject
+    also targets: ``others`` (Ebbtide refuses, with an Event) or ``ebbtide``."""
 
 
 class MigSpec(_Model):

@@ -24,6 +24,7 @@ from test_migflow import (
     node_of,
     policy,
     settle_restore,
+    settled,
 )
 
 from controller.cluster import Outcome
@@ -162,8 +163,10 @@ async def test_restart_while_waiting_for_the_device_plugin_resumes(
 ) -> None:
     """A controller restarted in phase advertising keeps waiting on the recorded deadline and
     finishes once the resources show, without relabelling again."""
-    mig_manager.script("gpu-1", "success", advertise=0.8)
     await gpu_node(kubeapi)
+    await settled(mig_manager)  # its reaction to the new node is not the flow's
+    mig_manager.applied.clear()
+    mig_manager.script("gpu-1", "success", advertise=0.8)
     first = actuator(kube_client, kubeapi, advertise_timeout_s=5.0)
     await first.apply([convert()])
     await tick_until(first, kubeapi, lambda r: r is not None and r["phase"] == "advertising")
