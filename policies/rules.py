@@ -48,7 +48,7 @@ from policies.slo import SloState
 from policies.snapshot import MIG_DISABLED, Placement, Workload
 from policies.windows import LatencyWindow, UtilizationWindow
 
-__all__ = ["Round", "grow_training", "respond_to_breach", "run_mig"]
+__all__ = ["Round", "grow_training", "respond_to_breach", "run_mig", "training_wants"]
 
 #: Disruption times kept per workload (for telling replacement pods from demand).
 MAX_DISRUPTIONS = 4
@@ -502,11 +502,11 @@ def _value(view: TrainingView, order: Sequence[VictimKey]) -> tuple[float | str,
     )
 
 
-def _training_wants(rnd: Round, pool: str) -> int:
+def training_wants(inv: Inventory, pool: str) -> int:
     """Whole GPUs elastic training in ``pool`` would grow back into (up to its maximum): the
     demand that brings MIG nodes back in the morning, once services have taken what it had."""
     total = 0
-    for v in rnd.inv.training.values():
+    for v in inv.training.values():
         if v.pool_gpus.get(pool, 0) > 0 and v.protected is None:
             w = v.workload
             total += max(0, v.max_replicas - w.replicas) * w.gpus_per_replica
@@ -527,7 +527,7 @@ def run_mig(
     """Revert MIG nodes on sustained whole-card demand, else convert idle whole-card nodes."""
     now, inv = rnd.now, rnd.inv
     flights.settle(inv.nodes, now, mig.stuck_after)
-    wants = _training_wants(rnd, mig.from_pool)
+    wants = training_wants(inv, mig.from_pool)
     unmet = inv.pending_whole_gpus + wants - inv.free.get(mig.from_pool, 0)
     if unmet > 0:
         if demand_since[0] is None:

@@ -27,7 +27,11 @@ Design:
   series are downsampled to a fixed number of points, and breaches listed are capped.
 * **The hot loop** does per event: a type check, a comparison with the next tick, the engine's
   ``observe`` and, for utilization, one dict lookup and two float updates (a pool's running sum
-  of its devices' last utilization). Per-tick work is O(services + pools) plus windowed
+  of its devices' last utilization). Per-tick work follows what changed: the services whose
+  SLO the engine stepped (:meth:`~policies.engine.Engine.stepped`) or that are above their
+  objective; the others' unchanged ticks are accounted in bulk when they next change or at the
+  end (:meth:`~controller.replay.summary.ServiceAccount.repeat`), and GPUs by use once per
+  timeline bucket or cluster change; plus the pools' utilization, plus windowed
   percentiles (:meth:`~policies.engine.Engine.quantile`: a running sum of the window's older
   intervals plus the newest, tens of µs when many intervals changed since the last read), still
   rationed: for the plot, on the
@@ -43,7 +47,7 @@ import contextlib
 import gc
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final, Protocol
@@ -219,6 +223,19 @@ class _Replay:
             for name, spec in policy.spec.services.items()
         }
         self.peak_slot: dict[str, int] = {}
+        #: Per service (in ``services`` order): its level, and the first tick not yet
+        #: accounted (every tick since at that level); the services above their objective.
+        self.index = {key: i for i, (key, _, _) in enumerate(self.services)}
+        self.levels: list[str] = ["none"] * len(self.services)
+        self.since = [0] * len(self.services)
+        self.above: set[int] = set()
+        self.util_channels = [f"util:{name}" for name in self.pool_names]
+        #: The GPUs by use per pool (from ``usage``), and the ticks of bucket ``uses_bucket``
+        #: not yet accounted with them (see :meth:`_flush_uses`).
+        self.usage: Mapping[str, GpuUse] | None = None
+        self.uses: list[dict[str, int]] = []
+        self.uses_ticks = 0
+        self.uses_bucket = 0
         #: Service i is sampled for the plot in buckets b with b % plot_every == i % plot_every.
         self.plot_every = max(1, math.ceil(len(self.services) / READS_PER_SAMPLE))
 
@@ -242,6 +259,18 @@ class _Replay:
                 counts[i] += 1
         self.util_sum, self.util_n = sums, counts
 
+    def _flush_uses(self) -> None:
+        """Account the GPUs by use of the ticks since the last flush, all in one bucket and
+        with the same use (the simulated cluster's view changes only with its snapshot)."""
+        n, tl = self.uses_ticks, self.timeline
+        if not n or tl is None:
+            return
+        for name, uses in zip(self.pool_names, self.uses, strict=True):
+            for u, v in uses.items():
+                tl.add_many(f"use:{name}:{u}", self.uses_bucket, v, n)
+            self.summary.pools[name].hold_uses(uses, n)
+        self.uses_ticks = 0
+
     def _quantile(self, key: str, q: float, now: float) -> float | None:
         """The windowed percentile of service ``key`` (``q`` is its SLO's, as the engine's)."""
         return self.engine.quantile(key, now)
@@ -264,6 +293,8 @@ class _Replay:
                 engine.observe(event)
         tl = self.timeline
         assert tl is not None
+        if tl.is_sample_tick(self.k):
+            self._flush_uses()  # before the bucket (and maybe the stride) changes
         b = tl.bucket(self.k)
         decisions = engine.evaluate(now, snap)
         if decisions:
@@ -277,8 +308,27 @@ class _Replay:
                 self._refresh_pools(snap)
         sample = tl.is_sample_tick(self.k)
         every = self.plot_every
-        for i, (key, acc, q) in enumerate(self.services):
-            level = engine.slo_state(key).last_level
+        k = self.k
+        if sample:
+            active: Iterable[int] = range(len(self.services))
+        else:  # the others' level is unchanged and not above: accounted in bulk, later
+            stepped = engine.stepped()
+            active = (
+                sorted({self.index[key] for key in stepped} | self.above)
+                if stepped
+                else sorted(self.above)
+            )
+        levels, since = self.levels, self.since
+        for i in active:
+            key, acc, q = self.services[i]
+            if since[i] < k:
+                acc.repeat(levels[i], k - since[i])
+            level = levels[i] = engine.slo_state(key).last_level
+            since[i] = k + 1
+            if level == "above":
+                self.above.add(i)
+            else:
+                self.above.discard(i)
             p = None
             read = sample and level != "none" and b % every == i % every
             if level == "above":
@@ -292,16 +342,20 @@ class _Replay:
                     tl.add(f"p:{key}", b, p)
             acc.tick(now, level, p)
         usage = cluster.gpus_by_use()
+        if usage is not self.usage:
+            self._flush_uses()
+            self.usage = usage
+            self.uses = [
+                {u: getattr(usage.get(name, GpuUse()), u) for u in USES} for name in self.pool_names
+            ]
+        self.uses_ticks += 1
+        self.uses_bucket = b
         for i, name in enumerate(self.pool_names):
             n = self.util_n[i]
             util = self.util_sum[i] / n if n else None
             if util is not None:
-                tl.add(f"util:{name}", b, util)
-            use = usage.get(name, GpuUse())
-            uses = {u: getattr(use, u) for u in USES}
-            for u, v in uses.items():
-                tl.add(f"use:{name}:{u}", b, v)
-            summary.pools[name].tick(util, uses)
+                tl.add(self.util_channels[i], b, util)
+            summary.pools[name].tick_util(util)
         if summary.first_tick is None:
             summary.first_tick = now
         summary.last_tick = now
@@ -380,8 +434,11 @@ class _Replay:
         self.summary.accepted = accepted
         if self.timeline is not None:  # every event is at or before next_tick: one more covers them
             self._tick(self.next_tick)
+            self._flush_uses()
             end = self.t0 + self.k * self.dt
-            for _, acc, _ in self.services:
+            for i, (_, acc, _) in enumerate(self.services):
+                if self.since[i] < self.k:
+                    acc.repeat(self.levels[i], self.k - self.since[i])
                 acc.close(end)
         engine = self.engine
         self.summary.engine = {

@@ -90,6 +90,13 @@ class ServiceAccount:
         elif quantile_ms is not None and (run.peak_ms is None or quantile_ms > run.peak_ms):
             run.peak_ms = quantile_ms
 
+    def repeat(self, level: str, ticks: int) -> None:
+        """``ticks`` more ticks at ``level`` (not above) after one :meth:`tick` at it, each
+        accounted as :meth:`tick` would: a replay accounts a quiet service's ticks at once."""
+        if level != "none":
+            self.evaluated += ticks
+            self.within += ticks
+
     def close(self, end: float) -> None:
         run = self._open
         if run is None:
@@ -131,12 +138,20 @@ class PoolAccount:
     use_sum: Counter[str] = field(default_factory=Counter)
 
     def tick(self, util_pct: float | None, uses: dict[str, int]) -> None:
+        self.tick_util(util_pct)
+        self.hold_uses(uses, 1)
+
+    def tick_util(self, util_pct: float | None) -> None:
+        """One tick's utilization (its GPUs by use come through :meth:`hold_uses`)."""
         self.ticks += 1
         if util_pct is not None:
             self.util_ticks += 1
             self.util_sum += util_pct
+
+    def hold_uses(self, uses: dict[str, int], ticks: int) -> None:
+        """The GPUs by use of ``ticks`` ticks that saw the same."""
         for use, n in uses.items():
-            self.use_sum[use] += n
+            self.use_sum[use] += n * ticks
 
     def to_dict(self, dt: float) -> dict[str, Any]:
         return {
