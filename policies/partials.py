@@ -1,0 +1,314 @@
+"""Sharded ingest, the pure part: fold events into partials, merge partials into an engine.
+
+An aggregator keeps one :class:`Fold` per source partition it owns. A fold feeds events into
+windows of the same kind, interval and bin limit as the engine's (:class:`LatencyWindow`,
+:class:`ExceedanceWindow`, :class:`UtilizationWindow`), created per service and per GPU on first
+use, and :meth:`Fold.seal` turns what they hold into a :class:`~streams.aggregates.Flush` of the
+offsets it covers; the aggregator then starts a new fold at the flush's ``next`` offset. The
+engine's own write path does the folding, so a partial holds exactly what the engine would have
+recorded for the same events (the clock-skew rule included: an event stamped more than one
+interval past the aggregator's clock is taken at the clock).
+
+A decider keeps a :class:`Merger`. :meth:`Merger.apply` indexes a flush by source partition and
+first offset, first dropping the flushes of that partition it replaces (those starting at or
+after it: a new owner re-read them, see :mod:`streams.aggregates`); every interval a dropped or
+added flush touched is then rebuilt in the engine from the partials that remain
+(:meth:`Engine.put_latency`, :meth:`Engine.put_utilization`). Rebuilding an interval from its
+partials, instead of adding into it, is what makes replacing a flush exact. Merging DDSketch
+stores that have not collapsed is exact, so the merged windows equal one replica's; idle marks
+are first/last/latest-busy times, which merge the same whatever the order or repeats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final, cast
+
+from ddsketch.store import CollapsingLowestDenseStore
+
+from policies.engine import DEFAULT_UTIL_WINDOW_S, UTIL_SLOTS, Engine
+from policies.model import Policy
+from policies.slo import ExceedanceWindow
+from policies.windows import LatencyWindow, UtilizationWindow
+from streams.aggregates import Flush, IdleMark, LatencyCell, UtilCell
+from streams.events import Event, GpuUtilization, InferenceLatency
+
+__all__ = ["Fold", "FoldSpec", "Merger"]
+
+#: The engine's windows' sketch bin limit (``LatencyWindow``'s default).
+BIN_LIMIT: Final = 2048
+
+_Device = tuple[str, int | str, int | None]
+_Source = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _ServiceSpec:
+    window_s: float
+    interval_s: float
+    high: float
+    low: float
+
+
+@dataclass(frozen=True, slots=True)
+class FoldSpec:
+    """What a fold needs from the policy: each service's window and thresholds, the
+    utilization windows' interval and the idle threshold, as the engine derives them."""
+
+    services: dict[tuple[str, str], _ServiceSpec]
+    """By (namespace, name)."""
+    util_window_s: float
+    idle_below_pct: float
+
+    @classmethod
+    def of(cls, policy: Policy) -> FoldSpec:
+        spec = policy.spec
+        services = {
+            (s.namespace, name): _ServiceSpec(
+                window_s=s.slo.window,
+                interval_s=s.slo.resolution,
+                high=s.slo.objective_ms,
+                low=s.slo.objective_ms * s.slo.recover_below,
+            )
+            for name, s in spec.services.items()
+        }
+        mig = spec.mig
+        return cls(
+            services=services,
+            util_window_s=mig.convert_after if mig is not None else DEFAULT_UTIL_WINDOW_S,
+            idle_below_pct=mig.node_idle_below * 100.0 if mig is not None else 0.0,
+        )
+
+
+class _Latency:
+    __slots__ = ("exceed", "interval_s", "window")
+
+    def __init__(self, spec: _ServiceSpec) -> None:
+        self.interval_s = spec.interval_s
+        self.window = LatencyWindow(
+            window_s=spec.window_s, interval_s=spec.interval_s, bin_limit=BIN_LIMIT
+        )
+        self.exceed = ExceedanceWindow(
+            window_s=spec.window_s, interval_s=spec.interval_s, high=spec.high, low=spec.low
+        )
+
+
+class Fold:
+    """One source partition's events from offset ``first`` on, folded into per-interval
+    partials. ``clock`` is the aggregator's now (epoch seconds), the bound on event time."""
+
+    def __init__(self, spec: FoldSpec, *, topic: str, partition: int, first: int) -> None:
+        self.topic, self.partition, self.first = topic, partition, first
+        self._spec = spec
+        self._util_interval = spec.util_window_s / UTIL_SLOTS
+        self._latency: dict[str, _Latency] = {}
+        self._util: dict[_Device, UtilizationWindow] = {}
+        self._idle: dict[tuple[str, str], list[float | None]] = {}
+        self.events = 0
+        self.unknown = 0
+
+    def observe(self, events: Sequence[Event], clock: float) -> None:
+        for event in events:
+            if type(event) is GpuUtilization:
+                self._observe_util(event, clock)
+            else:
+                self._observe_latency(cast(InferenceLatency, event), clock)
+
+    def _observe_latency(self, event: InferenceLatency, clock: float) -> None:
+        key = event.key
+        fold = self._latency.get(key)
+        if fold is None:
+            spec = self._spec.services.get((event.namespace, event.service))
+            if spec is None:
+                self.unknown += 1
+                return
+            fold = self._latency[key] = _Latency(spec)
+        ts = cast(float, event.ts)
+        if ts > clock + fold.interval_s:
+            ts = clock
+        if event.latency_ms is not None:
+            fold.window.add(ts, event.latency_ms)
+            fold.exceed.add(ts, event.latency_ms)
+        elif event.samples_ms is not None:
+            fold.window.add_many(ts, event.samples_ms)
+            fold.exceed.add_many(ts, event.samples_ms)
+        elif event.histogram is not None:
+            h = event.histogram
+            fold.window.add_histogram(ts, h.bounds_ms, h.counts)
+            fold.exceed.add_histogram(ts, h.bounds_ms, h.counts)
+        self.events += 1
+
+    def _observe_util(self, event: GpuUtilization, clock: float) -> None:
+        whole = event.mig_profile is None
+        device = (event.node, event.gpu, None if whole else event.mig_instance)
+        window = self._util.get(device)
+        if window is None:
+            window = self._util[device] = UtilizationWindow(
+                window_s=self._spec.util_window_s, interval_s=self._util_interval
+            )
+        ts = cast(float, event.ts)
+        if ts > clock + self._util_interval:
+            ts = clock
+        window.add(ts, event.util_pct)
+        if whole:
+            mark = self._idle.setdefault((event.node, str(event.gpu)), [ts, ts, None])
+            mark[0] = min(cast(float, mark[0]), ts)
+            mark[1] = max(cast(float, mark[1]), ts)
+            busy = mark[2]
+            if event.util_pct > self._spec.idle_below_pct and (busy is None or ts > busy):
+                mark[2] = ts
+        self.events += 1
+
+    def seal(self, next_offset: int) -> Flush:
+        """Everything folded, as the flush of offsets ``[first, next_offset)``."""
+        latency = [
+            _latency_cell(key, fold, slot, store, zeros, counts)
+            for key, fold in sorted(self._latency.items())
+            for (slot, store, zeros), counts in zip(
+                fold.window.held_intervals(), fold.exceed.held_intervals(), strict=True
+            )
+        ]
+        util = [
+            UtilCell(node, gpu, instance, slot, self._util_interval, total, count, peak)
+            for (node, gpu, instance), window in self._util.items()
+            for slot, total, count, peak in window.held_intervals()
+        ]
+        idle = [
+            IdleMark(node, gpu, cast(float, first), cast(float, last), busy)
+            for (node, gpu), (first, last, busy) in sorted(self._idle.items())
+        ]
+        return Flush(self.topic, self.partition, self.first, next_offset, latency, util, idle)
+
+
+def _latency_cell(
+    key: str,
+    fold: _Latency,
+    slot: int,
+    store: CollapsingLowestDenseStore,
+    zeros: int,
+    counts: tuple[int, int, int, int],
+) -> LatencyCell:
+    if counts[0] != slot:  # both rings take the same writes
+        raise AssertionError(f"{key}: latency and exceedance intervals differ")
+    if store.count:
+        lo = store.min_key
+        bins = store.bins[lo - store.offset : store.max_key - store.offset + 1]
+    else:
+        lo, bins = 0, []
+    _, n, above_high, above_low = counts
+    return LatencyCell(
+        key, slot, fold.interval_s, lo, bins, store.is_collapsed, zeros, n, above_high, above_low
+    )
+
+
+def _store(cell: LatencyCell) -> CollapsingLowestDenseStore:
+    store = CollapsingLowestDenseStore(BIN_LIMIT)
+    if cell.bins:
+        store.bins = list(cell.bins)
+        store.offset = store.min_key = cell.min_key
+        store.max_key = cell.min_key + len(cell.bins) - 1
+        store.count = sum(cell.bins)
+        store.is_collapsed = cell.collapsed
+    return store
+
+
+class Merger:
+    """The decider's side: flushes in, the engine's windows rebuilt from them."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._flushes: dict[_Source, dict[int, Flush]] = {}
+        self._latency: dict[tuple[str, int], dict[tuple[_Source, int], LatencyCell]] = {}
+        self._util: dict[tuple[int, float], dict[tuple[_Source, int], list[UtilCell]]] = {}
+        self.replaced = 0
+        """Flushes dropped because a later one re-covered their offsets (a rebalance)."""
+
+    def apply(self, flush: Flush) -> None:
+        """Index ``flush`` (replacing what it re-covers) and rebuild the intervals touched."""
+        lat, util = self.index(flush)
+        self.push(lat, util)
+
+    def index(self, flush: Flush) -> tuple[set[tuple[str, int]], set[tuple[int, float]]]:
+        """Index ``flush`` only; returns the latency and utilization intervals to rebuild."""
+        source = (flush.topic, flush.partition)
+        held = self._flushes.setdefault(source, {})
+        dropped = [held.pop(first) for first in sorted(held) if first >= flush.first]
+        self.replaced += len(dropped)
+        lat: set[tuple[str, int]] = set()
+        util: set[tuple[int, float]] = set()
+        for old in dropped:
+            for c in old.latency:
+                lat.add((c.service, c.slot))
+                self._latency.get((c.service, c.slot), {}).pop((source, old.first), None)
+            for u in old.util:
+                util.add((u.slot, u.interval_s))
+                self._util.get((u.slot, u.interval_s), {}).pop((source, old.first), None)
+        held[flush.first] = flush
+        for c in flush.latency:
+            lat.add((c.service, c.slot))
+            self._latency.setdefault((c.service, c.slot), {})[source, flush.first] = c
+        for u in flush.util:
+            util.add((u.slot, u.interval_s))
+            cells = self._util.setdefault((u.slot, u.interval_s), {})
+            cells.setdefault((source, flush.first), []).append(u)
+        engine = self._engine
+        for m in flush.idle:
+            engine.merge_idle(m.node, m.gpu, first=m.first, last=m.last, busy=m.busy)
+        return lat, util
+
+    def push(self, latency: Iterable[tuple[str, int]], util: Iterable[tuple[int, float]]) -> None:
+        """Rebuild these intervals in the engine from the partials indexed for them."""
+        engine = self._engine
+        for service, slot in sorted(latency):
+            cells = self._latency.get((service, slot), {})
+            store = CollapsingLowestDenseStore(BIN_LIMIT)
+            zeros = n = hi = lo = 0
+            interval_s = 0.0
+            for cell in cells.values():
+                store.merge(_store(cell))
+                zeros += cell.zeros
+                n, hi, lo = n + cell.n, hi + cell.above_high, lo + cell.above_low
+                interval_s = cell.interval_s
+            if cells:
+                engine.put_latency(
+                    service,
+                    slot,
+                    interval_s=interval_s,
+                    store=store,
+                    zeros=zeros,
+                    counts=(n, hi, lo),
+                )
+        for slot, interval_s in sorted(util):
+            readings: dict[_Device, tuple[float, int, float]] = {}
+            for per_flush in self._util.get((slot, interval_s), {}).values():
+                for u in per_flush:
+                    device = (u.node, u.gpu, u.instance)
+                    s, c, m = readings.get(device, (0.0, 0, 0.0))
+                    readings[device] = (s + u.total, c + u.count, max(m, u.peak))
+            if readings:
+                engine.put_utilization(slot, interval_s=interval_s, readings=readings)
+
+    def forget_before(self, horizon: float) -> None:
+        """Drop partials of intervals that ended before ``horizon`` (epoch seconds): no window
+        reaches them any more, so memory stays bounded by the windows, not the run's length.
+        A flush goes once none of its intervals is younger."""
+        self._latency = {
+            k: v for k, v in self._latency.items() if (k[1] + 1) * _interval(v) >= horizon
+        }
+        self._util = {k: v for k, v in self._util.items() if (k[0] + 1) * k[1] >= horizon}
+        for held in self._flushes.values():
+            for first in [f for f, flush in held.items() if _ends(flush) < horizon]:
+                # The newest flush of a partition stays: a re-send replaces from its offset.
+                if first != max(held):
+                    del held[first]
+
+
+def _interval(cells: dict[tuple[_Source, int], LatencyCell]) -> float:
+    return next(iter(cells.values())).interval_s if cells else 0.0
+
+
+def _ends(flush: Flush) -> float:
+    ends = [(c.slot + 1) * c.interval_s for c in flush.latency]
+    ends += [(u.slot + 1) * u.interval_s for u in flush.util]
+    return max(ends, default=0.0)
