@@ -289,6 +289,22 @@ class Merger:
             if readings:
                 engine.put_utilization(slot, interval_s=interval_s, readings=readings)
 
+    def covered(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """Per source partition, the offsets ``[first, next)`` its held flushes cover without
+        a gap (a gap would be events lost; it ends the range)."""
+        out = {}
+        for source, held in self._flushes.items():
+            if not held:
+                continue
+            firsts = sorted(held)
+            end = held[firsts[0]].next
+            for first in firsts[1:]:
+                if first != end:
+                    break
+                end = held[first].next
+            out[source] = (firsts[0], end)
+        return out
+
     def forget_before(self, horizon: float) -> None:
         """Drop partials of intervals that ended before ``horizon`` (epoch seconds): no window
         reaches them any more, so memory stays bounded by the windows, not the run's length.
