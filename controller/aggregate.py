@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import contextlib
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,7 +33,7 @@ from policies.engine import Engine
 from policies.model import Policy
 from policies.partials import Fold, FoldSpec, Merger
 from streams.aggregates import decode_flush, encode_flush
-from streams.capture import IncompleteRead, TopicReader
+from streams.aggregates_reader import AggregatesReader
 from streams.connection import KafkaConfig, ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer, TopicPartition
 from streams.events import EventDecoder
@@ -246,7 +245,7 @@ class PartialsFeed:
         self._kafka, self._topic, self._rewind_s = kafka, topic, rewind_s
         self._on_merged, self._clock = on_merged, clock
         self.merger = Merger(engine)
-        self.caught_up = False
+        self._reader = AggregatesReader(kafka, topic)
         self.flushes = 0
         self.refused = 0
         self._stop = asyncio.Event()
@@ -255,28 +254,24 @@ class PartialsFeed:
     def stop(self) -> None:
         self._stop.set()
 
+    @property
+    def caught_up(self) -> bool:
+        return self._reader.caught_up
+
     async def run(self) -> None:
-        reader = TopicReader(self._kafka, self._topic)
-        await reader.start()
+        """Merge flushes from ``rewind_s`` back, then as they come, until :meth:`stop`."""
+        reading = asyncio.create_task(
+            self._reader.run(self._clock() - self._rewind_s, self._apply), name="ebbtide-partials"
+        )
+        stopped = asyncio.create_task(self._stop.wait())
         try:
-            while not self.caught_up:
-                try:
-                    values = await reader.since(self._clock() - self._rewind_s)
-                except IncompleteRead as exc:
-                    log.error("partials.incomplete_read", error=str(exc))
-                    continue
-                for value in values:
-                    self._apply(value)
-                self.caught_up = True
-            follow = asyncio.create_task(reader.follow(self._apply), name="ebbtide-partials")
-            try:
-                await self._stop.wait()
-            finally:
-                follow.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await follow
+            await asyncio.wait((reading, stopped), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await reader.stop()
+            for task in (reading, stopped):
+                task.cancel()
+            await asyncio.wait((reading, stopped))
+        if not stopped.cancelled() and reading.done() and not reading.cancelled():
+            reading.result()  # the reader ended by itself: raise why
 
     def _apply(self, value: bytes) -> None:
         try:

@@ -113,18 +113,17 @@ def run(
         raise click.UsageError(f"invalid settings: {problems}") from None
     policy = load_policy_files(tuple(settings.policies))
     resolved = settings.for_policy(policy)
+    if resolved.shards.role == "aggregate":  # folds events; decides and writes nothing
+        from controller.aggregate import run_aggregator
+
+        run_async(run_aggregator(resolved, policy))
+        return
     if resolved.dry_run:
         log.warning(
             "controller.dry_run",
             why="--dry-run" if settings.dry_run else "the default against a real cluster",
             go_live="--live, EBBTIDE_DRY_RUN=false or the policy's dryRun: false",
         )
-
-    if resolved.shards.role == "aggregate":
-        from controller.aggregate import run_aggregator
-
-        run_async(run_aggregator(resolved, policy))
-        return
 
     from controller.app import Controller
 
