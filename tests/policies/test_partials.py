@@ -166,7 +166,8 @@ def test_forget_before_bounds_what_the_merger_holds() -> None:
             merger.apply(f)
     merger.forget_before(T0 + SECONDS + 60)
     assert all(len(held) == 1 for held in merger._flushes.values())
-    assert not merger._latency and not merger._util
+    assert not merger._latency
+    assert not merger._util
 
 
 def test_a_damaged_flush_is_refused_with_the_reason() -> None:
@@ -192,4 +193,5 @@ def test_events_of_unknown_services_are_counted_not_folded(unknown: str) -> None
     dropped."""
     fold = Fold(FoldSpec.of(make_policy()), topic="lat", partition=0, first=0)
     fold.observe([latency(T0, 5.0, service=unknown)], NO_CLOCK)
-    assert fold.unknown == 1 and not fold.seal(1).latency
+    assert fold.unknown == 1
+    assert not fold.seal(1).latency
