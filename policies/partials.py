@@ -2,8 +2,10 @@
 
 An aggregator keeps one :class:`Fold` per source partition it owns. A fold feeds events into
 windows of the same kind, interval and bin limit as the engine's (:class:`LatencyWindow`,
-:class:`ExceedanceWindow`, :class:`UtilizationWindow`), created per service and per GPU on first
-use, and :meth:`Fold.seal` turns what they hold into a :class:`~streams.aggregates.Flush` of the
+:class:`ExceedanceWindow`, :class:`UtilizationWindow`), one interval long, created per service
+(or GPU) and interval on first use, so a fold covering more than a window of event time (a
+backlog read at full speed) keeps every interval instead of recycling the oldest.
+:meth:`Fold.seal` turns what they hold into a :class:`~streams.aggregates.Flush` of the
 offsets it covers; the aggregator then starts a new fold at the flush's ``next`` offset. The
 engine's own write path does the folding, so a partial holds exactly what the engine would have
 recorded for the same events (the clock-skew rule included: an event stamped more than one
@@ -51,6 +53,10 @@ class _ServiceSpec:
     low: float
 
 
+#: Not looked up yet (``None`` in the cache means: not in the policy).
+_UNSEEN: Final = _ServiceSpec(0.0, 0.0, 0.0, 0.0)
+
+
 @dataclass(frozen=True, slots=True)
 class FoldSpec:
     """What a fold needs from the policy: each service's window and thresholds, the
@@ -82,15 +88,15 @@ class FoldSpec:
 
 
 class _Latency:
+    """One service's events in one interval."""
+
     __slots__ = ("exceed", "interval_s", "window")
 
     def __init__(self, spec: _ServiceSpec) -> None:
-        self.interval_s = spec.interval_s
-        self.window = LatencyWindow(
-            window_s=spec.window_s, interval_s=spec.interval_s, bin_limit=BIN_LIMIT
-        )
+        interval = self.interval_s = spec.interval_s
+        self.window = LatencyWindow(window_s=interval, interval_s=interval, bin_limit=BIN_LIMIT)
         self.exceed = ExceedanceWindow(
-            window_s=spec.window_s, interval_s=spec.interval_s, high=spec.high, low=spec.low
+            window_s=interval, interval_s=interval, high=spec.high, low=spec.low
         )
 
 
@@ -102,9 +108,10 @@ class Fold:
         self.topic, self.partition, self.first = topic, partition, first
         self._spec = spec
         self._util_interval = spec.util_window_s / UTIL_SLOTS
-        self._latency: dict[str, _Latency] = {}
-        self._util: dict[_Device, UtilizationWindow] = {}
-        self._idle: dict[tuple[str, str], list[float | None]] = {}
+        self._specs: dict[str, _ServiceSpec | None] = {}
+        self._latency: dict[tuple[str, int], _Latency] = {}
+        self._util: dict[tuple[_Device, int], UtilizationWindow] = {}
+        self._idle: dict[tuple[str, str, int], list[float | None]] = {}
         self.events = 0
         self.unknown = 0
 
@@ -117,16 +124,19 @@ class Fold:
 
     def _observe_latency(self, event: InferenceLatency, clock: float) -> None:
         key = event.key
-        fold = self._latency.get(key)
-        if fold is None:
-            spec = self._spec.services.get((event.namespace, event.service))
-            if spec is None:
-                self.unknown += 1
-                return
-            fold = self._latency[key] = _Latency(spec)
+        spec = self._specs.get(key, _UNSEEN)
+        if spec is _UNSEEN:
+            spec = self._specs[key] = self._spec.services.get((event.namespace, event.service))
+        if spec is None:
+            self.unknown += 1
+            return
         ts = cast(float, event.ts)
-        if ts > clock + fold.interval_s:
+        if ts > clock + spec.interval_s:
             ts = clock
+        slot = int(ts // spec.interval_s)
+        fold = self._latency.get((key, slot))
+        if fold is None:
+            fold = self._latency[key, slot] = _Latency(spec)
         if event.latency_ms is not None:
             fold.window.add(ts, event.latency_ms)
             fold.exceed.add(ts, event.latency_ms)
@@ -142,17 +152,19 @@ class Fold:
     def _observe_util(self, event: GpuUtilization, clock: float) -> None:
         whole = event.mig_profile is None
         device = (event.node, event.gpu, None if whole else event.mig_instance)
-        window = self._util.get(device)
-        if window is None:
-            window = self._util[device] = UtilizationWindow(
-                window_s=self._spec.util_window_s, interval_s=self._util_interval
-            )
+        interval = self._util_interval
         ts = cast(float, event.ts)
-        if ts > clock + self._util_interval:
+        if ts > clock + interval:
             ts = clock
+        slot = int(ts // interval)
+        window = self._util.get((device, slot))
+        if window is None:
+            window = self._util[device, slot] = UtilizationWindow(
+                window_s=interval, interval_s=interval
+            )
         window.add(ts, event.util_pct)
         if whole:
-            mark = self._idle.setdefault((event.node, str(event.gpu)), [ts, ts, None])
+            mark = self._idle.setdefault((event.node, str(event.gpu), slot), [ts, ts, None])
             mark[0] = min(cast(float, mark[0]), ts)
             mark[1] = max(cast(float, mark[1]), ts)
             busy = mark[2]
@@ -164,19 +176,20 @@ class Fold:
         """Everything folded, as the flush of offsets ``[first, next_offset)``."""
         latency = [
             _latency_cell(key, fold, slot, store, zeros, counts)
-            for key, fold in sorted(self._latency.items())
+            for (key, _), fold in sorted(self._latency.items())
             for (slot, store, zeros), counts in zip(
                 fold.window.held_intervals(), fold.exceed.held_intervals(), strict=True
             )
         ]
         util = [
             UtilCell(node, gpu, instance, slot, self._util_interval, total, count, peak)
-            for (node, gpu, instance), window in self._util.items()
+            for ((node, gpu, instance), _), window in self._util.items()
             for slot, total, count, peak in window.held_intervals()
         ]
+        interval = self._util_interval
         idle = [
-            IdleMark(node, gpu, cast(float, first), cast(float, last), busy)
-            for (node, gpu), (first, last, busy) in sorted(self._idle.items())
+            IdleMark(node, gpu, slot, interval, cast(float, first), cast(float, last), busy)
+            for (node, gpu, slot), (first, last, busy) in sorted(self._idle.items())
         ]
         return Flush(self.topic, self.partition, self.first, next_offset, latency, util, idle)
 
@@ -221,6 +234,9 @@ class Merger:
         self._flushes: dict[_Source, dict[int, Flush]] = {}
         self._latency: dict[tuple[str, int], dict[tuple[_Source, int], LatencyCell]] = {}
         self._util: dict[tuple[int, float], dict[tuple[_Source, int], list[UtilCell]]] = {}
+        self._idle: dict[tuple[int, float], list[IdleMark]] = {}
+        """Marks merge the same however often they are merged: kept per interval, merged in
+        the engine with the interval's readings."""
         self.replaced = 0
         """Flushes dropped because a later one re-covered their offsets (a rebalance)."""
 
@@ -252,9 +268,9 @@ class Merger:
             util.add((u.slot, u.interval_s))
             cells = self._util.setdefault((u.slot, u.interval_s), {})
             cells.setdefault((source, flush.first), []).append(u)
-        engine = self._engine
         for m in flush.idle:
-            engine.merge_idle(m.node, m.gpu, first=m.first, last=m.last, busy=m.busy)
+            util.add((m.slot, m.interval_s))
+            self._idle.setdefault((m.slot, m.interval_s), []).append(m)
         return lat, util
 
     def push(self, latency: Iterable[tuple[str, int]], util: Iterable[tuple[int, float]]) -> None:
@@ -288,6 +304,10 @@ class Merger:
                     readings[device] = (s + u.total, c + u.count, max(m, u.peak))
             if readings:
                 engine.put_utilization(slot, interval_s=interval_s, readings=readings)
+            for mark in self._idle.get((slot, interval_s), ()):
+                engine.merge_idle(
+                    mark.node, mark.gpu, first=mark.first, last=mark.last, busy=mark.busy
+                )
 
     def covered(self) -> dict[tuple[str, int], tuple[int, int]]:
         """Per source partition, the offsets ``[first, next)`` its held flushes cover without
@@ -313,6 +333,7 @@ class Merger:
             k: v for k, v in self._latency.items() if (k[1] + 1) * _interval(v) >= horizon
         }
         self._util = {k: v for k, v in self._util.items() if (k[0] + 1) * k[1] >= horizon}
+        self._idle = {k: v for k, v in self._idle.items() if (k[0] + 1) * k[1] >= horizon}
         for held in self._flushes.values():
             for first in [f for f, flush in held.items() if _ends(flush) < horizon]:
                 # The newest flush of a partition stays: a re-send replaces from its offset.

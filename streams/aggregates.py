@@ -72,10 +72,13 @@ class UtilCell(msgspec.Struct, array_like=True, frozen=True):
 
 
 class IdleMark(msgspec.Struct, array_like=True, frozen=True):
-    """A whole GPU's first and last reading, and last reading above the idle threshold."""
+    """A whole GPU's first and last reading in one utilization interval, and its last reading
+    above the idle threshold there."""
 
     node: str
     gpu: str
+    slot: int
+    interval_s: float
     first: float
     last: float
     busy: float | None
