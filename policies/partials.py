@@ -23,6 +23,7 @@ are first/last/latest-busy times, which merge the same whatever the order or rep
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, cast
@@ -32,7 +33,7 @@ from ddsketch.store import CollapsingLowestDenseStore
 from policies.engine import DEFAULT_UTIL_WINDOW_S, UTIL_SLOTS, Engine
 from policies.model import Policy
 from policies.slo import ExceedanceWindow
-from policies.windows import LatencyWindow, UtilizationWindow
+from policies.windows import LatencyWindow
 from streams.aggregates import Flush, IdleMark, LatencyCell, UtilCell
 from streams.events import Event, GpuUtilization, InferenceLatency
 
@@ -88,16 +89,31 @@ class FoldSpec:
 
 
 class _Latency:
-    """One service's events in one interval."""
+    """One service's events over a run of intervals shorter than its window, so its rings
+    never recycle an interval (a write past that starts another :class:`_Latency`)."""
 
-    __slots__ = ("exceed", "interval_s", "window")
+    __slots__ = ("exceed", "hi", "interval_s", "length", "lo", "window")
 
-    def __init__(self, spec: _ServiceSpec) -> None:
-        interval = self.interval_s = spec.interval_s
-        self.window = LatencyWindow(window_s=interval, interval_s=interval, bin_limit=BIN_LIMIT)
-        self.exceed = ExceedanceWindow(
-            window_s=interval, interval_s=interval, high=spec.high, low=spec.low
+    def __init__(self, spec: _ServiceSpec, slot: int) -> None:
+        self.interval_s = spec.interval_s
+        self.window = LatencyWindow(
+            window_s=spec.window_s, interval_s=spec.interval_s, bin_limit=BIN_LIMIT
         )
+        self.exceed = ExceedanceWindow(
+            window_s=spec.window_s, interval_s=spec.interval_s, high=spec.high, low=spec.low
+        )
+        self.length = self.window.intervals
+        self.lo = self.hi = slot
+
+    def takes(self, slot: int) -> bool:
+        """Whether ``slot`` can be written without any interval leaving the rings."""
+        if self.lo <= slot <= self.hi:
+            return True
+        lo, hi = min(self.lo, slot), max(self.hi, slot)
+        if hi - lo >= self.length:
+            return False
+        self.lo, self.hi = lo, hi
+        return True
 
 
 class Fold:
@@ -109,9 +125,12 @@ class Fold:
         self._spec = spec
         self._util_interval = spec.util_window_s / UTIL_SLOTS
         self._specs: dict[str, _ServiceSpec | None] = {}
-        self._latency: dict[tuple[str, int], _Latency] = {}
-        self._util: dict[tuple[_Device, int], UtilizationWindow] = {}
-        self._idle: dict[tuple[str, str, int], list[float | None]] = {}
+        self._latency: dict[str, _Latency] = {}
+        self._done: list[tuple[str, _Latency]] = []
+        """Folds a service outgrew (see :class:`_Latency`)."""
+        self._util: dict[tuple[str, int | str, int | None, int], list[float]] = {}
+        """Per (node, gpu, MIG instance, interval): sum, count, max, and for a whole GPU its
+        first, last and last busy reading (the idle marks; busy is -inf when none)."""
         self.events = 0
         self.unknown = 0
 
@@ -130,13 +149,15 @@ class Fold:
         if spec is None:
             self.unknown += 1
             return
-        ts = cast(float, event.ts)
+        ts: float = event.ts  # type: ignore[assignment]  # decoded to epoch seconds
         if ts > clock + spec.interval_s:
             ts = clock
         slot = int(ts // spec.interval_s)
-        fold = self._latency.get((key, slot))
-        if fold is None:
-            fold = self._latency[key, slot] = _Latency(spec)
+        fold = self._latency.get(key)
+        if fold is None or not fold.takes(slot):
+            if fold is not None:
+                self._done.append((key, fold))
+            fold = self._latency[key] = _Latency(spec, slot)
         if event.latency_ms is not None:
             fold.window.add(ts, event.latency_ms)
             fold.exceed.add(ts, event.latency_ms)
@@ -150,46 +171,52 @@ class Fold:
         self.events += 1
 
     def _observe_util(self, event: GpuUtilization, clock: float) -> None:
-        whole = event.mig_profile is None
-        device = (event.node, event.gpu, None if whole else event.mig_instance)
+        """A utilization interval is a sum, a count and a max (as in
+        :class:`UtilizationWindow`); kept as plain numbers here, one list per GPU and
+        interval, since a fold sees few readings of each."""
         interval = self._util_interval
-        ts = cast(float, event.ts)
+        ts: float = event.ts  # type: ignore[assignment]  # decoded to epoch seconds
         if ts > clock + interval:
             ts = clock
-        slot = int(ts // interval)
-        window = self._util.get((device, slot))
-        if window is None:
-            window = self._util[device, slot] = UtilizationWindow(
-                window_s=interval, interval_s=interval
-            )
-        window.add(ts, event.util_pct)
-        if whole:
-            mark = self._idle.setdefault((event.node, str(event.gpu), slot), [ts, ts, None])
-            mark[0] = min(cast(float, mark[0]), ts)
-            mark[1] = max(cast(float, mark[1]), ts)
-            busy = mark[2]
-            if event.util_pct > self._spec.idle_below_pct and (busy is None or ts > busy):
-                mark[2] = ts
+        util = event.util_pct
+        whole = event.mig_profile is None
+        key = (event.node, event.gpu, None if whole else event.mig_instance, int(ts // interval))
+        cell = self._util.get(key)
+        if cell is None:
+            self._util[key] = [util, 1, util, ts, ts, -math.inf]
+            cell = self._util[key]
+        else:
+            cell[0] += util
+            cell[1] += 1
+            if util > cell[2]:
+                cell[2] = util
+            if ts < cell[3]:
+                cell[3] = ts
+            if ts > cell[4]:
+                cell[4] = ts
+        if util > self._spec.idle_below_pct and ts > cell[5]:
+            cell[5] = ts
         self.events += 1
 
     def seal(self, next_offset: int) -> Flush:
         """Everything folded, as the flush of offsets ``[first, next_offset)``."""
+        folds = sorted([*self._done, *self._latency.items()], key=lambda kf: (kf[0], kf[1].lo))
         latency = [
             _latency_cell(key, fold, slot, store, zeros, counts)
-            for (key, _), fold in sorted(self._latency.items())
+            for key, fold in folds
             for (slot, store, zeros), counts in zip(
                 fold.window.held_intervals(), fold.exceed.held_intervals(), strict=True
             )
         ]
-        util = [
-            UtilCell(node, gpu, instance, slot, self._util_interval, total, count, peak)
-            for ((node, gpu, instance), _), window in self._util.items()
-            for slot, total, count, peak in window.held_intervals()
-        ]
         interval = self._util_interval
+        util = [
+            UtilCell(node, gpu, instance, slot, interval, total, int(count), peak)
+            for (node, gpu, instance, slot), (total, count, peak, *_) in self._util.items()
+        ]
         idle = [
-            IdleMark(node, gpu, slot, interval, cast(float, first), cast(float, last), busy)
-            for (node, gpu, slot), (first, last, busy) in sorted(self._idle.items())
+            IdleMark(node, str(gpu), slot, interval, first, last, None if busy < 0 else busy)
+            for (node, gpu, instance, slot), (*_, first, last, busy) in self._util.items()
+            if instance is None
         ]
         return Flush(self.topic, self.partition, self.first, next_offset, latency, util, idle)
 
@@ -232,7 +259,7 @@ class Merger:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._flushes: dict[_Source, dict[int, Flush]] = {}
-        self._latency: dict[tuple[str, int], dict[tuple[_Source, int], LatencyCell]] = {}
+        self._latency: dict[tuple[str, int], dict[tuple[_Source, int], list[LatencyCell]]] = {}
         self._util: dict[tuple[int, float], dict[tuple[_Source, int], list[UtilCell]]] = {}
         self._idle: dict[tuple[int, float], list[IdleMark]] = {}
         """Marks merge the same however often they are merged: kept per interval, merged in
@@ -263,7 +290,8 @@ class Merger:
         held[flush.first] = flush
         for c in flush.latency:
             lat.add((c.service, c.slot))
-            self._latency.setdefault((c.service, c.slot), {})[source, flush.first] = c
+            per_source = self._latency.setdefault((c.service, c.slot), {})
+            per_source.setdefault((source, flush.first), []).append(c)
         for u in flush.util:
             util.add((u.slot, u.interval_s))
             cells = self._util.setdefault((u.slot, u.interval_s), {})
@@ -277,11 +305,11 @@ class Merger:
         """Rebuild these intervals in the engine from the partials indexed for them."""
         engine = self._engine
         for service, slot in sorted(latency):
-            cells = self._latency.get((service, slot), {})
+            cells = [c for per in self._latency.get((service, slot), {}).values() for c in per]
             store = CollapsingLowestDenseStore(BIN_LIMIT)
             zeros = n = hi = lo = 0
             interval_s = 0.0
-            for cell in cells.values():
+            for cell in cells:
                 store.merge(_store(cell))
                 zeros += cell.zeros
                 n, hi, lo = n + cell.n, hi + cell.above_high, lo + cell.above_low
@@ -341,8 +369,8 @@ class Merger:
                     del held[first]
 
 
-def _interval(cells: dict[tuple[_Source, int], LatencyCell]) -> float:
-    return next(iter(cells.values())).interval_s if cells else 0.0
+def _interval(cells: dict[tuple[_Source, int], list[LatencyCell]]) -> float:
+    return next(iter(cells.values()))[0].interval_s if cells else 0.0
 
 
 def _ends(flush: Flush) -> float:

@@ -709,16 +709,7 @@ class UtilizationWindow(_Ring):
         first, last = self._span(now)
         return [i for i, slot in enumerate(self._slots) if first <= slot <= last]
 
-    # -- sharded ingest: intervals out (aggregators) and in (deciders), see policies.partials --
-
-    def held_intervals(self) -> list[tuple[int, float, int, float]]:
-        """The ring's intervals with readings as ``(slot, sum, count, max)``, oldest first."""
-        floor = self._head - self._length
-        return sorted(
-            (slot, self._sums[i], self._counts[i], self._maxes[i])
-            for i, slot in enumerate(self._slots)
-            if slot > floor
-        )
+    # -- sharded ingest: intervals in (deciders), see policies.partials -----------------------
 
     def put_interval(self, slot: int, total: float, count: int, peak: float) -> bool:
         """Make interval ``slot`` hold a merge of partials (sum, count, max), replacing what it

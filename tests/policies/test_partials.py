@@ -195,3 +195,21 @@ def test_events_of_unknown_services_are_counted_not_folded(unknown: str) -> None
     fold.observe([latency(T0, 5.0, service=unknown)], NO_CLOCK)
     assert fold.unknown == 1
     assert not fold.seal(1).latency
+
+
+def test_a_fold_longer_than_a_window_keeps_every_interval() -> None:
+    """A backlog read at full speed puts more than a window (30 s) of event time into one
+    flush: every one of its intervals is in the flush, none recycled by the ring."""
+    spec = FoldSpec.of(make_policy())
+    fold = Fold(spec, topic="lat", partition=0, first=0)
+    fold.observe([latency(T0 + s, 50.0) for s in range(100)], NO_CLOCK)
+    fold.observe([latency(T0 + 10, 60.0)], NO_CLOCK)  # out of order, far behind the newest
+    flush = fold.seal(101)
+    assert sorted(c.slot - int(T0) for c in flush.latency) == sorted([*range(100), 10])
+    assert sum(c.n for c in flush.latency) == 101
+    # Two cells of one interval in one flush both count.
+    decider = Engine(make_policy())
+    merger = Merger(decider)
+    merger.index(flush)
+    merger.push([("serving/chat", int(T0) + 10)], [])
+    assert decider.service_status(T0 + 10.5)[0].samples == 2
