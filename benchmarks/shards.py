@@ -210,6 +210,8 @@ async def run_group(
                 continue
             if entry.get("event") == "ingest.assigned":
                 assigned[k] = (time.monotonic(), len(entry["partitions"]))
+            elif entry.get("level") in ("warning", "error", "critical"):
+                print(f"aggregator {k}: {line.decode().strip()[:300]}", file=sys.stderr)
 
     processes = []
     for _ in range(replicas):
@@ -234,10 +236,12 @@ async def run_group(
                 ends[key] = max(ends.get(key, 0), f.next)
         return sum(ends.values())
 
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 300
     while covered_by(time.monotonic()) < total:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"group of {replicas} did not cover {total} events in 600 s")
+        if time.monotonic() > deadline or any(p.returncode is not None for p in processes):
+            raise RuntimeError(
+                f"group of {replicas} covered {covered_by(time.monotonic())} of {total} events"
+            )
         await asyncio.sleep(0.05)
     done = min(at for at, _ in flushes if covered_by(at) >= total)
     stable = max(at for at, _ in assigned.values())

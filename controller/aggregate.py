@@ -63,6 +63,12 @@ async def ensure_aggregates_topic(
     )
 
 
+#: Size past which a fold is published at once rather than at the next flush: a flush is one
+#: Kafka message (1 MB by default), and a backlog read at full speed spans many intervals per
+#: second. Half the limit leaves room for the next batch's cells and the estimate's error.
+MAX_FLUSH_BYTES = 512 * 1024
+
+
 @dataclass(slots=True)
 class AggregatorStats:
     folded: int = 0
@@ -148,6 +154,8 @@ class Aggregator:
                 fold = held[1]
             fold.observe(events[start:end], now)
             self._folds[tp] = (generation, fold, batch.positions[tp])
+            if fold.size() > MAX_FLUSH_BYTES:
+                await self.consumer.commit([tp])  # publish now: a flush is one message
         self.stats.folded += len(events)
 
     async def _checkpoint(

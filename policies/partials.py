@@ -198,6 +198,17 @@ class Fold:
             cell[5] = ts
         self.events += 1
 
+    def size(self) -> int:
+        """About how many bytes :meth:`seal`'s flush takes encoded (a cell's fields ~40 bytes,
+        a sketch bin 9): what keeps a flush within one Kafka message."""
+        util = len(self._util) * 80
+        folds = [*self._latency.values(), *(f for _, f in self._done)]
+        return util + sum(
+            40 + 9 * (store.max_key - store.min_key + 1 if store.count else 0)
+            for fold in folds
+            for _, store, _ in fold.window.held_intervals()
+        )
+
     def seal(self, next_offset: int) -> Flush:
         """Everything folded, as the flush of offsets ``[first, next_offset)``."""
         folds = sorted([*self._done, *self._latency.items()], key=lambda kf: (kf[0], kf[1].lo))
