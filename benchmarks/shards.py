@@ -211,7 +211,8 @@ async def run_group(
             if entry.get("event") == "ingest.assigned":
                 assigned[k] = (time.monotonic(), len(entry["partitions"]))
             elif entry.get("level") in ("warning", "error", "critical"):
-                print(f"aggregator {k}: {line.decode().strip()[:300]}", file=sys.stderr)
+                text = f"{entry.get('event')}: {entry.get('exception', '')[-300:]}"
+                print(f"aggregator {k}: {text}", file=sys.stderr)
 
     processes = []
     for _ in range(replicas):

@@ -65,8 +65,11 @@ async def ensure_aggregates_topic(
 
 #: Size past which a fold is published at once rather than at the next flush: a flush is one
 #: Kafka message (1 MB by default), and a backlog read at full speed spans many intervals per
-#: second. Half the limit leaves room for the next batch's cells and the estimate's error.
-MAX_FLUSH_BYTES = 512 * 1024
+#: second. A quarter of the limit leaves room for one more batch (:data:`BATCH_RECORDS`: at
+#: worst ~800 bytes per event, when every event opens a new interval of a wide sketch).
+MAX_FLUSH_BYTES = 256 * 1024
+#: Messages per fetch for an aggregator (the single-replica path fetches 5,000).
+BATCH_RECORDS = 500
 
 
 @dataclass(slots=True)
@@ -206,6 +209,7 @@ async def run_aggregator(settings: Settings, policy: Policy) -> None:
             group_id=s.shards.group_id,
             topics=(k.latency_topic, k.gpu_topic),
             commit_interval_s=s.shards.flush_every_s,
+            max_records=BATCH_RECORDS,
             session_timeout_ms=int(s.shards.session_timeout_s * 1000),
             heartbeat_interval_ms=int(s.shards.heartbeat_s * 1000),
             drain_timeout_s=s.shutdown_timeout_s / 4,
