@@ -1,6 +1,6 @@
 """Benchmark sharded ingest: N aggregator processes in one consumer group, one recording.
 
-Run: ``python benchmarks/shards.py --replicas 1 2 [--events 600000] [--runs 3] [--json]``.
+Run: ``python benchmarks/shards.py --replicas 1 2 [--events 300000] [--runs 3] [--json]``.
 
 One embedded broker; the recording is produced once into event topics of ``--partitions``
 partitions (not timed). Each run starts N ``ebbtide run --role aggregate`` processes in a new
@@ -309,7 +309,7 @@ async def main(replicas: list[int], events: int, runs: int, partitions: int) -> 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--events", type=int, default=600_000)
+    parser.add_argument("--events", type=int, default=300_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--json", action="store_true", help="end with the JSON line only")

@@ -1,15 +1,16 @@
 """Sharded ingest, the pure part: fold events into partials, merge partials into an engine.
 
-An aggregator keeps one :class:`Fold` per source partition it owns. A fold feeds events into
-windows of the same kind, interval and bin limit as the engine's (:class:`LatencyWindow`,
-:class:`ExceedanceWindow`, :class:`UtilizationWindow`), one interval long, created per service
-(or GPU) and interval on first use, so a fold covering more than a window of event time (a
-backlog read at full speed) keeps every interval instead of recycling the oldest.
-:meth:`Fold.seal` turns what they hold into a :class:`~streams.aggregates.Flush` of the
-offsets it covers; the aggregator then starts a new fold at the flush's ``next`` offset. The
-engine's own write path does the folding, so a partial holds exactly what the engine would have
-recorded for the same events (the clock-skew rule included: an event stamped more than one
-interval past the aggregator's clock is taken at the clock).
+An aggregator keeps one :class:`Fold` per source partition it owns. A fold feeds latency events
+into windows of the same kind, interval and bin limit as the engine's (:class:`LatencyWindow`,
+:class:`ExceedanceWindow`), one pair per service until a write would make the pair recycle an
+interval (then another pair starts), so a fold covering more than a window of event time (a
+backlog read at full speed) keeps every interval. GPU readings become a sum, a count, a max and
+idle marks per GPU and utilization interval. :meth:`Fold.seal` turns it all into a
+:class:`~streams.aggregates.Flush` of the offsets it covers; the aggregator then starts a new
+fold at the flush's ``next`` offset. The engine's own write path does the latency folding, so a
+partial holds exactly what the engine would have recorded for the same events (the clock-skew
+rule included: an event stamped more than one interval past the aggregator's clock is taken at
+the clock).
 
 A decider keeps a :class:`Merger`. :meth:`Merger.apply` indexes a flush by source partition and
 first offset, first dropping the flushes of that partition it replaces (those starting at or

@@ -3,11 +3,15 @@ Deployment unchanged; on adds the aggregators and makes the controller replicas 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import pytest
+
+from controller.settings import load_settings
 from helm.conftest import CHART, Rendered, parse, render
 
 
@@ -55,5 +59,26 @@ def test_sharding_on_renders_aggregators_in_one_group_and_deciders(chart: Any) -
 
 def test_a_bad_shards_value_is_refused_by_the_schema(chart: Any) -> None:
     """An unknown key under shards fails the render with the schema's message."""
-    with pytest.raises(Exception, match="(?i)shards"):
+    with pytest.raises(Exception, match=r"(?i)shards"):
         render(chart, {"shards": {"enabled": True, "replica": 2}})
+
+
+def test_both_roles_env_loads_into_settings(chart: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every EBBTIDE_* name the aggregator and the decider containers get is a setting, and
+    their --role flags name the roles."""
+    values = {"shards": {"enabled": True, "flushEverySeconds": 0.5}}
+    r = parse("shards", values, render(chart, values))
+    for suffix, role in (("-aggregator", "aggregate"), ("ebb-ebbtide", "decide")):
+        (container,) = r.one("Deployment", suffix)["spec"]["template"]["spec"]["containers"]
+        for name in [n for n in os.environ if n.startswith("EBBTIDE_")]:
+            monkeypatch.delenv(name)
+        for item in container["env"]:
+            if "value" in item:
+                monkeypatch.setenv(item["name"], item["value"])
+        (flag,) = [a for a in container["args"] if a.startswith("--role=")]
+        settings = load_settings(
+            None, policies=[Path("p.yaml")], shards={"role": flag.removeprefix("--role=")}
+        )
+        assert settings.shards.role == role
+        assert settings.shards.flush_every_s == 0.5
+        assert settings.kafka.gpu_topic == "ebbtide.gpu.utilization"
