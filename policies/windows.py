@@ -160,6 +160,17 @@ class _Ring:
         first = max(last, self._head) - self._length + 1
         return first, min(last, self._head)
 
+    def _admit(self, slot: int) -> bool:
+        """Whether a write to ``slot`` may land: it advances the head, or counts one more late
+        write and is refused when the slot has left the ring (for writes that bypass
+        ``_cell``: whole intervals put by a decider)."""
+        if slot > self._head:
+            self._head = slot
+        elif slot <= self._head - self._length:
+            self._late += 1
+            return False
+        return True
+
 
 class _Interval:
     """One interval of latencies: positive values in a store, zeros counted apart (the
@@ -714,10 +725,7 @@ class UtilizationWindow(_Ring):
     def put_interval(self, slot: int, total: float, count: int, peak: float) -> bool:
         """Make interval ``slot`` hold a merge of partials (sum, count, max), replacing what it
         held; ``False`` (a late write) when the slot has left the ring."""
-        if slot > self._head:
-            self._head = slot
-        elif slot <= self._head - self._length:
-            self._late += 1
+        if not self._admit(slot):
             return False
         i = slot % self._length
         self._slots[i], self._sums[i], self._counts[i], self._maxes[i] = slot, total, count, peak

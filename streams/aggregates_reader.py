@@ -16,44 +16,25 @@ import asyncio
 from collections.abc import Callable
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from streams.connection import KafkaConfig
-from streams.positions import partitions_of
+from streams.capture import TopicReader
 
 __all__ = ["AggregatesReader"]
 
 log = structlog.get_logger(__name__)
 
 
-class AggregatesReader:
-    """Reads ``topic`` from ``since_s`` on and hands each value to a callback until cancelled;
-    :attr:`caught_up` once a fetch found nothing new after the start."""
+class AggregatesReader(TopicReader):
+    """Reads the topic from ``since_s`` on and hands each value to a callback until
+    cancelled; :attr:`caught_up` once a fetch found nothing new after the start."""
 
-    def __init__(self, config: KafkaConfig, topic: str) -> None:
-        self.topic = topic
-        self.caught_up = False
-        self._consumer = AIOKafkaConsumer(
-            **config.client_kwargs(),
-            group_id=None,
-            enable_auto_commit=False,
-            max_partition_fetch_bytes=4 * 1024 * 1024,
-        )
+    caught_up = False
 
     async def run(self, since_s: float, on_value: Callable[[bytes], None]) -> None:
-        consumer = self._consumer
+        await self.start()
+        consumer, partitions = self._consumer, self._partitions
         try:
-            await consumer.start()
-        except KafkaError as exc:
-            await consumer.stop()
-            raise ConnectionError(f"cannot reach Kafka: {exc}") from exc
-        try:
-            partitions = [
-                TopicPartition(self.topic, p)
-                for p in sorted(await partitions_of(consumer, self.topic))
-            ]
-            consumer.assign(partitions)
             # Ends first: a flush published after the listing lies at or past the end listed;
             # one published before it with a later timestamp is found by time.
             ends = await consumer.end_offsets(partitions)
@@ -75,4 +56,4 @@ class AggregatesReader:
                         if m.value is not None:
                             on_value(m.value)
         finally:
-            await consumer.stop()
+            await self.stop()

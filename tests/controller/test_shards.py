@@ -256,8 +256,8 @@ async def test_a_rebalance_during_a_breach_delays_the_decision_by_under_one_reso
     aggregators: Callable[[], asyncio.Future[AggregatorProcess]],
 ) -> None:
     """Services breach their SLO; a second aggregator joins mid-breach (before the 6 s
-    ``breachAfter`` is over), so the group rebalances. The decider still decides to scale within one resolution (1 s) of when one
-    engine fed the events directly decides."""
+    ``breachAfter`` is over), so the group rebalances. The decider still decides to scale
+    within one resolution (1 s) of when one engine fed the events directly decides."""
     first = await aggregators()
     await until(lambda: bool(first.assigned()), 30, "an assignment")
     decider = Decider(kafka_config, names, breach_after="6s")
