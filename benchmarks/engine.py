@@ -2,7 +2,9 @@
 
 Run: ``python benchmarks/engine.py [--gpus 10000] [--services 2000]``. Prints figures; asserts
 nothing. Targets (issue 3): >= 300k single-sample observations/s on one core, evaluate <= 20 ms
-at 10,000 GPUs and 2,000 services, memory <= 1 GiB.
+at 10,000 GPUs and 2,000 services, memory <= 1 GiB. Issue 16: a quiet tick (no event since the
+last one, nothing due) costs what changed, not the scene's size: it is timed in the same scene
+against an engine that ticks everything (``Engine(…, incremental=False)``).
 
 The scene: nodes of 8 GPUs in a whole-card pool; each service runs 2 replicas; elastic training
 fills the remaining GPUs; every service gets latency events each simulated second (1% of them
@@ -174,8 +176,8 @@ def bench_observe(engine: Engine, n: int) -> None:
         for i in range(n // 4)
     ]
     start = time.perf_counter()
-    for e in utils:
-        engine.observe(e)
+    for u in utils:
+        engine.observe(u)
     dt = time.perf_counter() - start
     print(f"observe gpu util   : {len(utils) / dt:>12,.0f} events/s")
 
@@ -231,6 +233,7 @@ def bench_evaluate(gpus: int, services: int, seconds: int, per_service: int) -> 
         else:
             times.append(dt)
     times.sort()
+    assert first is not None
     print(f"evaluate first call (builds index): {first * 1000:.1f} ms")
     print(
         f"evaluate over {len(times)} s: median {statistics.median(times) * 1000:.2f} ms, "
@@ -243,6 +246,36 @@ def bench_evaluate(gpus: int, services: int, seconds: int, per_service: int) -> 
     gc.collect()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS of the process: {rss:,.0f} MiB")
+
+
+def bench_quiet(gpus: int, services: int, ticks: int = 200) -> None:
+    """Quiet ticks: every service and GPU reported once at T0 (every window holds data, no
+    timer runs out for a while), then ``ticks`` evaluations 0.1 s apart with no event."""
+    policy = make_policy(services)
+    snapshot = make_snapshot(gpus, services)
+    out = []
+    for incremental in (True, False):
+        engine = Engine(policy, incremental=incremental)
+        for i in range(services):
+            engine.observe(
+                InferenceLatency(
+                    ts=T0, service=f"svc-{i:04d}", namespace="serving", samples_ms=[50.0] * 20
+                )
+            )
+        for n in snapshot.nodes:
+            for g in range(8):
+                engine.observe(GpuUtilization(ts=T0, node=n.name, gpu=g, util_pct=55.0))
+        engine.evaluate(T0 + 1, snapshot)
+        times = []
+        for k in range(2, ticks + 2):
+            t = time.perf_counter()
+            engine.evaluate(T0 + 1 + k * 0.1, snapshot)
+            times.append(time.perf_counter() - t)
+        out.append(statistics.median(times))
+    print(
+        f"evaluate, quiet tick: median {out[0] * 1e6:,.1f} us "
+        f"(ticking everything: {out[1] * 1e6:,.1f} us, {out[1] / out[0]:,.0f}x)"
+    )
 
 
 def bench_memory(gpus: int, services: int) -> None:
@@ -279,6 +312,7 @@ def main() -> None:
     print(f"python {sys.version.split()[0]}, one core")
     bench_observe(Engine(make_policy(10)), args.observe)
     bench_evaluate(args.gpus, args.services, args.seconds, args.per_service)
+    bench_quiet(args.gpus, args.services)
     bench_memory(args.gpus, args.services)
 
 

@@ -473,6 +473,7 @@ class Controller:
         feed_back(self.engine, results, now=now)
         for r in results:
             self.metrics.actions.labels(r.decision.action, r.outcome.value).inc()
+            self.metrics.wasted_gpu_hours.inc(r.wasted_gpu_hours)
             if r.outcome is Outcome.REFUSED and r.detail.startswith(NOT_LEADER):
                 continue  # a follower re-decides every tick: counted, not logged or recorded
             if r.decision.action in ("mig_convert", "mig_revert") and r.outcome is Outcome.FAILED:
@@ -480,6 +481,7 @@ class Controller:
             record = decision_to_dict(r.decision) | {
                 "outcome": r.outcome.value,
                 "detail": r.detail,
+                "wasted_gpu_hours": r.wasted_gpu_hours,
                 "policy_hash": self.policy.digest(),
                 "replica": self.settings.kube.identity,
             }

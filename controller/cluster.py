@@ -72,6 +72,8 @@ class ActionResult:
     decision: Decision
     outcome: Outcome
     detail: str = ""
+    wasted_gpu_hours: float = 0.0
+    """GPU-hours of work a preemption threw away (since the pod's last checkpoint)."""
 
 
 class Cluster(Protocol):

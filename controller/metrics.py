@@ -129,11 +129,18 @@ class _StateCollector(Collector):
         gpus = GaugeMetricFamily(
             "ebbtide_pool_gpus", "GPUs per pool: capacity and free.", labels=["pool", "state"]
         )
+        reclaimable = GaugeMetricFamily(
+            "ebbtide_reclaimable_gpus",
+            "GPUs held by pods but idle (under the idle threshold for the utilization window), "
+            "e.g. an over-provisioned inference replica's: reclaimable by scaling it in.",
+            labels=["pool"],
+        )
         for pool in engine.pool_status(now):
             if pool.util_pct is not None:
                 util.add_metric([pool.name], pool.util_pct)
             gpus.add_metric([pool.name, "capacity"], pool.capacity_gpus)
             gpus.add_metric([pool.name, "free"], pool.free_gpus)
+            reclaimable.add_metric([pool.name], pool.reclaimable_gpus)
         budget = GaugeMetricFamily(
             "ebbtide_budget_remaining", "Actions left in each budget's window.", labels=["budget"]
         )
@@ -145,7 +152,7 @@ class _StateCollector(Collector):
             "clock running fast); each was taken as if stamped now.",
             value=engine.skewed,
         )
-        yield from (state, quantile, objective, util, gpus, budget, skewed)
+        yield from (state, quantile, objective, util, gpus, reclaimable, budget, skewed)
 
 
 class Metrics:
@@ -188,6 +195,12 @@ class Metrics:
             "ebbtide_mig_conversion_failures", "MIG conversions that failed and rolled back.",
             registry=r,
         )  # fmt: skip
+        self.wasted_gpu_hours = Counter(
+            "ebbtide_preemption_wasted_gpu_hours",
+            "GPU-hours of training work preemptions threw away (since each pod's last "
+            "checkpoint, else its start).",
+            registry=r,
+        )
         self.events_stale = Counter(
             "ebbtide_events_stale",
             "Accepted events older than the policy's longest SLO window when they arrived: they "

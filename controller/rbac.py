@@ -11,10 +11,15 @@ Verbs per resource, and who needs them:
 * pods — get/list/watch (cluster state, drain); pods/eviction — create (preemption, drain);
 * events — create (an Event for every action and refusal);
 * priorityclasses, poddisruptionbudgets — list/watch (victim order, PDB-aware planning);
+* horizontalpodautoscalers, KEDA scaledobjects — list/watch (never fight another autoscaler);
+* Volcano and coscheduling podgroups — list/watch (gang minimums from ``minMember``);
+* resourcequotas — list/watch (namespaces' GPU quotas bound training growth);
 * each tracked workload kind (the ``kube.workload_kinds`` setting: Deployments, StatefulSets,
-  PyTorchJobs by default) — get/list/watch, and its ``/scale`` subresource — get/patch (elastic
-  shrink and grow). :func:`cluster_rules` derives them from the setting; the chart renders the
-  same rules from the same value (``controller.workloadKinds``);
+  PyTorchJobs by default; JobSets, RayClusters, Jobs on request) — get/list/watch, and its
+  ``/scale`` subresource get/patch, or patch on the object for kinds without ``/scale``
+  (JobSet, RayCluster, Job); Jobs also list/patch Kueue ``workloads`` (preemption through
+  Kueue). :func:`cluster_rules` derives them from the setting; the chart renders the same
+  rules from the same value (``controller.workloadKinds``);
 * leases (in the controller's own namespace only: a Role) — get/create/update (leader election).
 """
 
@@ -25,9 +30,10 @@ from dataclasses import dataclass
 
 from controller.kube.state import workload_kinds
 from controller.kube.translate import WorkloadKind
+from controller.kube.workloads import ADAPTERS, Adapter
 from controller.settings import DEFAULT_WORKLOAD_KINDS
 
-__all__ = ["CLUSTER_RULES", "LEASE_RULES", "Rule", "allowed", "cluster_rules"]
+__all__ = ["CLUSTER_RULES", "LEASE_RULES", "Rule", "allowed", "cluster_rules", "kind_rules"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,21 +60,35 @@ _BASE_RULES: tuple[Rule, ...] = (
     Rule("", ("events",), ("create",)),
     Rule("scheduling.k8s.io", ("priorityclasses",), ("list", "watch")),
     Rule("policy", ("poddisruptionbudgets",), ("list", "watch")),
+    Rule("autoscaling", ("horizontalpodautoscalers",), ("list", "watch")),
+    Rule("keda.sh", ("scaledobjects",), ("list", "watch")),
+    Rule("scheduling.volcano.sh", ("podgroups",), ("list", "watch")),
+    Rule("scheduling.x-k8s.io", ("podgroups",), ("list", "watch")),
+    Rule("", ("resourcequotas",), ("list", "watch")),
 )
 
 
-def cluster_rules(kinds: Iterable[WorkloadKind]) -> tuple[Rule, ...]:
-    """The ClusterRole for the tracked workload ``kinds``: the base rules, then read and
-    ``/scale`` rules per kind, in the setting's order."""
-    per_kind = (
-        rule
-        for kind in kinds
-        for rule in (
+def kind_rules(kind: WorkloadKind) -> tuple[Rule, ...]:
+    """What acting on ``kind`` needs: read it, write its size the way its adapter does (the
+    ``/scale`` subresource, or a patch of the object for kinds without one), and whatever else
+    its owner is reached through (a Job's Kueue Workloads)."""
+    adapter = ADAPTERS.get(kind.kind) or Adapter(kind)
+    rules: tuple[Rule, ...]
+    if adapter.via_scale:
+        rules = (
             Rule(kind.group, (kind.plural,), ("get", "list", "watch")),
             Rule(kind.group, (f"{kind.plural}/scale",), ("get", "patch")),
         )
-    )
-    return (*_BASE_RULES, *per_kind)
+    else:
+        rules = (Rule(kind.group, (kind.plural,), ("get", "list", "watch", "patch")),)
+    extra = (Rule(group, (resource,), verbs) for group, resource, verbs in adapter.extra_rules)
+    return (*rules, *extra)
+
+
+def cluster_rules(kinds: Iterable[WorkloadKind]) -> tuple[Rule, ...]:
+    """The ClusterRole for the tracked workload ``kinds``: the base rules, then each kind's
+    rules (:func:`kind_rules`), in the setting's order."""
+    return (*_BASE_RULES, *(rule for kind in kinds for rule in kind_rules(kind)))
 
 
 #: The ClusterRole with the default setting: everything the controller reads and changes.

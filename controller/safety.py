@@ -25,7 +25,9 @@ Design:
   act only on workloads and pods matching the training selector (or, for a scale of inference, a
   workload the policy names as a scaled service); MIG conversion only on nodes of the
   ``mig.fromPool`` pool and revert only on nodes of ``mig.toPool``; nothing in a protected
-  namespace; nothing carrying ``ebbtide.io/do-not-disrupt`` (any value but ``"false"``).
+  namespace; nothing carrying ``ebbtide.io/do-not-disrupt`` (any value but ``"false"``),
+  Karpenter's ``karpenter.sh/do-not-disrupt: "true"`` or the cluster autoscaler's
+  ``safe-to-evict: "false"``.
 * **Dry-run** (the policy's ``dryRun``, the decision's ``dry_run`` or the process flag): the
   actuator reads, checks, and reports what it *would* do; it writes nothing but Events.
 * **Leadership is checked again immediately before each write** (:meth:`SafetyGate.check_write`),
@@ -45,8 +47,8 @@ from typing import Final
 from controller.cluster import Outcome
 from policies.budgets import Budgets, BudgetState, Ledger, SlidingBudget
 from policies.decisions import Decision, Evict, MigConvert, Scale
-from policies.drain import disrupt_forbidden
-from policies.model import DO_NOT_DISRUPT, Policy
+from policies.drain import disrupt_annotation, disrupt_forbidden
+from policies.model import Policy
 from policies.snapshot import FrozenMap
 
 __all__ = [
@@ -125,8 +127,8 @@ def target_refusal(policy: Policy, decision: Decision, target: Target) -> str | 
     spec = policy.spec
     if target.namespace is not None and target.namespace in spec.protected_namespaces:
         return f"namespace {target.namespace} is protected"
-    if disrupt_forbidden(target.annotations):
-        return f"{target.kind} {target.name} is annotated {DO_NOT_DISRUPT}"
+    if (annotation := disrupt_annotation(target.annotations)) is not None:
+        return f"{target.kind} {target.name} is annotated {annotation}"
     if isinstance(decision, Scale):
         key = f"{target.namespace}/{target.name}"
         if decision.role == "inference":

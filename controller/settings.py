@@ -103,7 +103,7 @@ class KafkaSettings(_Group):
         return {"inference.latency": self.latency_topic, "gpu.utilization": self.gpu_topic}
 
 
-WorkloadKindName = Literal["Deployment", "StatefulSet", "PyTorchJob"]
+WorkloadKindName = Literal["Deployment", "StatefulSet", "PyTorchJob", "JobSet", "RayCluster", "Job"]
 """The workload kinds the Kubernetes adapter knows (``controller.kube.state.WORKLOAD_KINDS``)."""
 DEFAULT_WORKLOAD_KINDS: tuple[WorkloadKindName, ...] = ("Deployment", "StatefulSet", "PyTorchJob")
 

@@ -104,11 +104,20 @@ class PodSpec(_Model):
         )
 
 
+class QuotaSpec(_Model):
+    """A namespace's ``requests.nvidia.com/gpu`` ResourceQuota: hard limit and GPUs in use."""
+
+    hard: int
+    used: int = 0
+
+
 class SnapshotSpec(_Model):
     priority_classes: dict[str, int] = Field(default_factory=dict)
     nodes: list[NodeSpec] = Field(default_factory=list)
     workloads: list[WorkloadSpec] = Field(default_factory=list)
     pods: list[PodSpec] = Field(default_factory=list)
+    quotas: dict[str, QuotaSpec] = Field(default_factory=dict)
+    """GPU quotas by namespace."""
 
     def build(self) -> Snapshot:
         b = SnapshotBuilder()
@@ -141,6 +150,8 @@ class SnapshotSpec(_Model):
             )
         for p in self.pods:
             p.add_to(b, start=EPOCH)
+        for ns, q in sorted(self.quotas.items()):
+            b.quota(ns, hard=q.hard, used=q.used)
         return b.build()
 
 

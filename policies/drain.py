@@ -14,7 +14,8 @@ Design:
   and nothing else. Pods without GPU requests (DaemonSet agents, ``kube-system`` pods, monitoring)
   neither block a drain nor are evicted by it.
 * A GPU pod may be evicted only when it is in no protected namespace, is not annotated
-  ``ebbtide.io/do-not-disrupt`` (any value but ``false``), is not a pod of a workload the
+  ``ebbtide.io/do-not-disrupt`` (any value but ``false``) nor protected by Karpenter's or the
+  cluster autoscaler's annotation (:func:`disrupt_annotation`), is not a pod of a workload the
   policy names as an inference service, and matches the training selector. Any other GPU pod
   blocks the drain, and the reason says which rule held it.
 * :func:`protection` is the part victim selection shares: what may never be disrupted at all.
@@ -26,17 +27,45 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from policies.model import DO_NOT_DISRUPT, Policy
 from policies.snapshot import Pod
 
-__all__ = ["DrainPlan", "DrainRule", "disrupt_forbidden", "must_leave", "plan_drain", "protection"]
+__all__ = [
+    "DrainPlan",
+    "DrainRule",
+    "disrupt_annotation",
+    "disrupt_forbidden",
+    "must_leave",
+    "plan_drain",
+    "protection",
+]
+
+
+#: Other controllers' "leave this pod alone" annotations, and the value that says so.
+_FOREIGN_PROTECTIONS: Final = (
+    ("karpenter.sh/do-not-disrupt", "true"),
+    ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false"),
+)
+
+
+def disrupt_annotation(annotations: Mapping[str, str]) -> str | None:
+    """The annotation forbidding disruption: ``ebbtide.io/do-not-disrupt`` set to anything but
+    ``false``, Karpenter's ``karpenter.sh/do-not-disrupt: "true"`` or the cluster autoscaler's
+    ``safe-to-evict: "false"`` (what a user set for one node autoscaler holds for Ebbtide too)."""
+    value = annotations.get(DO_NOT_DISRUPT)
+    if value is not None and value.strip().lower() != "false":
+        return DO_NOT_DISRUPT
+    for key, forbidding in _FOREIGN_PROTECTIONS:
+        if (annotations.get(key) or "").strip().lower() == forbidding:
+            return f"{key}: {forbidding!r}"
+    return None
 
 
 def disrupt_forbidden(annotations: Mapping[str, str]) -> bool:
-    """``ebbtide.io/do-not-disrupt`` is set to anything but ``false``."""
-    value = annotations.get(DO_NOT_DISRUPT)
-    return value is not None and value.strip().lower() != "false"
+    """Some annotation forbids disrupting the object (:func:`disrupt_annotation`)."""
+    return disrupt_annotation(annotations) is not None
 
 
 def protection(pod: Pod, protected_namespaces: Collection[str]) -> str | None:
@@ -44,8 +73,8 @@ def protection(pod: Pod, protected_namespaces: Collection[str]) -> str | None:
     ``None``."""
     if pod.namespace in protected_namespaces:
         return f"namespace {pod.namespace} is protected"
-    if disrupt_forbidden(pod.annotations):
-        return f"pod is annotated {DO_NOT_DISRUPT}"
+    if (annotation := disrupt_annotation(pod.annotations)) is not None:
+        return f"pod is annotated {annotation}"
     return None
 
 

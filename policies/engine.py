@@ -32,8 +32,27 @@ Design:
   that the caller may share with its safety gate; outcomes come back through
   :meth:`Engine.not_done` and the decisions log through :meth:`Engine.record`, so the engine, the
   gate and every replica count one verdict per decision.
-* The snapshot's indexes (:class:`~policies.inventory.Inventory`) are cached on the snapshot's
-  identity: hand the same object again and nothing is rebuilt.
+* The snapshot's indexes (:class:`~policies.inventory.Inventory`) are cached on the snapshot:
+  hand the same object (or an equal one) again and nothing is rebuilt.
+* **A tick costs what changed.** On a sparse stream most ticks change nothing, so ``evaluate``
+  ticks a service's SLO only when it is due: it received events since it was last ticked, an
+  interval left (or entered) its window (:meth:`~policies.slo.ExceedanceWindow.steady_until`),
+  or one of its SLO timers runs out (:func:`~policies.slo.steady_until`: breachAfter,
+  recoverAfter, staleAfter); a min-heap holds the next of these per service, worked out at the
+  tick after it was ticked and only if no event made it due again. A service's rules
+  run when its SLO was ticked since its rules last ran, or every tick while it is unsettled
+  (breaching, or a scale-down recommendation below its replicas, where cooldowns, budgets and
+  the stabilization window decide); a settled service's skipped ticks would each only have
+  recorded its current replicas as its recommendation, and :meth:`Recommendations.hold
+  <policies.scaledown.Recommendations.hold>` records them in one call when it next runs. A new
+  snapshot, a reload, or a gap between ticks longer than the shortest stabilization window ticks
+  every service. The pool rules (training growth, MIG) are skipped while they provably decide
+  nothing: they decided nothing last time, with the same snapshot, policy and busy pools, no
+  outcome or log record came back, none of their timers ran out (growAfter, the pool's
+  cooldown, a MIG node's hold; while a timer the engine does not follow may run, they run every
+  tick) and, where MIG may convert, the whole-card pool's mean is not below ``convertBelow``.
+  The decisions are those of ticking everything (``Engine(…, incremental=False)``, kept for the
+  tests and benchmarks that check exactly that).
 * ``reload(policy)`` refuses a policy with problems and keeps the old one; an accepted policy
   re-indexes the last snapshot at once (nodes join or leave pools before the next event) and
   keeps the windows and SLO state of services whose SLO settings did not change, what budgets
@@ -44,6 +63,7 @@ Design:
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,7 +79,7 @@ from policies.mig import IdleTracker, MigFlights
 from policies.model import Policy, ServiceSpec, format_loc
 from policies.rules import Round, grow_training, respond_to_breach, run_mig
 from policies.scaledown import Recommendations, scale_down
-from policies.slo import ExceedanceWindow, Level, SloState, State, step
+from policies.slo import ExceedanceWindow, Level, SloState, State, steady_until, step
 from policies.snapshot import Snapshot
 from policies.windows import LatencyWindow, UtilizationWindow
 from streams.events import Event, GpuUtilization, InferenceLatency
@@ -72,6 +92,9 @@ DEFAULT_UTIL_WINDOW_S = 300.0
 UTIL_SLOTS = 30
 #: The engine's clock before any ``now`` was given: no event is bounded.
 _NO_CLOCK: Final = math.inf
+#: A service is ticked this much (relative to the time) before a computed deadline, so float
+#: rounding never makes it late; ticking early only costs the tick.
+_EARLY: Final = 1e-12
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +122,9 @@ class PoolStatus:
     capacity_gpus: int
     free_gpus: int
     util_pct: float | None
+    reclaimable_gpus: int = 0
+    """GPUs held by pods but idle (windowed utilization under the idle threshold for the whole
+    utilization window): an over-provisioned replica's GPUs, reclaimable by scaling it in."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +136,9 @@ class ReloadResult:
 class _Service:
     __slots__ = (
         "down",
+        "due",
         "exceed",
+        "index",
         "interval",
         "key",
         "latency",
@@ -118,11 +146,27 @@ class _Service:
         "name",
         "namespace",
         "q",
+        "ruled_at",
+        "samples",
         "slo",
         "spec",
+        "ticked_at",
+        "wake",
     )
 
     def __init__(self, name: str, spec: ServiceSpec) -> None:
+        #: Position in the engine's sorted order.
+        self.index = 0
+        #: Events arrived since the SLO was last ticked.
+        self.due = True
+        #: When the SLO must be ticked again without events (see the module docstring).
+        self.wake = -math.inf
+        #: When the SLO was last ticked.
+        self.ticked_at = -math.inf
+        #: Samples in the window when the SLO was last ticked.
+        self.samples = 0
+        #: When the rules last ran for the service.
+        self.ruled_at: float | None = None
         self.name = name
         self.namespace = spec.namespace
         self.key = f"{spec.namespace}/{name}"
@@ -190,7 +234,9 @@ class _Device:
 class Engine:
     """Decides; never acts. See the module docstring."""
 
-    def __init__(self, policy: Policy, *, ledger: Ledger | None = None) -> None:
+    def __init__(
+        self, policy: Policy, *, ledger: Ledger | None = None, incremental: bool = True
+    ) -> None:
         problems = policy.problems()
         if problems:
             raise ValueError("; ".join(f"{format_loc(p.loc)}: {p.message}" for p in problems))
@@ -207,6 +253,10 @@ class Engine:
         self._flights = MigFlights()
         self._free_since: dict[str, float] = {}
         self._held: dict[str, tuple[float, str]] = {}
+        #: workload -> when Ebbtide last evicted from or shrank it (its replacements are no demand)
+        self._disrupted: dict[str, tuple[float, ...]] = {}
+        #: ``_disrupted`` as the cached inventory was built with it.
+        self._indexed_disrupted: dict[str, tuple[float, ...]] = {}
         self._demand_since: list[float | None] = [None]
         self._gpu_windows: dict[str, UtilizationWindow] = {}
         self._pool_windows: dict[str, UtilizationWindow] = {}
@@ -222,6 +272,37 @@ class Engine:
         self.unknown = 0
         #: Events stamped more than one resolution past the engine's clock (taken at the clock).
         self.skewed = 0
+        self._incremental = incremental
+        #: Services due for an SLO tick (events arrived), and (wake, index) deadlines.
+        self._due: list[_Service] = []
+        self._wakes: list[tuple[float, int]] = []
+        #: The services ticked at the last evaluation: their wake time is worked out at the next
+        #: one, and only when no event made them due again (on a busy stream, never).
+        self._settling: list[_Service] = []
+        #: Indexes of services whose rules run at the next round: ticked since their rules last
+        #: ran, or unsettled.
+        self._rules: set[int] = set()
+        self._unsettled: set[int] = set()
+        #: key -> pool of the services breaching or recovering.
+        self._busy: dict[str, str] = {}
+        #: What the last tick saw; a change ticks every service.
+        self._seen: tuple[Inventory, Policy] | None = None
+        #: The services whose SLO the last evaluation stepped.
+        self._stepped: list[_Service] = []
+        #: ``now`` of the last round that ran the rules.
+        self._last_round: float | None = None
+        #: The shortest scale-down stabilization window: a longer gap between rounds ticks all.
+        self._gap_s = math.inf
+        #: What the pool rules last saw when they decided nothing (else ``None``: run them),
+        #: and until when they would go on so (see :meth:`_pools_steady_until`).
+        self._pools_seen: tuple[Inventory, Policy, set[str]] | None = None
+        self._pools_wake = -math.inf
+        #: Whether the whole-card pool's mean was at or above ``convertBelow`` (or unknown),
+        #: for (events taken, the window's slot): neither changed, nor did the mean.
+        self._mean_for = (-1, 0)
+        self._mean_high = False
+        #: The latest hold on a MIG node after a failed flow.
+        self._mig_held_until = -math.inf
         self._apply(policy)
 
     # -- policy ------------------------------------------------------------------------------
@@ -260,6 +341,20 @@ class Engine:
         self._services = services
         self._by_name = {svc.name: svc for svc in services.values()}
         self._ordered = [services[k] for k in sorted(services)]
+        for i, svc in enumerate(self._ordered):
+            svc.index = i
+        self._seen = None  # every service is ticked at the next evaluation
+        self._pools_seen = None
+        self._mean_for = (-1, 0)
+        self._busy = {}
+        self._gap_s = min(
+            (
+                s.scale.down.stabilization
+                for s in spec.services.values()
+                if s.scale is not None and s.scale.down is not None
+            ),
+            default=math.inf,
+        )
         self._devices = {}
         self._ledger.reconfigure(spec.budgets)
         keep = set(services) | {f"pool:{p}" for p in spec.pools}
@@ -361,6 +456,9 @@ class Engine:
                 self.late += 1
                 return False
             svc.exceed.add_histogram(ts, h.bounds_ms, h.counts)
+        if not svc.due:
+            svc.due = True
+            self._due.append(svc)
         self.observed += 1
         return True
 
@@ -383,14 +481,18 @@ class Engine:
 
     def _index(self, snapshot: Snapshot) -> Inventory:
         cached = self._inventory_for
-        if (
-            cached is not None
-            and cached[0] is snapshot
-            and cached[1] is self._policy
-            and self._inventory is not None
-        ):
-            return self._inventory
-        inv = Inventory(snapshot, self._policy)
+        if cached is not None and cached[1] is self._policy and self._inventory is not None:
+            if cached[0] is snapshot:
+                return self._inventory
+            if cached[0] == snapshot and self._disrupted == self._indexed_disrupted:
+                # rebuilt unchanged (and so is what Ebbtide disrupted): keep the indexes
+                self._inventory_for = (snapshot, self._policy)
+                return self._inventory
+        known = {p.workload for p in snapshot.pods} | {w.key for w in snapshot.workloads}
+        for gone_wl in [k for k in self._disrupted if k not in known]:
+            del self._disrupted[gone_wl]
+        inv = Inventory(snapshot, self._policy, disrupted=self._disrupted)
+        self._indexed_disrupted = dict(self._disrupted)
         self._inventory, self._inventory_for = inv, (snapshot, self._policy)
         self._node_pool = inv.node_pool
         self._devices = {}
@@ -401,17 +503,34 @@ class Engine:
         return inv
 
     def evaluate(self, now: float, snapshot: Snapshot) -> list[Decision]:
-        """Tick every SLO and return this round's decisions, in the order they were taken."""
+        """Tick the SLOs due (every SLO, as far as anyone can tell; see the module docstring)
+        and return this round's decisions, in the order they were taken."""
         self.advance(now)
         inv = self._index(snapshot)
-        samples: dict[str, int] = {}
-        for svc in self._ordered:
+        due = self._slo_due(now, inv)
+        self._stepped = due
+        for svc in due:
             level, n = svc.exceed.level(now, svc.q, svc.min_samples)
-            svc.slo = step(svc.slo, level, now, svc.spec.slo)
-            samples[svc.key] = n
+            slo = svc.slo = step(svc.slo, level, now, svc.spec.slo)
+            svc.samples = n
+            svc.due = False
+            if slo.state == "breaching" or slo.state == "recovering":
+                self._busy[svc.key] = svc.spec.pool
+            else:
+                self._busy.pop(svc.key, None)
+            svc.ticked_at = now
+            self._rules.add(svc.index)
+        self._settling = due
         spec = self._policy.spec
         if spec.kill_switch:
             return []
+        ruled = [self._ordered[i] for i in sorted(self._rules | self._unsettled)]
+        self._rules = set()
+        last_round, self._last_round = self._last_round, now
+        busy_pools = set(self._busy.values())
+        seen = (inv, self._policy, busy_pools)
+        if not ruled and self._pools_quiet(now, seen):
+            return []  # a quiet tick: every rule would decide nothing and change nothing
         self._held = {pod: hold for pod, hold in self._held.items() if hold[0] > now}
         rnd = Round(
             now=now,
@@ -420,32 +539,151 @@ class Engine:
             budgets=self._budgets,
             cooldowns=self._cooldowns,
             held={pod: why for pod, (_, why) in self._held.items()},
+            disrupted=self._disrupted,
         )
-        for svc in self._ordered:
+        for svc in ruled:
             if svc.slo.state == "breaching":
                 respond_to_breach(rnd, svc.key, svc.spec, svc.slo, svc.latency)
-        for svc in self._ordered:
-            if svc.down is not None:
-                scale_down(
-                    rnd, svc.key, svc.spec, svc.slo, svc.latency, svc.down, samples=samples[svc.key]
+        for svc in ruled:
+            down = svc.down
+            settled = True
+            if down is not None:
+                if (
+                    svc.ruled_at is not None
+                    and last_round is not None
+                    and svc.ruled_at < last_round
+                ):
+                    down.hold(last_round)  # the rounds that skipped it, each a hold
+                settled = scale_down(
+                    rnd, svc.key, svc.spec, svc.slo, svc.latency, down, samples=svc.samples
                 )
-        busy_pools = {
-            svc.spec.pool for svc in self._ordered if svc.slo.state in ("breaching", "recovering")
-        }
-        grow_training(rnd, busy_pools=busy_pools, free_since=self._free_since)
-        if spec.mig is not None and spec.mig.enabled:
-            pool_window = self._pool_windows[spec.mig.from_pool]
-            run_mig(
-                rnd,
-                mig=spec.mig,
-                pool_window=pool_window,
-                idle=self._idle,
-                flights=self._flights,
-                demand_since=self._demand_since,
-                stale_s=max(60.0, 2 * self._util_window_s / UTIL_SLOTS),
-                breaching=bool(busy_pools),
-            )
+            svc.ruled_at = now
+            if settled and svc.slo.state != "breaching":
+                self._unsettled.discard(svc.index)
+            else:
+                self._unsettled.add(svc.index)
+        if rnd.decisions or not self._pools_quiet(now, seen):
+            grow_training(rnd, busy_pools=busy_pools, free_since=self._free_since)
+            if spec.mig is not None and spec.mig.enabled:
+                pool_window = self._pool_windows[spec.mig.from_pool]
+                run_mig(
+                    rnd,
+                    mig=spec.mig,
+                    pool_window=pool_window,
+                    idle=self._idle,
+                    flights=self._flights,
+                    demand_since=self._demand_since,
+                    stale_s=self._stale_s,
+                    breaching=bool(busy_pools),
+                )
+            self._pools_seen = None if rnd.decisions else seen
+            self._pools_wake = self._pools_steady_until(now, inv, busy_pools)
         return rnd.decisions
+
+    def _pools_quiet(self, now: float, seen: tuple[Inventory, Policy, set[str]]) -> bool:
+        """Whether the pool rules (training growth, MIG) would decide nothing and change
+        nothing at ``now``: they did not the last time, with the same snapshot, policy and busy
+        pools, no outcome or log record came back since, none of their timers has run out, and
+        the whole-card pool's utilization (read only while MIG may convert) is not below
+        ``convertBelow``."""
+        last = self._pools_seen
+        if (
+            not self._incremental
+            or last is None
+            or last[0] is not seen[0]
+            or last[1] is not seen[1]
+            or last[2] != seen[2]
+            or now >= self._pools_wake
+        ):
+            return False
+        mig = self._policy.spec.mig
+        if mig is None or not mig.enabled or seen[2]:
+            return True
+        key = (self.observed, int(now // self._util_interval))  # what the mean depends on
+        if key != self._mean_for:
+            mean = self._pool_windows[mig.from_pool].mean(now)
+            self._mean_for = key
+            self._mean_high = mean is None or mean >= mig.convert_below * 100.0
+        return self._mean_high
+
+    def _pools_steady_until(self, now: float, inv: Inventory, busy_pools: set[str]) -> float:
+        """Until when the pool rules, having just decided nothing, would go on deciding nothing
+        with the same inputs: the first of training growth's timers (``growAfter`` from when a
+        pool's GPUs went free, the pool's cooldown) and of a MIG node's hold to run out;
+        ``-inf`` (every tick) while a timer the engine does not follow may run: the scale-step
+        budget is spent (growth waits for it), a MIG flight is under way, whole-card demand is
+        unmet (``revertAfter``), or utilization is below ``convertBelow`` (nodes' idle times)."""
+        spec = self._policy.spec
+        until = math.inf
+        if spec.mig is not None and spec.mig.enabled:
+            mig = spec.mig
+            if self._flights.count({}) or inv.pending_whole_gpus > inv.free.get(mig.from_pool, 0):
+                return -math.inf
+            if not busy_pools:
+                mean = self._pool_windows[mig.from_pool].mean(now)
+                if mean is not None and mean < mig.convert_below * 100.0:
+                    return -math.inf
+                until = self._pool_windows[mig.from_pool].steady_until(now)
+            if self._mig_held_until > now:
+                until = min(until, self._mig_held_until)
+        if spec.training is not None:
+            if self._budgets.scale_steps.remaining(now) < 1:
+                return -math.inf
+            grow_after = spec.training.elastic.grow_after
+            cooldown = spec.cooldowns.training_grow
+            for pool, since in self._free_since.items():
+                if since + grow_after > now:
+                    until = min(until, since + grow_after)
+                left = self._cooldowns.remaining_s(f"pool:{pool}", now, cooldown)
+                if left > 0:
+                    until = min(until, now + left)
+        return until - _EARLY * abs(until) if until < math.inf else until
+
+    def _slo_due(self, now: float, inv: Inventory) -> list[_Service]:
+        """The services whose SLO this tick must step (in no particular order: each steps
+        alone, and their rules run in order): all of them after a new snapshot or policy, a
+        long gap or when not incremental; else those with events since and those whose wake
+        time has come."""
+        seen = (inv, self._policy)
+        last = self._last_round
+        gap = last is not None and now - last > self._gap_s
+        if (
+            not self._incremental
+            or gap
+            or self._seen is None
+            or self._seen[0] is not seen[0]
+            or self._seen[1] is not seen[1]
+        ):
+            self._seen = seen
+            self._due = []
+            self._wakes = []
+            self._settling = []
+            self._rules = set(range(len(self._ordered)))
+            self._unsettled = set()
+            return self._ordered
+        due = self._due
+        wakes = self._wakes
+        for svc in self._settling:
+            if svc.due:
+                continue  # events again: no need to know when it would have changed
+            # no write since it was ticked: when its reads or its SLO timers change next
+            wake = min(svc.exceed.steady_until(svc.ticked_at), steady_until(svc.slo, svc.spec.slo))
+            svc.wake = wake = wake - _EARLY * abs(wake) if wake < math.inf else wake
+            if wake <= now:
+                svc.due = True
+                due.append(svc)
+            elif wake < math.inf:
+                heapq.heappush(wakes, (wake, svc.index))
+        ordered = self._ordered
+        while wakes and wakes[0][0] <= now:
+            wake, i = heapq.heappop(wakes)
+            svc = ordered[i]
+            if svc.wake == wake and not svc.due:
+                svc.due = True
+                due.append(svc)
+        if due:
+            self._due = []
+        return due
 
     @property
     def ledger(self) -> Ledger:
@@ -456,6 +694,7 @@ class Engine:
         """A decisions-log record, read back at start-up or from another replica live: an
         action that happened counts against its budget and its service's cooldown runs from
         its time; one that did not gives both back. Reading a record twice changes nothing."""
+        self._pools_seen = None  # the pool rules' budgets or cooldowns may have moved
         if not self._ledger.record(rec) or rec.cause is None:
             return
         if self._ledger.verdict(rec.id) != "not_done":
@@ -479,6 +718,7 @@ class Engine:
         an eviction's pod (a PodDisruptionBudget answered 429) is not picked as a victim again
         before then: the next one in victim order is taken instead; a MIG flow's node is not
         planned for before then."""
+        self._pools_seen = None  # a budget unit, a cooldown or a MIG slot came back
         self._ledger.settle(decision.id, action=decision.action, done=False, at=decision.at)
         svc = None if decision.cause is None else self._services.get(decision.cause)
         if svc is not None:
@@ -495,6 +735,8 @@ class Engine:
                 self._cooldowns.retry(key, decision.at, not_before=not_before)
         if isinstance(decision, MigConvert | MigRevert):
             self._flights.drop(decision.node, hold_until=hold_until)
+            if hold_until is not None:
+                self._mig_held_until = max(self._mig_held_until, hold_until)
         if hold_until is not None and isinstance(decision, Evict):
             self._held[decision.pod] = (hold_until, reason)
 
@@ -529,6 +771,12 @@ class Engine:
         svc = self._services[service_key]
         return svc.latency.quantile(now, svc.q)
 
+    def stepped(self) -> list[str]:
+        """The services (``namespace/service``) whose SLO the last :meth:`evaluate` stepped (in
+        no particular order): every other service's :meth:`slo_state` is the same object as
+        before it."""
+        return [svc.key for svc in self._stepped]
+
     def slo_state(self, service_key: str) -> SloState:
         """The SLO state of ``namespace/service``."""
         return self._services[service_key].slo
@@ -548,9 +796,32 @@ class Engine:
                     capacity_gpus=inv.capacity.get(name, 0) if inv else 0,
                     free_gpus=inv.free.get(name, 0) if inv else 0,
                     util_pct=window.mean(now) if window is not None else None,
+                    reclaimable_gpus=self._reclaimable(inv, name, now) if inv else 0,
                 )
             )
         return out
+
+    @property
+    def _stale_s(self) -> float:
+        """A GPU silent this long is not known idle (one missed reading is tolerated)."""
+        return max(60.0, 2 * self._util_window_s / UTIL_SLOTS)
+
+    def _reclaimable(self, inv: Inventory, pool: str, now: float) -> int:
+        """Per node of ``pool``: GPUs held by pods, up to the whole GPUs idle for the window."""
+        idle: dict[str, int] = {}
+        cutoff = now - self._util_window_s + self._stale_s  # observed the whole window
+        for key, window in self._gpu_windows.items():
+            node, _, gpu = key.partition("/")
+            oldest = window.oldest(now)
+            mean = window.mean(now)
+            if "/" in gpu or oldest is None or oldest > cutoff or mean is None:
+                continue
+            if mean < self._idle.threshold_pct:
+                idle[node] = idle.get(node, 0) + 1
+        return sum(
+            min(idle.get(n.name, 0), n.whole_gpus - inv.node_free.get(n.name, 0))
+            for n in inv.pool_nodes.get(pool, ())
+        )
 
     def gpu_utilization(self, now: float) -> dict[str, float | None]:
         """Windowed mean utilization per GPU (``node/gpu``), sorted by key."""

@@ -13,6 +13,17 @@ Design:
   protected or it carries ``ebbtide.io/do-not-disrupt``; inference pods (owned by a service's
   workload, or not selected as training) are never candidates at all. What a drain may evict
   is :attr:`Inventory.drain_rule` (:mod:`policies.drain`), the one rule every drain follows.
+* Free whole GPUs are kept per node too (:attr:`Inventory.node_free`): a replica lands on one
+  node, so the rules ask :mod:`policies.placement` where it fits rather than trusting a pool's
+  total. Namespaces' GPU quotas are indexed for the same reason: a grow the quota refuses would
+  leave pods pending, not training.
+* **Pending demand** is what could be scheduled and is not Ebbtide's own doing. Gated pods
+  are no demand; nor are pods no pool node could ever take (a model, a toleration or a size
+  no node offers: :func:`policies.placement.could_land`, kept in :attr:`Inventory.unplaceable`);
+  nor is a pod its workload created within :data:`RECREATE_WINDOW_S` after Ebbtide evicted
+  from or shrank that workload (``disrupted``: workload → times). The replacement of a pod
+  Ebbtide evicted waits for the GPUs Ebbtide took on purpose; counting it would revert a MIG
+  node (or free GPUs) to undo the eviction.
 """
 
 from __future__ import annotations
@@ -22,9 +33,13 @@ from dataclasses import dataclass
 
 from policies.drain import DrainRule, disrupt_forbidden
 from policies.model import DO_NOT_DISRUPT, Policy
-from policies.snapshot import Node, Pod, Snapshot, Workload
+from policies.placement import could_land
+from policies.snapshot import GpuQuota, Node, Placement, Pod, Snapshot, Taint, Workload
 
-__all__ = ["Inventory", "TrainingView", "matches"]
+__all__ = ["RECREATE_WINDOW_S", "Inventory", "TrainingView", "matches"]
+
+#: A pod a workload creates this long after Ebbtide evicted from or shrank it is a replacement.
+RECREATE_WINDOW_S = 300.0
 
 
 def matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
@@ -69,8 +84,15 @@ class TrainingView:
 class Inventory:
     """Indexes over one snapshot for one policy. Read-only after construction."""
 
-    def __init__(self, snapshot: Snapshot, policy: Policy) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        policy: Policy,
+        *,
+        disrupted: Mapping[str, tuple[float, ...]] | None = None,
+    ) -> None:
         spec = policy.spec
+        disrupted = disrupted or {}
         self.snapshot = snapshot
         self.drain_rule = DrainRule.of(policy)
         self.nodes: dict[str, Node] = {n.name: n for n in snapshot.nodes}
@@ -88,6 +110,17 @@ class Inventory:
         self.pods_by_workload: dict[str, list[Pod]] = {}
         held: dict[str, int] = {}
         self.pending_whole: list[Pod] = []
+        self.pending_mig: dict[str, int] = {}
+        """MIG instances pending pods wait for, by profile: what a conversion's layout serves."""
+        self.replacements: list[Pod] = []
+        """Pending pods that replace ones Ebbtide took (no demand; see the module docstring)."""
+        self.unplaceable: list[Pod] = []
+        """Pending pods no pool node could take (no demand; see the module docstring)."""
+        pool_nodes = [n for n in snapshot.nodes if self.node_pool[n.name] is not None]
+        pool_shapes = [
+            (p.node_selector, [Taint(t.key, t.value, t.effect) for t in p.taints]) for _, p in pools
+        ]
+        landing: dict[tuple[Placement, int], bool] = {}
         for pod in snapshot.pods:
             if pod.workload is not None:
                 self.pods_by_workload.setdefault(pod.workload, []).append(pod)
@@ -95,15 +128,28 @@ class Inventory:
                 self.pods_by_node.setdefault(pod.node, []).append(pod)
                 held[pod.node] = held.get(pod.node, 0) + pod.gpus
             elif pod.waiting and pod.gpus > 0:
-                self.pending_whole.append(pod)
+                shape = (pod.placement, pod.gpus)
+                if shape not in landing:
+                    landing[shape] = could_land(pool_nodes, pool_shapes, pod.placement, pod.gpus)
+                if _replacement(pod, disrupted):
+                    self.replacements.append(pod)
+                elif not landing[shape]:
+                    self.unplaceable.append(pod)
+                else:
+                    self.pending_whole.append(pod)
+            elif pod.waiting and not _replacement(pod, disrupted):
+                for profile, n in pod.mig.items():
+                    self.pending_mig[profile] = self.pending_mig.get(profile, 0) + n
 
         self.capacity: dict[str, int] = {}
         self.free: dict[str, int] = {}
+        self.node_free: dict[str, int] = {
+            n.name: max(0, n.whole_gpus - held.get(n.name, 0)) for n in snapshot.nodes
+        }
         for pool, nodes in self.pool_nodes.items():
-            cap = sum(n.whole_gpus for n in nodes)
-            free = sum(max(0, n.whole_gpus - held.get(n.name, 0)) for n in nodes if not n.cordoned)
-            self.capacity[pool] = cap
-            self.free[pool] = free
+            self.capacity[pool] = sum(n.whole_gpus for n in nodes)
+            self.free[pool] = sum(self.node_free[n.name] for n in nodes if not n.cordoned)
+        self.quotas: dict[str, GpuQuota] = {q.namespace: q for q in snapshot.quotas}
         self.pending_whole_gpus = sum(p.gpus for p in self.pending_whole)
 
         # services: their workload, and GPUs their pending pods wait for
@@ -116,7 +162,9 @@ class Inventory:
             inference_workloads.add(wkey)
             self.service_workload[key] = self.workloads.get(wkey)
             self.service_pending_gpus[key] = sum(
-                p.gpus for p in self.pods_by_workload.get(wkey, ()) if p.waiting
+                p.gpus
+                for p in self.pods_by_workload.get(wkey, ())
+                if p.waiting and not _replacement(p, disrupted)
             )
 
         # training
@@ -140,8 +188,14 @@ class Inventory:
                 pool = self.node_pool.get(p.node or "")
                 if pool is not None and pool in allowed_pools:
                     pool_gpus[pool] = pool_gpus.get(pool, 0) + p.gpus
-            lo = _int_annotation(w.annotations, elastic.min_replicas_annotation)
-            hi = _int_annotation(w.annotations, elastic.max_replicas_annotation)
+            lo, hi = w.min_replicas, w.max_replicas  # the owner's bounds win over annotations
+            if lo is None:
+                lo = _int_annotation(w.annotations, elastic.min_replicas_annotation)
+            if hi is None:
+                hi = _int_annotation(w.annotations, elastic.max_replicas_annotation)
+            gang = w.gang_min
+            if gang is None:
+                gang = _int_annotation(w.annotations, training.gang_minimum_annotation)
             reason: str | None = None
             if w.namespace in protected_ns:
                 reason = f"namespace {w.namespace} is protected"
@@ -156,7 +210,7 @@ class Inventory:
                 workload=w,
                 min_replicas=min(w.replicas, lo) if lo is not None else w.replicas,
                 max_replicas=max(w.replicas, hi) if hi is not None else w.replicas,
-                gang_min=_int_annotation(w.annotations, training.gang_minimum_annotation) or 0,
+                gang_min=gang or 0,
                 progress=progress,
                 protected=reason,
                 pods=tuple(sorted(pods, key=lambda p: p.name)),
@@ -173,5 +227,16 @@ class Inventory:
             ):
                 self.loose_training_pods.append(pod)
 
+    def quota_left(self, namespace: str) -> int | None:
+        """GPUs ``namespace``'s quota still allows, ``None`` without a quota."""
+        quota = self.quotas.get(namespace)
+        return None if quota is None else quota.left
+
     def pool_of(self, pod: Pod) -> str | None:
         return self.node_pool.get(pod.node) if pod.node is not None else None
+
+
+def _replacement(pod: Pod, disrupted: Mapping[str, tuple[float, ...]]) -> bool:
+    """``pod`` was created by its workload shortly after Ebbtide evicted from or shrank it."""
+    times = disrupted.get(pod.workload or "", ())
+    return any(at <= pod.created <= at + RECREATE_WINDOW_S for at in times)

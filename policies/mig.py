@@ -10,6 +10,10 @@ Design:
   the pool keeps ``minWholeNodes`` schedulable whole nodes (cordoned nodes and nodes being
   converted are not spare); at most ``maxConcurrent`` conversions (and reverts) are in flight,
   and the MIG budget pays for each.
+* **Layout.** When the policy lists several configs for the node's GPU model, the conversion
+  takes the one that covers most of the pending MIG demand (:func:`policies.miglayout.
+  choose_layout`); what the first candidates of a tick cover is taken off the demand the next
+  ones see, so two conversions do not both chase the same pending pods.
 * **Revert** MIG nodes of the MIG pool when pending pods have demanded more whole GPUs than the
   whole-card pool has free for ``revertAfter``: as many nodes as cover the unmet demand, emptiest
   first, within the same concurrency limit and budget. Only nodes a drain can empty are picked
@@ -35,6 +39,7 @@ from dataclasses import dataclass
 from policies.decisions import Alternative, Scalar
 from policies.drain import DrainPlan, disrupt_forbidden, plan_drain
 from policies.inventory import Inventory
+from policies.miglayout import choose_layout, layout_of
 from policies.model import MigSpec
 from policies.snapshot import MIG_DISABLED, Node
 
@@ -181,12 +186,13 @@ def plan_conversions(
     ]
     spare = len(whole_nodes) - spec.min_whole_nodes
     out: list[MigCandidate] = []
+    demand = dict(inv.pending_mig)
     for node in whole_nodes:
         if len(out) >= min(slots, spare):
             break
         name = node.name
-        profile = spec.profiles.get(node.gpu_model)
-        if profile is None or not node.gpus:
+        names = spec.layouts_for(node.gpu_model)
+        if not names or not node.gpus:
             continue
         if disrupt_forbidden(node.annotations) or not _drain(inv, node).empty:
             continue
@@ -195,16 +201,20 @@ def plan_conversions(
             if len(rejected) < 4 and since is not None:
                 rejected.append(Alternative(f"convert {name}", f"idle for {now - since:.0f}s only"))
             continue
+        layout = choose_layout([layout_of(n, spec.configs) for n in names], demand, len(node.gpus))
+        for profile, n in layout.per_gpu.items():  # the next node serves what this one does not
+            demand[profile] = max(0, demand.get(profile, 0) - n * len(node.gpus))
         out.append(
             MigCandidate(
                 node,
-                profile,
+                layout.name,
                 {
                     "pool_util_pct": round(pool_util_pct, 2),
                     "node_idle_s": round(now - since, 1),
                     "gpus": len(node.gpus),
                     "gpu_model": node.gpu_model,
                     "whole_nodes": len(whole_nodes),
+                    "pending_mig_instances": sum(inv.pending_mig.values()),
                 },
             )
         )
@@ -250,5 +260,5 @@ def plan_reverts(
                 },
             )
         )
-        covered += len(node.gpus)
+        covered += len({g.index for g in node.gpus})  # cards: a mixed layout lists each per profile
     return out, unmet

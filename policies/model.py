@@ -55,6 +55,7 @@ __all__ = [
     "ServiceSpec",
     "SloSpec",
     "Step",
+    "TaintSpec",
     "TrainingSpec",
     "VictimKey",
     "format_duration",
@@ -145,6 +146,9 @@ _Name = Annotated[
     str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 ]
 _Labels = dict[Annotated[str, Field(min_length=1)], str]
+_MigProfile = Annotated[str, Field(pattern=r"^[1-9]g\.[0-9]+gb(\+me)?$")]
+_ConfigName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.+]*[a-z0-9])?$", max_length=63)]
+_ALL_PROFILE_RE: Final = re.compile(r"^all-([1-9]g\.[0-9]+gb(\+me)?)$")
 VictimKey = Literal["priority", "newest", "oldest", "leastProgress"]
 
 
@@ -165,11 +169,23 @@ class Metadata(_Model):
     """Free text for humans."""
 
 
+class TaintSpec(_Model):
+    key: Annotated[str, Field(min_length=1)]
+    """Taint key, e.g. ``nvidia.com/mig``."""
+    value: str = ""
+    """Taint value."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+    """What the taint does to pods that do not tolerate it."""
+
+
 class PoolSpec(_Model):
     node_selector: Annotated[_Labels, Field(min_length=1)]
     """Labels a node must carry (all of them) to belong to this pool."""
     kind: Literal["whole", "mig"] = "whole"
     """``whole``: GPUs are handed out as whole cards; ``mig``: as MIG slices."""
+    taints: list[TaintSpec] = []
+    """Taints a node takes when a MIG flow moves it into this pool, and loses when one moves it
+    out (matched by key and effect); taints the pools do not list are left alone."""
 
 
 class ReplicaBounds(_Model):
@@ -333,6 +349,9 @@ class TrainingSpec(_Model):
     """Annotation giving the fewest pods a gang-scheduled workload can run with."""
     progress_annotation: str = "ebbtide.io/progress"
     """Annotation with the job's progress (0..1), for the leastProgress victim key."""
+    owner: Literal["others", "ebbtide"] = "others"
+    """Who resizes a training workload that a HorizontalPodAutoscaler or KEDA ScaledObject
+    also targets: ``others`` (Ebbtide refuses, with an Event) or ``ebbtide``."""
 
 
 class MigSpec(_Model):
@@ -355,15 +374,43 @@ class MigSpec(_Model):
     profiles: Annotated[
         dict[
             Annotated[str, Field(min_length=1)],
-            Annotated[str, Field(pattern=r"^all-[1-9]g\.[0-9]+gb(\+me)?$")],
+            _ConfigName | Annotated[list[_ConfigName], Field(min_length=1)],
         ],
         Field(min_length=1),
     ]
-    """Target MIG layout per GPU model, e.g. ``A100-80GB: all-1g.10gb``."""
+    """Target MIG config (mig-parted name) per GPU model, e.g. ``A100-80GB: all-1g.10gb``, or
+    several in order of preference (``[all-1g.10gb, all-balanced]``): a conversion then takes
+    the one that covers most of the pending MIG demand."""
+    configs: dict[_ConfigName, dict[_MigProfile, Annotated[int, Field(ge=1, le=7)]]] = {}
+    """Named mig-parted configs beyond ``all-<profile>``, with their instances per GPU, e.g.
+    ``all-balanced: {1g.10gb: 2, 2g.20gb: 1, 3g.40gb: 1}`` (the names the MIG manager's config
+    file defines)."""
     revert_after: PositiveDuration
     """Revert a MIG node when pending pods have demanded whole GPUs this long."""
     stuck_after: PositiveDuration = 900.0
     """A conversion not visible in the snapshot after this long stops counting as in flight."""
+
+    def layouts_for(self, gpu_model: str) -> list[str]:
+        """The configs a GPU model may be converted to, in order of preference."""
+        named = self.profiles.get(gpu_model)
+        return [] if named is None else [named] if isinstance(named, str) else list(named)
+
+    @model_validator(mode="after")
+    def _known_configs(self) -> MigSpec:
+        errors: list[str] = []
+        for model in sorted(self.profiles):
+            for name in self.layouts_for(model):
+                if name not in self.configs and not _ALL_PROFILE_RE.match(name):
+                    errors.append(
+                        f"profiles.{model}: {name!r} is neither all-<profile> nor in configs"
+                    )
+        for name, slices in sorted(self.configs.items()):
+            used = sum(int(p.split("g.", 1)[0]) * n for p, n in slices.items())
+            if not slices or used > 7:
+                errors.append(f"configs.{name}: uses {used} of a GPU's 7 compute slices")
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
 
 
 class Budget(_Model):

@@ -11,7 +11,13 @@ Design (Kueue's ``GetTargets`` in spirit: decide on an in-memory view, actuate e
    the whole gang with it, or is skipped when the eviction budget cannot pay for all of it.
    Workloads being shrunk in the same plan are not evicted from: which pods their controller
    removes is not known yet, so counting them twice could free fewer GPUs than planned.
-3. **Never**: inference pods (not in the training view at all), protected namespaces,
+3. **Per node** (with a :class:`Fit`): a replica of N GPUs needs N free on one node, so four
+   scattered free GPUs are no room for a two-GPU replica. Shrink steps are credited to the
+   nodes of the workload's highest-named pods (StatefulSet ordinals and job indexes go first);
+   evictions then go node by node, best first by :func:`policies.placement.node_order` (the
+   least important victims, the fewest GPUs evicted, a node left empty, the most GPUs free in
+   its NVLink domain), each node's pods in victim order, until the replicas fit.
+4. **Never**: inference pods (not in the training view at all), protected namespaces,
    ``ebbtide.io/do-not-disrupt``. Each skipped candidate is reported as an
    :class:`~policies.decisions.Alternative` with the reason.
 
@@ -23,15 +29,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from policies.decisions import Alternative
 from policies.drain import protection
 from policies.inventory import TrainingView
 from policies.model import VictimKey
-from policies.snapshot import Pod
+from policies.placement import node_order, slots
+from policies.snapshot import FrozenMap, Pod
 
-__all__ = ["Plan", "ShrinkStep", "Victim", "plan_capacity", "victim_sort_key"]
+__all__ = ["Fit", "Plan", "ShrinkStep", "Victim", "plan_capacity", "victim_sort_key"]
 
 #: At most this many rejected alternatives are kept in a plan (explanations stay short).
 MAX_ALTERNATIVES = 8
@@ -61,6 +68,24 @@ class Plan:
     evictions: tuple[Victim, ...]
     freed: int
     rejected: tuple[Alternative, ...]
+    by_node: Mapping[str, int]
+    """GPUs freed per node (a shrink's at the nodes of its highest-named pods)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """Replicas that must each land on one node: plan per node, not per pool."""
+
+    gpus: int
+    """GPUs per replica."""
+    replicas: int
+    """Replicas wanted."""
+    free: Mapping[str, int]
+    """Free whole GPUs on each node that admits a replica (:func:`policies.placement.room`)."""
+    total: Mapping[str, int]
+    """Whole GPUs of those nodes."""
+    domains: Mapping[str, str] = field(default_factory=dict)
+    """NVLink domain of those nodes that have one."""
 
 
 def victim_sort_key(
@@ -101,8 +126,10 @@ def plan_capacity(
     eviction_budget: int,
     taken: frozenset[str] = frozenset(),
     held: Mapping[str, str] | None = None,
+    fit: Fit | None = None,
 ) -> Plan:
-    """Free at least ``needed`` whole GPUs in ``pool`` (as many as possible when it cannot).
+    """Free at least ``needed`` whole GPUs in ``pool`` (as many as possible when it cannot);
+    with ``fit``, free until ``fit.replicas`` replicas each fit on one node instead.
 
     ``pod_pool`` maps node names to pools; ``taken`` holds workload and pod keys already claimed
     by an earlier plan in the same evaluation; ``held`` maps pods the cluster recently refused to
@@ -125,10 +152,24 @@ def plan_capacity(
         key=lambda v: _view_key(v, victim_order),
     )
     freed = 0
+    gained: dict[str, int] = {}
+
+    def credit(node: str | None, gpus: int) -> None:
+        nonlocal freed
+        freed += gpus
+        if node is not None and gpus:
+            gained[node] = gained.get(node, 0) + gpus
+
+    def enough() -> bool:
+        if fit is None:
+            return freed >= needed
+        merged = {n: f + gained.get(n, 0) for n, f in fit.free.items()}
+        return slots(merged, fit.gpus) >= fit.replicas
+
     shrinks: list[ShrinkStep] = []
     shrunk: set[str] = set()
     for view in views:
-        if freed >= needed:
+        if enough():
             break
         w = view.workload
         floor = max(view.min_replicas, view.gang_min)
@@ -140,17 +181,22 @@ def plan_capacity(
         if scale_budget <= 0:
             reject(f"shrink {view.key}", "scale-step budget is spent")
             continue
-        per = w.gpus_per_replica
-        k = min(w.replicas - floor, math.ceil((needed - freed) / per))
-        gain = min(k * per, view.pool_gpus.get(pool, 0))
+        # the controller removes the highest ordinals / indexes first
+        leaving = [p for p in reversed(view.pods) if pod_pool.get(p.node or "") == pool]
+        k, gain = 0, 0
+        most = min(w.replicas - floor, math.ceil((needed - freed) / w.gpus_per_replica))
+        while k < most and not enough():
+            k += 1
+            step = min(k * w.gpus_per_replica, view.pool_gpus.get(pool, 0)) - gain
+            gain += step
+            credit(leaving[k - 1].node if k <= len(leaving) else None, step)
         shrinks.append(ShrinkStep(view.key, w.kind, w.replicas, w.replicas - k, gain))
         shrunk.add(view.key)
         scale_budget -= 1
-        freed += gain
 
     evictions: list[Victim] = []
-    if freed < needed:
-        candidates: list[tuple[tuple[float | str, ...], Pod, TrainingView | None]] = []
+    candidates: list[tuple[tuple[float | str, ...], Pod, TrainingView | None]] = []
+    if not enough():
         for view in views:
             if view.key in shrunk:
                 reject(f"evict pods of {view.key}", "it is being shrunk in this plan")
@@ -172,44 +218,78 @@ def plan_capacity(
             )
             candidates.append((key, pod, None))
         candidates.sort(key=lambda c: c[0])
-        gone: set[str] = set()
+    gone: set[str] = set()
+
+    def take(pod: Pod, cview: TrainingView | None) -> bool:
+        """Evict ``pod`` (and its gang when it would drop below its minimum), or say why not."""
+        nonlocal eviction_budget
+        if pod.key in gone or pod.node is None or pod_pool.get(pod.node) != pool:
+            return False
+        why = refusal(pod, cview)
+        if why is not None:
+            reject(f"evict {pod.key}", why)
+            return False
+        group = [pod]
+        whole = False
+        if cview is not None and cview.gang_min > 0:
+            left = [p for p in cview.pods if p.key not in gone]
+            if len(left) - 1 < cview.gang_min:
+                group = left
+                whole = True
+                others = [p for p in group if p.key != pod.key]
+                blocked = next((r for p in others if (r := refusal(p, cview))), None)
+                if blocked is not None:
+                    reject(f"evict gang {cview.key}", blocked)
+                    return False
+        if len(group) > eviction_budget:
+            what = f"gang {cview.key}" if whole and cview else pod.key
+            reject(
+                f"evict {what}",
+                f"needs {len(group)} evictions; the eviction budget has {eviction_budget} left",
+            )
+            return False
+        for victim in group:
+            gone.add(victim.key)
+            gain = victim.gpus if pod_pool.get(victim.node or "") == pool else 0
+            evictions.append(Victim(victim, cview.key if cview else victim.workload, gain, whole))
+            credit(victim.node, gain)
+            eviction_budget -= 1
+        return True
+
+    if fit is None:
         for _, pod, cview in candidates:
-            if freed >= needed:
+            if enough():
                 break
-            if pod.key in gone or pod.node is None or pod_pool.get(pod.node) != pool:
-                continue
-            why = refusal(pod, cview)
-            if why is not None:
-                reject(f"evict {pod.key}", why)
-                continue
-            group = [pod]
-            whole = False
-            if cview is not None and cview.gang_min > 0:
-                left = [p for p in cview.pods if p.key not in gone]
-                if len(left) - 1 < cview.gang_min:
-                    group = left
-                    whole = True
-                    others = [p for p in group if p.key != pod.key]
-                    blocked = next((r for p in others if (r := refusal(p, cview))), None)
-                    if blocked is not None:
-                        reject(f"evict gang {cview.key}", blocked)
-                        continue
-            if len(group) > eviction_budget:
-                what = f"gang {cview.key}" if whole and cview else pod.key
-                reject(
-                    f"evict {what}",
-                    f"needs {len(group)} evictions; the eviction budget has {eviction_budget} left",
-                )
-                continue
-            for victim in group:
-                gone.add(victim.key)
-                gain = victim.gpus if pod_pool.get(victim.node or "") == pool else 0
-                evictions.append(
-                    Victim(victim, cview.key if cview else victim.workload, gain, whole)
-                )
-                freed += gain
-                eviction_budget -= 1
-    return Plan(tuple(shrinks), tuple(evictions), freed, tuple(rejected))
+            take(pod, cview)
+    else:
+        # per node, its evictable candidates in victim order (refusals do not change in a plan)
+        per_node: dict[str, list[tuple[tuple[float | str, ...], Pod, TrainingView | None]]] = {}
+        for c in candidates:
+            node = c[1].node
+            if node is not None and node in fit.free and refusal(c[1], c[2]) is None:
+                per_node.setdefault(node, []).append(c)
+        victims = {n: [(k[:-1], p.gpus) for k, p, _ in cs] for n, cs in per_node.items()}
+        tried: set[str] = set()
+        while not enough():
+            now_free = {n: f + gained.get(n, 0) for n, f in fit.free.items() if n not in tried}
+            order = node_order(now_free, victims, fit.total, gpus=fit.gpus, domains=fit.domains)
+            if not order:
+                break
+            node = order[0]
+            tried.add(node)
+            want = slots({node: now_free[node]}, fit.gpus) + 1
+            before = len(evictions)
+            for _, pod, cview in per_node[node]:
+                take(pod, cview)
+                if slots({node: fit.free[node] + gained.get(node, 0)}, fit.gpus) >= want:
+                    tried.discard(node)
+                    break
+            moved = {v.pod.node for v in evictions[before:] if v.pod.node is not None}
+            for touched in sorted(moved & per_node.keys()):
+                left = [c for c in per_node[touched] if c[1].key not in gone]
+                per_node[touched] = left
+                victims[touched] = [(k[:-1], p.gpus) for k, p, _ in left]
+    return Plan(tuple(shrinks), tuple(evictions), freed, tuple(rejected), FrozenMap(gained))
 
 
 def _protection(

@@ -34,12 +34,16 @@ from policies.decisions import (
 from policies.inventory import Inventory, TrainingView
 from policies.mig import IdleTracker, MigFlights, plan_conversions, plan_reverts
 from policies.model import MigSpec, Policy, ServiceSpec, VictimKey, format_duration
-from policies.preemption import plan_capacity, victim_sort_key
+from policies.placement import NVLINK_DOMAIN_LABEL, place, room, slots
+from policies.preemption import Fit, plan_capacity, victim_sort_key
 from policies.slo import SloState
-from policies.snapshot import MIG_DISABLED
+from policies.snapshot import MIG_DISABLED, Placement
 from policies.windows import LatencyWindow, UtilizationWindow
 
 __all__ = ["Round", "grow_training", "respond_to_breach", "run_mig"]
+
+#: Disruption times kept per workload (for telling replacement pods from demand).
+MAX_DISRUPTIONS = 4
 
 
 @dataclass(slots=True)
@@ -56,6 +60,11 @@ class Round:
     taken: set[str] = field(default_factory=set)
     held: Mapping[str, str] = field(default_factory=dict)
     """Pods the cluster refused to evict lately, with why: skipped as victims for a while."""
+    disrupted: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    """Workloads Ebbtide evicted from or shrank, with when (the engine's, kept across rounds):
+    their replacement pods are no demand (:class:`~policies.inventory.Inventory`)."""
+    node_claimed: dict[str, int] = field(default_factory=dict)
+    """Free whole GPUs per node that decisions of this round will take."""
 
     @property
     def dry_run(self) -> bool:
@@ -65,9 +74,29 @@ class Round:
         """Record ``decision`` and spend its budget (raises if the rule forgot to check)."""
         self.budgets.for_action(decision.action).spend(self.now, key=decision.id)
         self.decisions.append(decision)
+        shrank = isinstance(decision, Scale) and decision.to_replicas < decision.from_replicas
+        if decision.dry_run or not (shrank or isinstance(decision, Evict)):
+            return
+        taken_from = decision.workload if isinstance(decision, Scale | Evict) else None
+        if taken_from is not None:
+            times = self.disrupted.get(taken_from, ())
+            self.disrupted[taken_from] = (*times[-(MAX_DISRUPTIONS - 1) :], self.now)
 
     def free(self, pool: str) -> int:
         return max(0, self.inv.free.get(pool, 0) - self.claimed.get(pool, 0))
+
+    def room(self, pool: str, where: Placement, *, gpus: int) -> dict[str, int]:
+        """Free whole GPUs per node of ``pool`` where a ``gpus``-GPU replica placed by
+        ``where`` may land, less what this round already took."""
+        inv, claimed = self.inv, self.node_claimed
+        free = {n: f - claimed.get(n, 0) for n, f in inv.node_free.items()}
+        return room(inv.pool_nodes.get(pool, ()), free, where, gpus=gpus)
+
+    def claim(self, pool: str, room: Mapping[str, int], *, gpus: int, replicas: int) -> None:
+        """Take ``replicas`` of ``gpus`` GPUs out of ``room`` (best fit) and out of ``pool``."""
+        for node, n in place(room, gpus, replicas).items():
+            self.node_claimed[node] = self.node_claimed.get(node, 0) + n
+            self.claimed[pool] = self.claimed.get(pool, 0) + n
 
 
 def respond_to_breach(
@@ -125,6 +154,31 @@ def respond_to_breach(
         inputs["pending_gpus"] = needed
     free = rnd.free(pool)
     shortfall = max(0, needed - free)
+    left = rnd.inv.quota_left(workload.namespace) if workload is not None else None
+    if spec.scale is not None and left is not None and gpr > 0 and needed > left:
+        # replicas the quota refuses would only wait: never free (or evict) GPUs for them
+        inputs["quota_gpus_left"] = left
+        alternatives.append(Alternative(f"scale to {desired}", _quota_note(left, gpr)))
+        desired = current + left // gpr
+        needed = (desired - current) * gpr
+        if desired <= current:
+            return
+    fit: Fit | None = None
+    if workload is not None and gpr > 0:
+        # each new (or pending) replica needs gpr GPUs on one node: count where it lands
+        want = desired - current if spec.scale is not None else needed // gpr
+        space = rnd.room(pool, workload.placement, gpus=gpr)
+        fits_now = slots(space, gpr)
+        inputs["replicas_fit_now"] = fits_now
+        shortfall = max(0, want - fits_now) * gpr
+        nodes = rnd.inv.nodes
+        fit = Fit(
+            gpr,
+            want,
+            space,
+            {n: nodes[n].whole_gpus for n in space},
+            {n: d for n in space if (d := nodes[n].labels.get(NVLINK_DOMAIN_LABEL))},
+        )
     training = rnd.policy.spec.training
     plan = None
     if shortfall > 0 and training is not None:
@@ -142,19 +196,26 @@ def respond_to_breach(
                 eviction_budget=rnd.budgets.evictions.remaining(now),
                 taken=frozenset(rnd.taken),
                 held=rnd.held,
+                fit=fit,
             )
             alternatives.extend(plan.rejected)
     freed = plan.freed if plan is not None else 0
-    available = free + freed
     target = current
     if spec.scale is not None:
-        fit = (desired - current) if gpr == 0 else min(desired - current, available // gpr)
-        target = current + fit
-        if fit <= 0:
+        grow = desired - current
+        if fit is not None:
+            gained = plan.by_node if plan is not None else {}
+            grow = min(grow, slots({n: f + gained.get(n, 0) for n, f in fit.free.items()}, gpr))
+        target = current + grow
+        if grow <= 0:
             return
         if target < desired:
             alternatives.append(
-                Alternative(f"scale to {desired}", f"only {available} GPUs could be found")
+                Alternative(
+                    f"scale to {desired}",
+                    f"only {grow} more replicas of {gpr} GPUs fit, each on one node "
+                    f"({free + freed} GPUs free or freed in {pool})",
+                )
             )
     elif plan is None or freed == 0:
         return
@@ -209,9 +270,12 @@ def respond_to_breach(
                 )
             )
             rnd.taken.add(v.pod.key)
-    consumed = needed
+    if fit is not None:
+        landing = target - current if spec.scale is not None else fit.replicas
+        rnd.claim(pool, fit.free, gpus=gpr, replicas=landing)
+    else:
+        rnd.claimed[pool] = rnd.claimed.get(pool, 0) + max(0, min(needed, free))
     if spec.scale is not None and workload is not None:
-        consumed = (target - current) * gpr
         rnd.emit(
             Scale(
                 now,
@@ -232,7 +296,6 @@ def respond_to_breach(
                 dry_run=rnd.dry_run,
             )
         )
-    rnd.claimed[pool] = rnd.claimed.get(pool, 0) + max(0, min(consumed, free))
     rnd.cooldowns.mark(key, now)
     rnd.cooldowns.mark(f"pool:{pool}", now)
 
@@ -272,12 +335,40 @@ def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, flo
         views.sort(
             key=lambda v: _value(v, training.victim_order), reverse=True
         )  # the last victim is the first to grow back
-        view = views[0]
-        w = view.workload
-        step = min(training.elastic.grow_step, view.max_replicas - w.replicas)
-        step = min(step, spare // max(1, w.gpus_per_replica))
+        refused: list[Alternative] = []
+        chosen = 0
+        for view in views:
+            w = view.workload
+            gpr = max(1, w.gpus_per_replica)
+            space = rnd.room(pool, w.placement, gpus=gpr)
+            wanted = min(training.elastic.grow_step, view.max_replicas - w.replicas)
+            step, why = _grow_step(
+                wanted,
+                spare=spare,
+                gpr=gpr,
+                fits=slots(space, gpr),
+                left=inv.quota_left(w.namespace),
+            )
+            if step > 0:
+                break
+            refused.append(Alternative(f"grow {w.key}", why))
+            chosen += 1
         if step <= 0:
             continue
+        later = [
+            Alternative(f"grow {o.key}", "later in victim order")
+            for o in views[chosen + 1 : chosen + 4]
+        ]
+        if step < wanted:
+            refused.append(Alternative(f"grow {w.key} by {wanted}", why))
+        inputs: dict[str, str | int | float | bool | None] = {
+            "free_gpus": spare,
+            "idle_s": round(now - since, 1),
+            "replicas_fit": slots(space, gpr),
+        }
+        left = inv.quota_left(w.namespace)
+        if left is not None:
+            inputs["quota_gpus_left"] = left
         rnd.emit(
             Scale(
                 now,
@@ -290,23 +381,40 @@ def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, flo
                     "grow-training",
                     f"{spare} GPUs idle in {pool} for {format_duration(now - since)} with no "
                     f"service breaching; grow {w.key} {w.replicas}→{w.replicas + step}",
-                    inputs={"free_gpus": spare, "idle_s": round(now - since, 1)},
+                    inputs=inputs,
                     thresholds={
                         "grow_after": format_duration(grow_after),
                         "max_replicas": view.max_replicas,
                         "cooldown": format_duration(cooldown),
                     },
-                    alternatives=tuple(
-                        Alternative(f"grow {o.key}", "later in victim order") for o in views[1:4]
-                    ),
+                    alternatives=(*refused, *later),
                 ),
                 dry_run=rnd.dry_run,
             )
         )
-        rnd.claimed[pool] = rnd.claimed.get(pool, 0) + step * w.gpus_per_replica
+        rnd.claim(pool, space, gpus=gpr, replicas=step)
         rnd.cooldowns.mark(f"pool:{pool}", now)
         rnd.taken.add(w.key)
         free_since[pool] = now
+
+
+def _grow_step(
+    wanted: int, *, spare: int, gpr: int, fits: int, left: int | None
+) -> tuple[int, str]:
+    """Replicas a grow of ``wanted`` may add, and what limits it: GPUs left once pending pods
+    are served, replicas that fit on one node each, the namespace's GPU quota."""
+    limits = [
+        (spare // gpr, f"{spare} spare GPUs in the pool"),
+        (fits, f"only {fits} replicas of {gpr} GPUs fit, each on one node"),
+    ]
+    if left is not None:
+        limits.append((left // gpr, _quota_note(left, gpr)))
+    step, why = min(limits, key=lambda lim: lim[0])
+    return (wanted, "") if step >= wanted else (step, why)
+
+
+def _quota_note(left: int, gpr: int) -> str:
+    return f"namespace GPU quota has {left} left, a replica needs {gpr}"
 
 
 def _value(view: TrainingView, order: Sequence[VictimKey]) -> tuple[float | str, ...]:

@@ -74,6 +74,15 @@ class Recommendations:
             queue.pop()
         queue.append((now, replicas))
 
+    def hold(self, until: float) -> None:
+        """The latest recommendation was made again at every tick up to ``until``, none of them
+        more than the window apart (what :meth:`add` would have recorded tick by tick): an
+        engine that skipped a service's quiet ticks catches up in one call."""
+        queue = self._queue
+        if queue:
+            queue[-1] = (until, queue[-1][1])
+            self._last = until
+
     def highest(self, now: float, window_s: float) -> int | None:
         """The highest recommendation made within ``window_s`` before ``now``."""
         queue = self._queue
@@ -115,50 +124,55 @@ def scale_down(
     history: Recommendations,
     *,
     samples: int,
-) -> None:
+) -> bool:
     """Record this tick's recommendation for ``key`` and scale it down when the stabilized
-    recommendation, bounded, is below its replicas. See the module docstring."""
+    recommendation, bounded, is below its replicas. See the module docstring.
+
+    ``True`` when the tick only held (nothing to recommend, or the current replicas): until the
+    SLO state, the windowed percentile or the snapshot change, later ticks would do the same,
+    which lets the engine skip them (:meth:`Recommendations.hold`)."""
     scale, bounds = spec.scale, spec.replicas
     if scale is None or scale.down is None or bounds is None:
-        return
+        return True
     down = scale.down
     workload = rnd.inv.service_workload.get(key)
     if workload is None:
         history.reset()
-        return
+        return True
     now, current = rnd.now, workload.replicas
     objective = spec.slo.objective_ms
     p: float | None = None
     recommended = current
-    if slo.state == "ok" and slo.last_level in ("below", "between"):
+    # At (or below) replicas.min nothing lower can be recommended: no percentile to read.
+    if slo.state == "ok" and slo.last_level in ("below", "between") and current > bounds.min:
         p = window.quantile(now, spec.slo.percentile / 100.0)
         if p is not None and p < down.below * objective:
             desired = max(bounds.min, math.ceil(max(current, 1) * p / objective))
             recommended = min(current, desired)
     history.add(now, recommended, window_s=down.stabilization)
     if recommended >= current or p is None:
-        return
+        return True
     stab = down.stabilization
     if not history.covers(now, stab):
-        return
+        return False
     if slo.since is not None and now - slo.since < spec.slo.recover_after:
-        return
+        return False
     pspec = rnd.policy.spec
     service_cooldown = spec.cooldown if spec.cooldown is not None else pspec.cooldowns.service
     own_cooldown = down.cooldown if down.cooldown is not None else service_cooldown
     if not rnd.cooldowns.ready(key, now, service_cooldown):
-        return
+        return False
     if history.last_down is not None and now - history.last_down < own_cooldown:
-        return
+        return False
     if rnd.budgets.scale_steps.remaining(now) < 1:
-        return
+        return False
     stabilized = history.highest(now, stab)
     if stabilized is None or stabilized >= current:
-        return
+        return False
     step = step_limit(down.max_step, current)
     target = max(stabilized, current - step, bounds.min)
     if target >= current:
-        return
+        return False
     ratio = p / objective
     pct = f"p{spec.slo.percentile:g}_ms"
     span = format_duration(stab)
@@ -219,3 +233,4 @@ def scale_down(
     )
     history.last_down = now
     rnd.cooldowns.mark(key, now)
+    return False

@@ -45,7 +45,16 @@ from typing import Final, Literal
 
 from policies.model import SloSpec
 
-__all__ = ["STATES", "ExceedanceWindow", "Level", "SloState", "State", "classify", "step"]
+__all__ = [
+    "STATES",
+    "ExceedanceWindow",
+    "Level",
+    "SloState",
+    "State",
+    "classify",
+    "steady_until",
+    "step",
+]
 
 State = Literal["ok", "breaching", "recovering", "stale"]
 STATES: Final[tuple[State, ...]] = ("ok", "breaching", "recovering", "stale")
@@ -126,6 +135,22 @@ def step(state: SloState, level: Level, now: float, spec: SloSpec) -> SloState:
     if state.last_level == level:
         return state
     return SloState("recovering", state.since, pending, breaches, level)
+
+
+def steady_until(state: SloState, spec: SloSpec) -> float:
+    """Until when :func:`step` at ``state``'s own level (``last_level``, as every step leaves
+    it) returns ``state`` itself: the first of its timers to run out (``breachAfter`` while
+    pending in ok, ``recoverAfter`` while recovering, ``staleAfter`` while without a verdict in
+    breach); ``inf`` when none runs. An engine need not tick a service before then unless its
+    level changes."""
+    until = math.inf
+    if state.state == "ok" and state.pending_since is not None:
+        until = state.pending_since + spec.breach_after
+    elif state.state == "recovering" and state.pending_since is not None:
+        until = state.pending_since + spec.recover_after
+    if state.quiet_since is not None:
+        until = min(until, state.quiet_since + spec.stale_after)
+    return until
 
 
 def _quiet(state: SloState, now: float, spec: SloSpec) -> SloState:
@@ -265,6 +290,20 @@ class ExceedanceWindow:
                 hi -= self._above_hi[i]
                 lo -= self._above_lo[i]
         return n, hi, lo
+
+    def steady_until(self, now: float) -> float:
+        """The earliest time after ``now`` at which a read may differ from one at ``now``
+        without any write in between: when an interval leaves the window, or one written ahead
+        of ``now`` enters it; ``inf`` when the window holds nothing. The latency window has the
+        same intervals, so its reads change no sooner."""
+        interval, length = self._interval, self._length
+        last = int(now // interval)
+        first = max(last, self._head) - length + 1
+        until = math.inf
+        for slot, n in zip(self._slots, self._n, strict=True):
+            if n and slot >= first:
+                until = min(until, (slot if slot > last else slot + length) * interval)
+        return until
 
     def level(self, now: float, q: float, min_samples: int) -> tuple[Level, int]:
         """Where the window's ``q``-quantile stands, and how many samples it holds."""

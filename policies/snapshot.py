@@ -4,10 +4,13 @@ Design:
 
 * Frozen dataclasses, no Kubernetes client types: the Kubernetes adapter, the simulator, case
   files and tests all build the same values. Labels and annotations are read-only mappings.
-* Only what decisions need: nodes with their GPUs (whole cards or MIG slices) and MIG labels,
-  pods with GPU requests, phase, resolved priority and owner workload, workloads with replicas
-  and GPUs per replica. Priority is an integer the adapter resolves from the PriorityClass; the
-  class name is kept for explanations, and :class:`SnapshotBuilder` resolves names for tests.
+* Only what decisions need: nodes with their GPUs (whole cards or MIG slices), MIG labels and
+  taints, pods with GPU requests, phase, resolved priority, owner workload and where they may
+  run (:class:`Placement`: nodeSelector and tolerations), workloads with replicas, GPUs per
+  replica and their pod template's placement (so where the next replica lands is known before
+  it exists), and each namespace's ``requests.nvidia.com/gpu`` quota. Priority is an integer
+  the adapter resolves from the PriorityClass; the class name is kept for explanations, and
+  :class:`SnapshotBuilder` resolves names for tests.
 * A snapshot is immutable, so the engine may cache indexes on its identity: hand the engine the
   same object while nothing changed and a new one when something did.
 * :class:`SnapshotBuilder` is the Kueue-style builder for tests, cases and simulators:
@@ -21,15 +24,20 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Generic, Literal, TypeVar
 
 __all__ = [
+    "ANYWHERE",
     "MIG_DISABLED",
     "FrozenMap",
     "Gpu",
+    "GpuQuota",
     "Node",
+    "Placement",
     "Pod",
     "PodPhase",
     "PriorityClass",
     "Snapshot",
     "SnapshotBuilder",
+    "Taint",
+    "Toleration",
     "Workload",
     "frozen_map",
 ]
@@ -85,6 +93,67 @@ def frozen_map(items: Mapping[str, str] | None = None) -> Mapping[str, str]:
 
 
 @dataclass(frozen=True, slots=True)
+class Taint:
+    """A node taint; only ``NoSchedule`` and ``NoExecute`` keep pods off a node."""
+
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """A pod toleration, as Kubernetes matches it: an empty ``key`` with ``Exists`` tolerates
+    every taint, an empty ``effect`` every effect."""
+
+    key: str = ""
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if not self.key:
+            return self.operator == "Exists"
+        if self.key != taint.key:
+            return False
+        return self.operator == "Exists" or self.value == taint.value
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a pod (or a workload's next replica) may run: the labels a node must carry
+    (``nodeSelector`` and single-value required affinity terms) and the taints it tolerates."""
+
+    node_selector: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    tolerations: tuple[Toleration, ...] = ()
+
+    def __post_init__(self) -> None:
+        # hashable whatever the caller passed: placements key caches of "where could it land"
+        object.__setattr__(self, "node_selector", frozen_map(self.node_selector))
+        object.__setattr__(self, "tolerations", tuple(self.tolerations))
+
+
+#: No constraint: any untainted node.
+ANYWHERE: Final = Placement()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuQuota:
+    """A namespace's ``requests.nvidia.com/gpu`` ResourceQuota: ``hard`` and ``used`` as the
+    quota's status reports them (the tightest, when a namespace has several)."""
+
+    namespace: str
+    hard: int
+    used: int
+
+    @property
+    def left(self) -> int:
+        return max(0, self.hard - self.used)
+
+
+@dataclass(frozen=True, slots=True)
 class Gpu:
     """One physical GPU: a whole card, or one partitioned into ``mig_slices`` MIG instances."""
 
@@ -112,6 +181,7 @@ class Node:
     """A MIG conversion or revert is under way (the Kubernetes flow's ``ebbtide.io/mig-flow``
     record, the simulator's flight), whoever started it: an engine that restarted counts it
     against ``maxConcurrent`` and never plans another on this node."""
+    taints: tuple[Taint, ...] = ()
 
     @property
     def gpu_model(self) -> str:
@@ -158,6 +228,7 @@ class Pod:
     gated: bool = False
     """Held by a scheduling gate (``spec.schedulingGates``, e.g. Kueue's admission gate): the
     scheduler will not place it until the gate is lifted, so it is nobody's demand yet."""
+    placement: Placement = ANYWHERE
 
     @property
     def key(self) -> str:
@@ -188,6 +259,16 @@ class Workload:
     priority: int = 0
     priority_class: str | None = None
     created: float = 0.0
+    min_replicas: int | None = None
+    """Fewest replicas its owner allows (a PyTorchJob's ``elasticPolicy``); None: the policy's
+    elastic annotation decides."""
+    max_replicas: int | None = None
+    """Most replicas its owner allows; None: the policy's elastic annotation decides."""
+    gang_min: int | None = None
+    """Fewest pods its gang scheduler runs it with (a PodGroup's ``minMember``); None: the
+    policy's gang annotation decides."""
+    placement: Placement = ANYWHERE
+    """Its pod template's placement: where another replica could land."""
 
     @property
     def key(self) -> str:
@@ -208,6 +289,7 @@ class Snapshot:
     pods: tuple[Pod, ...] = ()
     workloads: tuple[Workload, ...] = ()
     priority_classes: tuple[PriorityClass, ...] = ()
+    quotas: tuple[GpuQuota, ...] = ()
 
 
 class SnapshotBuilder:
@@ -218,6 +300,12 @@ class SnapshotBuilder:
         self._pods: list[Pod] = []
         self._workloads: list[Workload] = []
         self._classes: dict[str, int] = {}
+        self._quotas: dict[str, GpuQuota] = {}
+
+    def quota(self, namespace: str, *, hard: int, used: int = 0) -> SnapshotBuilder:
+        """A ``requests.nvidia.com/gpu`` quota on ``namespace``."""
+        self._quotas[namespace] = GpuQuota(namespace, hard, used)
+        return self
 
     def priority_class(self, name: str, value: int) -> SnapshotBuilder:
         self._classes[name] = value
@@ -244,6 +332,7 @@ class SnapshotBuilder:
         mig_config: str | None = None,
         mig_state: str | None = None,
         mig_flow: bool = False,
+        taints: Sequence[Taint] = (),
     ) -> SnapshotBuilder:
         """A node with ``gpus`` GPUs; with ``mig_config="all-1g.10gb"`` they are partitioned."""
         cards: tuple[Gpu, ...]
@@ -263,6 +352,7 @@ class SnapshotBuilder:
                 mig_config,
                 mig_state if mig_state is not None or mig_config is None else "success",
                 mig_flow,
+                tuple(taints),
             )
         )
         return self
@@ -283,6 +373,7 @@ class SnapshotBuilder:
         annotations: Mapping[str, str] | None = None,
         created: float = 0.0,
         gated: bool = False,
+        placement: Placement = ANYWHERE,
     ) -> SnapshotBuilder:
         """A pod; ``phase`` defaults to Running on a node and Pending without one."""
         self._pods.append(
@@ -300,6 +391,7 @@ class SnapshotBuilder:
                 frozen_map(annotations),
                 created,
                 gated,
+                placement,
             )
         )
         return self
@@ -319,6 +411,7 @@ class SnapshotBuilder:
         created: float = 0.0,
         nodes: Sequence[str | None] = (),
         pod_annotations: Mapping[str, str] | None = None,
+        placement: Placement = ANYWHERE,
     ) -> SnapshotBuilder:
         """A workload and, when ``nodes`` is given, its pods ``name-0…``: one per replica placed
         round-robin on ``nodes`` (``None`` leaves a pod pending). Pods inherit labels,
@@ -336,6 +429,7 @@ class SnapshotBuilder:
                 value,
                 priority_class,
                 created,
+                placement=placement,
             )
         )
         if nodes:
@@ -351,6 +445,7 @@ class SnapshotBuilder:
                     labels=labels,
                     annotations=pod_annotations,
                     created=created,
+                    placement=placement,
                 )
         return self
 
@@ -361,4 +456,5 @@ class SnapshotBuilder:
             pods=tuple(sorted(self._pods, key=lambda p: (p.namespace, p.name))),
             workloads=tuple(sorted(self._workloads, key=lambda w: (w.namespace, w.name))),
             priority_classes=tuple(PriorityClass(n, v) for n, v in sorted(self._classes.items())),
+            quotas=tuple(self._quotas[ns] for ns in sorted(self._quotas)),
         )

@@ -685,11 +685,15 @@ class UtilizationWindow(_Ring):
         return True
 
     def mean(self, now: float) -> float | None:
-        """Mean of the readings in the window at ``now``; ``None`` when there are none."""
-        live = self._live(now)
-        if not live:
-            return None
-        return sum(self._sums[i] for i in live) / sum(self._counts[i] for i in live)
+        """Mean of the readings in the window at ``now``; ``None`` when there are none. One
+        pass, no intermediate list: the engine reads a pool's mean on most ticks."""
+        first, last = self._span(now)
+        total, n = 0.0, 0
+        for slot, s, c in zip(self._slots, self._sums, self._counts, strict=True):
+            if first <= slot <= last:
+                total += s
+                n += c
+        return total / n if n else None
 
     def max(self, now: float) -> float | None:
         """Highest reading in the window at ``now``; ``None`` when there are none."""
@@ -714,6 +718,19 @@ class UtilizationWindow(_Ring):
         """The highest reading of any GPU in the pool."""
         maxes = [m for w in windows if (m := w.max(now)) is not None]
         return max(maxes) if maxes else None
+
+    def steady_until(self, now: float) -> float:
+        """The earliest time after ``now`` at which a read may differ from one at ``now``
+        without any write in between: when an interval leaves the window, or one written ahead
+        of ``now`` enters it; ``inf`` when the window holds nothing."""
+        interval, length = self._interval_s, self._length
+        last = _slot_of(now, interval)
+        first = max(last, self._head) - length + 1
+        until = _INF
+        for slot in self._slots:
+            if slot >= first:
+                until = min(until, (slot if slot > last else slot + length) * interval)
+        return until
 
     def _live(self, now: float) -> list[int]:
         """Ring indices with readings covered by a read at ``now``."""

@@ -57,3 +57,15 @@ def test_rules_follow_the_tracked_workload_kinds() -> None:
     assert not allowed(rules, "apps", "statefulsets", "list")
     assert not any(r.group == "kubeflow.org" for r in rules)
     assert cluster_rules(workload_kinds(DEFAULT_WORKLOAD_KINDS)) == CLUSTER_RULES
+
+
+def test_kinds_without_scale_patch_the_object_and_jobs_reach_kueue() -> None:
+    """JobSet and RayCluster have no /scale: they get patch on the object and no /scale rule;
+    Job adds list/patch on Kueue workloads; none of it is granted unless the kind is tracked."""
+    rules = cluster_rules(workload_kinds(["JobSet", "RayCluster", "Job"]))
+    assert allowed(rules, "jobset.x-k8s.io", "jobsets", "patch")
+    assert allowed(rules, "ray.io", "rayclusters", "patch")
+    assert not allowed(rules, "ray.io", "rayclusters/scale", "patch")
+    assert allowed(rules, "kueue.x-k8s.io", "workloads", "patch")
+    assert allowed(rules, "autoscaling", "horizontalpodautoscalers", "watch")
+    assert not any(r.group in ("kueue.x-k8s.io", "ray.io") for r in CLUSTER_RULES)

@@ -8,6 +8,9 @@ Three parts, each testable alone:
   pod-resources API;
 * :mod:`controller.agent.publisher` samples on an interval and publishes one event per device,
   rate-bounded, batched per round, with backoff while the broker is away.
+* :mod:`controller.agent.migwatch` watches the agent's own Node and tells the publisher to
+  let go of NVML while the MIG manager reconfigures it (imported only when that is asked for:
+  it loads the Kubernetes client).
 """
 
 from controller.agent.nvml import (

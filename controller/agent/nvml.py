@@ -134,6 +134,11 @@ class NvmlReader:
         self._nvml: Any = nvml
         self._open = False
 
+    @property
+    def is_open(self) -> bool:
+        """NVML is initialised: the process holds the GPU device files open."""
+        return self._open
+
     def open(self) -> None:
         if self._nvml is None:
             self._nvml = load_pynvml()

@@ -25,6 +25,14 @@ with ``"skip"`` no event is published for such an instance. Either way it is cou
 
 Every event is round-tripped through :class:`~streams.events.EventDecoder` before sending, so
 the agent cannot put an event on the wire that the controller would dead-letter.
+
+MIG reconfiguration (with a :class:`~controller.agent.migwatch.MigWatch`): while the node's
+``nvidia.com/mig.config.state`` is ``pending`` or ``rebooting`` the agent holds no NVML handle
+(``nvmlShutdown``) so the MIG manager's GPU reset can succeed, and publishes nothing; it
+initialises NVML again when the state moves on. A follower task applies each change as it is
+seen — also while the producer is backing off — and every round checks again; one lock keeps
+a release from cutting into a read in progress. ``AgentStats.nvml_held`` and
+``nvml_releases`` show it.
 """
 
 from __future__ import annotations
@@ -36,11 +44,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, suppress
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 
-from controller.agent.nvml import NvmlReader, Sample
+from controller.agent.nvml import NvmlReader, NvmlUnavailable, Sample
 from controller.agent.pods import PodAttribution
 from streams.events import (
     DEFAULT_TOPICS,
@@ -51,6 +59,9 @@ from streams.events import (
     encode_event,
 )
 from streams.producer import KafkaProducer
+
+if TYPE_CHECKING:  # the Kubernetes client is loaded only by agents that watch their node
+    from controller.agent.migwatch import MigWatch
 
 __all__ = ["Agent", "AgentSettings", "AgentStats", "Outgoing", "TokenBucket", "to_events"]
 
@@ -103,6 +114,12 @@ class AgentStats:
     """Events the decoder refused (a bug or a bizarre reading); never sent."""
     publish_errors: int = 0
     connect_failures: int = 0
+    nvml_held: bool = True
+    """NVML is initialised now (false while released for a MIG reconfiguration)."""
+    nvml_releases: int = 0
+    """Times NVML was shut down for a MIG reconfiguration."""
+    released_rounds: int = 0
+    """Rounds skipped because NVML was released (or could not be initialised again)."""
 
 
 class TokenBucket:
@@ -194,12 +211,15 @@ class Agent:
         reader: NvmlReader,
         connect: Callable[[], AbstractAsyncContextManager[KafkaProducer]],
         attribution: PodAttribution | None = None,
+        mig: MigWatch | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.stats = AgentStats()
         self._reader, self._connect, self._attribution = reader, connect, attribution
+        self._mig = mig
+        self._nvml_lock = asyncio.Lock()
         self._clock, self._wall = clock, wall
         self._bucket = TokenBucket(settings.max_rate, settings.bucket_size, clock=clock)
         self._decoder = EventDecoder()
@@ -215,6 +235,12 @@ class Agent:
 
     async def run(self) -> AgentStats:
         log.info("agent started", node=self.settings.node, interval_s=self.settings.interval_s)
+        followers: list[asyncio.Task[None]] = []
+        if self._mig is not None:
+            followers = [
+                asyncio.create_task(self._mig.run(), name="agent: watch node"),
+                asyncio.create_task(self._follow_mig(self._mig), name="agent: follow MIG state"),
+            ]
         try:
             while not self._stop.is_set():
                 try:
@@ -227,6 +253,9 @@ class Agent:
                     await self._sleep(self._delay)
                     self._delay = min(self._delay * 2, self.settings.backoff_s[1])
         finally:
+            for task in followers:
+                task.cancel()
+            await asyncio.gather(*followers, return_exceptions=True)
             if self._attribution is not None:
                 await self._attribution.close()
         log.info("agent stopped", **self._summary())
@@ -260,10 +289,39 @@ class Agent:
                 next_at = now + interval
             await self._sleep(next_at - now)
 
+    async def _follow_mig(self, mig: MigWatch) -> None:
+        """Release or re-initialise NVML as soon as the node's MIG state changes."""
+        while True:
+            await mig.changed()
+            async with self._nvml_lock:
+                await self._sync_nvml()
+
+    async def _sync_nvml(self) -> bool:
+        """Bring NVML in line with the node's MIG state; True when it may be read now."""
+        release = self._mig is not None and self._mig.release
+        state = self._mig.state if self._mig is not None else None
+        if release and self._reader.is_open:
+            await asyncio.to_thread(self._reader.close)
+            self.stats.nvml_releases += 1
+            log.info("NVML released: the MIG manager is reconfiguring this node", state=state)
+        elif not release and not self._reader.is_open:
+            try:
+                await asyncio.to_thread(self._reader.open)
+            except NvmlUnavailable as exc:
+                log.warning("NVML not available again yet", state=state, error=str(exc))
+            else:
+                log.info("NVML initialised again", state=state)
+        self.stats.nvml_held = self._reader.is_open
+        return self._reader.is_open
+
     async def round(self, producer: KafkaProducer) -> None:
         """Sample, build and publish once (public for tests that drive rounds by hand)."""
         self.stats.rounds += 1
-        sample = await asyncio.to_thread(self._reader.read)
+        async with self._nvml_lock:
+            if self._mig is not None and not await self._sync_nvml():
+                self.stats.released_rounds += 1
+                return
+            sample = await asyncio.to_thread(self._reader.read)
         self._note_failures(sample)
         owners = await self._attribution.owners() if self._attribution is not None else {}
         outgoing, no_util = to_events(

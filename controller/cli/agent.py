@@ -5,6 +5,10 @@ Kafka security settings come from the same environment variables as ``ebbtide ru
 ``EBBTIDE_KAFKA__GPU_TOPIC``), so one Secret serves the controller and the agents. NVML is
 initialised before anything else: without a driver the command fails at once with one line.
 SIGTERM and SIGINT finish the current round, flush and exit 0.
+
+``--release-during-mig`` watches this node through the Kubernetes API (in-cluster credentials,
+else ``$KUBECONFIG``) and holds no NVML handle while the MIG manager reconfigures it
+(:mod:`controller.agent.migwatch`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ __all__ = ["COMMANDS", "agent"]
               help="Name the pod using each device (kubelet pod-resources API).")  # fmt: skip
 @click.option("--pod-resources-socket", default=DEFAULT_SOCKET, metavar="PATH",
               help="The kubelet pod-resources socket.")  # fmt: skip
+@click.option("--release-during-mig/--no-release-during-mig", default=False,
+              help="Shut NVML down while this node's nvidia.com/mig.config.state is pending or "
+              "rebooting, so the MIG manager's GPU reset succeeds (watches the Node: needs "
+              "get/list/watch on nodes).")  # fmt: skip
 def agent(
     bootstrap: str,
     node: str,
@@ -53,6 +61,7 @@ def agent(
     mig_util: MigUtil,
     pod_attribution: bool,
     pod_resources_socket: str,
+    release_during_mig: bool,
 ) -> None:
     """Publish GPU and MIG-instance utilization of this node as gpu.utilization events."""
     kafka = kafka_settings(bootstrap, client_id="ebbtide-agent")
@@ -78,6 +87,7 @@ def agent(
                 reader=reader,
                 pod_attribution=pod_attribution,
                 socket_path=pod_resources_socket,
+                release_during_mig=release_during_mig,
             )
         )
     except NvmlUnavailable as exc:
@@ -99,14 +109,23 @@ async def serve(
     reader: NvmlReader,
     pod_attribution: bool,
     socket_path: str,
+    release_during_mig: bool = False,
 ) -> AgentStats:
     """Run the agent until SIGTERM or SIGINT."""
     attribution = PodAttribution(PodResourcesClient(socket_path)) if pod_attribution else None
+    api, mig = None, None
+    if release_during_mig:  # loads the Kubernetes client: only when asked to
+        from controller.agent.migwatch import MigWatch
+        from controller.kube.client import connect
+
+        api = await connect(pool_size=4)
+        mig = MigWatch(api, settings.node)
     runner = Agent(
         settings,
         reader=reader,
         connect=lambda: KafkaProducer(config, linger_ms=20),
         attribution=attribution,
+        mig=mig,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -116,6 +135,8 @@ async def serve(
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        if api is not None:
+            await api.close()
 
 
 COMMANDS = [agent]

@@ -162,7 +162,7 @@ def explain_policy(p: Policy) -> str:
         out.append("MIG: off.")
     else:
         m = s.mig
-        profiles = ", ".join(f"{k} -> {v}" for k, v in sorted(m.profiles.items()))
+        profiles = ", ".join(f"{k} -> {' | '.join(m.layouts_for(k))}" for k in sorted(m.profiles))
         out.append(
             f"MIG: convert {m.from_pool} nodes when the pool stays below {m.convert_below:.0%} "
             f"for {d(m.convert_after)} and the node's GPUs stay at or below "

@@ -7,6 +7,10 @@ see :mod:`controller.replay.inventory`), replay, write ``summary.json``, ``decis
 read, rate, ETA) goes to stderr when it is a terminal. Errors a user can fix (a missing, damaged or
 foreign recording, an invalid policy or scenario) are one line and exit 1, and leave no
 report behind.
+
+``--model fit`` replays counterfactually (:mod:`controller.replay.counterfactual`): latencies
+come from a model fitted to the recording and the replicas this policy runs, and the fit, its
+goodness and its validation on held-back minutes are printed and written to ``summary.json``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from pathlib import Path
 import click
 
 from controller.cli.options import duration_option, load_policy_files, one_line, progress
+from controller.replay.counterfactual import counterfactual_replay
+from controller.replay.fit import fit_line
 from controller.replay.inventory import infer_cluster
 from controller.replay.report import write_outputs
 from controller.replay.runner import (
@@ -54,6 +60,8 @@ def _print_summary(result: ReplayResult, report: Path) -> None:
             f"{v['breaches_total']} breaches, {format_duration(v['breach_seconds'])} in breach"
         )
     click.echo(f"  latency {s['latency']}")
+    for key, f in s.get("fit", {}).items():
+        click.echo("  " + fit_line(key, f))
     listed = ev["rejected_lines"]
     for entry in listed[:PRINTED_REJECTIONS]:
         click.echo(f"  rejected line {entry['line']}: {entry['reason'][:160]}")
@@ -89,6 +97,13 @@ def _print_summary(result: ReplayResult, report: Path) -> None:
               help="Evaluate the policy every DURATION of event time.")  # fmt: skip
 @click.option("--points", type=click.IntRange(min=2), default=600,
               help="Most points per time series in the report.")  # fmt: skip
+@click.option("--model", type=click.Choice(["recorded", "fit"]), default="recorded",
+              show_default=True,
+              help="Latencies as recorded (open loop), or from a model fitted to the recording "
+              "and the replicas this policy runs (counterfactual, closed loop).")  # fmt: skip
+@click.option("--recorded-policy", "recorded", type=click.Path(path_type=Path), multiple=True,
+              help="With --model fit: the policy the recording was made under (repeatable); "
+              "its open-loop replay gives the replicas to fit to (default: --policy).")  # fmt: skip
 def replay_command(
     recording: Path,
     policies: tuple[Path, ...],
@@ -97,14 +112,25 @@ def replay_command(
     speed: float | None,
     evaluate_every: float,
     points: int,
+    model: str,
+    recorded: tuple[Path, ...],
 ) -> None:
     """Replay RECORDING through the policy against a simulated cluster; write a report."""
+    if recorded and model != "fit":
+        raise click.UsageError("--recorded-policy only applies with --model fit")
+    if speed is not None and model == "fit":
+        raise click.UsageError(
+            "--speed paces one replay; --model fit runs two (the fit, then the counterfactual)"
+        )
     if not recording.is_file():
         raise click.ClickException(f"recording not found: {recording}")
     settings = ReplaySettings(evaluate_every=evaluate_every, speed=speed, points=points)
     policy = load_policy_files(policies)
+    fit_under = (load_policy_files(recorded) if recorded else policy) if model == "fit" else None
     try:
-        result = _replay(recording, policy, scenario=scenario, out=out, settings=settings)
+        result = _replay(
+            recording, policy, scenario=scenario, out=out, settings=settings, fit_under=fit_under
+        )
     except RecordingError as exc:
         if out.is_dir():
             clear_outputs(out)
@@ -120,28 +146,52 @@ def _replay(
     scenario: Path | None,
     out: Path,
     settings: ReplaySettings,
+    fit_under: Policy | None = None,
 ) -> ReplayResult:
-    notes: tuple[str, ...] = ()
-    make: Callable[[float], ReplayCluster]
-    if scenario is not None:
-        try:
-            loaded = load_scenario(scenario)
-        except ValueError as exc:
-            errors = list(getattr(exc, "errors", ())) or [exc]
-            raise one_line("invalid scenario", errors) from exc
-
-        def make(start: float) -> ReplayCluster:
-            return SimCluster.from_scenario(loaded, start=start, policy=policy)
-    else:
-        inferred = infer_cluster(recording, policy)
-        notes, make = inferred.notes, inferred.simulate
+    """Replay (open loop), or with ``fit_under`` (the recording's policy) counterfactually."""
+    clusters = _clusters(recording, scenario)
+    notes, make = clusters(policy)
     size = recording.stat().st_size
     started = time.perf_counter()
     with progress(size, "replaying", "B") as on_progress:
-        result = replay(recording, policy=policy, cluster=make, out_dir=out,
-                        settings=settings, progress=on_progress, notes=notes)  # fmt: skip
+        if fit_under is None:
+            result = replay(recording, policy=policy, cluster=make, out_dir=out,
+                            settings=settings, progress=on_progress, notes=notes)  # fmt: skip
+        else:
+            result, _ = counterfactual_replay(
+                recording, policy=policy, recorded_policy=fit_under,
+                cluster=lambda p: clusters(p)[1], out_dir=out, settings=settings,
+                progress=on_progress, notes=notes,
+            )  # fmt: skip
     result.wall_s = time.perf_counter() - started
     return result
+
+
+def _clusters(
+    recording: Path, scenario: Path | None
+) -> Callable[[Policy], tuple[tuple[str, ...], Callable[[float], ReplayCluster]]]:
+    """Per policy: the inventory notes and the maker of the simulated starting cluster (from
+    the scenario, else inferred from the recording and that policy)."""
+    if scenario is None:
+
+        def inferred(policy: Policy) -> tuple[tuple[str, ...], Callable[[float], ReplayCluster]]:
+            found = infer_cluster(recording, policy)
+            return found.notes, found.simulate
+
+        return inferred
+    try:
+        loaded = load_scenario(scenario)
+    except ValueError as exc:
+        errors = list(getattr(exc, "errors", ())) or [exc]
+        raise one_line("invalid scenario", errors) from exc
+
+    def from_scenario(policy: Policy) -> tuple[tuple[str, ...], Callable[[float], ReplayCluster]]:
+        def make(start: float) -> ReplayCluster:
+            return SimCluster.from_scenario(loaded, start=start, policy=policy)
+
+        return (), make
+
+    return from_scenario
 
 
 COMMANDS = [replay_command]

@@ -6,18 +6,25 @@ Each decision passes the :class:`~controller.safety.SafetyGate` (leader, kill sw
 budget), then the live object is **re-read**, checked against the policy's selectors and
 protections, and only then written — leadership is checked again just before the write.
 
-* **Scale** goes through the ``/scale`` subresource: ``apps/v1`` Deployments and StatefulSets
-  with ``AppsV1Api``, configured custom resources (Kubeflow PyTorchJob by default) with
-  ``CustomObjectsApi`` and a JSON merge patch (kubernetes_asyncio would send a dict as a JSON
-  patch, which a real apiserver refuses). The Scale is read first: at ``to`` already →
-  ``ALREADY_DONE`` and no write; at ``from`` → write ``to`` *conditionally on the read
-  resourceVersion*; anything else → ``REFUSED`` ("changed under us"). A 409 re-reads and
-  decides again.
+* **Scale** goes through the workload's adapter (:mod:`controller.kube.workloads`, one per
+  kind), so each kind is resized the way its owner expects: ``/scale`` for Deployments,
+  StatefulSets and PyTorchJobs, the object's own fields for JobSets, RayClusters (with
+  ``workersToDelete``) and Jobs, always as a JSON merge patch conditional on the read
+  ``resourceVersion`` (kubernetes_asyncio would send a dict as a JSON patch, which a real
+  apiserver refuses). The replicas are read first: at ``to`` already → ``ALREADY_DONE`` and no
+  write; at ``from`` → write ``to``; anything else → ``REFUSED`` ("changed under us"). A 409
+  re-reads and decides again. Refused before any write: a resize the owner's rules forbid (a
+  PyTorchJob without ``elasticPolicy``, a Kueue-admitted Job, bounds), and a workload an HPA or
+  KEDA ScaledObject scales unless the policy's ``training.owner`` is ``ebbtide``.
 * **Evict** posts a ``policy/v1`` Eviction, so PodDisruptionBudgets hold: a 429 from a PDB is
   ``BLOCKED`` (the engine picks another victim or waits) — never a delete behind the PDB's back.
   The pod is re-read first (gone or terminating → ``ALREADY_DONE``) and the Eviction carries a
   ``uid`` precondition and the decision's grace period, so a retry can never evict a pod that a
-  StatefulSet re-created under the same name.
+  StatefulSet re-created under the same name. A pod whose owner has rules about its pods is
+  handled the owner's way: a PyTorchJob's Master and an elastic job's worker-0 are refused, a
+  Kueue-admitted Job is preempted through its Kueue Workload instead. Opted-in pods go through
+  the checkpoint handshake first (:mod:`controller.kube.workloads.checkpoint`), and every
+  eviction reports the GPU-hours it wasted.
 * **MIG** convert and revert are resumable flows on the node: :mod:`controller.kube.migflow`.
   Its drain evictions come back through this actuator's eviction path.
 
@@ -34,6 +41,7 @@ Every result is recorded (:mod:`controller.kube.recorder`): a counter, a log lin
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any, Final, TypeVar
 
 import structlog
@@ -43,7 +51,18 @@ from controller.cluster import ActionResult, Outcome
 from controller.kube.client import Conflict, KubeError, NotFound, TooManyRequests
 from controller.kube.migflow import ApiLimits, MigFlow, MigFlowSettings
 from controller.kube.recorder import ActionStats, ObjectRef, Recorder
-from controller.kube.translate import DEPLOYMENT, PYTORCHJOB, STATEFULSET, WorkloadKind
+from controller.kube.translate import (
+    DEPLOYMENT,
+    GPU_RESOURCE,
+    PYTORCHJOB,
+    STATEFULSET,
+    Obj,
+    WorkloadKind,
+    gpu_requests,
+)
+from controller.kube.workloads import ADAPTERS, Adapter, Io, Patch
+from controller.kube.workloads.autoscalers import Owners
+from controller.kube.workloads.checkpoint import NOTICE, Step, next_step, stamp, wasted_gpu_hours
 from controller.safety import Permit, SafetyGate, Target, Verdict
 from policies.decisions import Decision, Evict, MigConvert, MigRevert, Scale
 
@@ -58,17 +77,27 @@ __all__ = [
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
-MERGE_PATCH: Final = "application/merge-patch+json"
 _CONFLICT_RETRIES: Final = 3
 
 
 DEFAULT_WORKLOAD_KINDS: Final = (DEPLOYMENT, STATEFULSET, PYTORCHJOB)
-_APPS_METHODS: Final = {"deployments": "deployment", "statefulsets": "stateful_set"}
 
 
-def _builtin(kind: WorkloadKind) -> bool:
-    """Served by ``AppsV1Api`` (else by ``CustomObjectsApi``)."""
-    return kind.group == "apps" and kind.plural in _APPS_METHODS
+def _wasted(pod: Obj, *, now: float) -> float:
+    """GPU-hours evicting ``pod`` at ``now`` throws away (:mod:`.workloads.checkpoint`)."""
+    meta = _meta(pod)
+    status = pod.get("status") or {}
+    started = status.get("startTime") or meta.get("creationTimestamp")
+    return wasted_gpu_hours(
+        meta.get("annotations") or {},
+        gpu_requests(pod.get("spec") or {}).get(GPU_RESOURCE, 0),
+        started=started,
+        now=now,
+    )
+
+
+def _named(patch: Patch) -> str:
+    return f" (removing {', '.join(patch.victims)})" if patch.victims else ""
 
 
 def _split(key: str) -> tuple[str, str]:
@@ -76,7 +105,7 @@ def _split(key: str) -> tuple[str, str]:
     return (namespace, name) if name else ("default", namespace)
 
 
-def _meta(obj: dict[str, Any]) -> dict[str, Any]:
+def _meta(obj: Obj) -> dict[str, Any]:
     return dict(obj.get("metadata") or {})
 
 
@@ -93,13 +122,14 @@ class KubeActuator:
         limits: ApiLimits | None = None,
         mig: MigFlowSettings | None = None,
         recorder: Recorder | None = None,
+        owners: Callable[[], Owners] = dict,
     ) -> None:
         self._api = api
         self._core: Any = client.CoreV1Api(api)  # untyped edges: bodies are plain dicts
-        self._apps: Any = client.AppsV1Api(api)
-        self._custom: Any = client.CustomObjectsApi(api)
         self.gate = gate
         self._kinds = {k.kind: k for k in workload_kinds}
+        self._adapters = {k.kind: ADAPTERS.get(k.kind) or Adapter(k) for k in workload_kinds}
+        self._owners = owners
         self._limits = limits or ApiLimits()
         self.recorder = recorder or Recorder(api, is_leader=gate.leader, clock=gate.now)
         self.migflow = MigFlow(
@@ -162,14 +192,16 @@ class KubeActuator:
     # --- scale ---------------------------------------------------------------------------------
 
     async def scale(self, d: Scale) -> ActionResult:
-        """Set a workload's replicas through ``/scale``, conditionally on what was read."""
+        """Resize a workload the way its owner expects (its adapter), conditionally on what was
+        read; refused when the owner's rules or another autoscaler forbid it."""
         namespace, name = _split(d.workload)
-        kind = self._kinds.get(d.kind)
-        if kind is None:
+        adapter = self._adapters.get(d.kind)
+        if adapter is None:
             ref = ObjectRef(d.kind, name, namespace)
-            known = ", ".join(sorted(self._kinds))
+            known = ", ".join(sorted(self._adapters))
             why = f"kind {d.kind} is not a configured scale target ({known})"
             return await self._done(d, Outcome.REFUSED, why, ref)
+        kind = adapter.kind
         ref = ObjectRef(kind.kind, name, namespace, kind.api_version)
         with self.gate.hold(d) as permit:
             if not (verdict := permit.reserve()).ok:
@@ -187,19 +219,36 @@ class KubeActuator:
             )
             if not (verdict := self.gate.check_target(d, live)).ok:
                 return await self._verdict(d, verdict, ref)
-            return await self._scale_loop(d, kind, permit, ref)
+            if (other := self._autoscaler_refusal(d, namespace, name)) is not None:
+                return await self._done(d, Outcome.REFUSED, other, ref)
+            return await self._scale_loop(d, adapter, obj, permit, ref)
+
+    def _autoscaler_refusal(self, d: Scale, namespace: str, name: str) -> str | None:
+        """Another autoscaler owns the workload's size, and the policy does not give it to us."""
+        other = self._owners().get((d.kind, namespace, name))
+        if other is None:
+            return None
+        training = self.gate.policy.spec.training
+        if d.role == "training" and training is not None and training.owner == "ebbtide":
+            return None
+        return (
+            f"{other} scales {d.kind} {d.workload}: Ebbtide does not fight another autoscaler "
+            "(the policy's training.owner: ebbtide would give it to Ebbtide)"
+        )
 
     async def _scale_loop(
-        self, d: Scale, kind: WorkloadKind, permit: Permit, ref: ObjectRef
+        self, d: Scale, adapter: Adapter, obj: Obj, permit: Permit, ref: ObjectRef
     ) -> ActionResult:
         namespace, name = _split(d.workload)
         maybe_ours = False  # a write of ours may have landed though we saw no answer
         step = f"{d.from_replicas}→{d.to_replicas}"
-        tries = [0]
+        io = self._io()
         writing = False
         try:
-            for _ in range(_CONFLICT_RETRIES):
-                replicas, version = await self._read_scale(kind, namespace, name)
+            for attempt in range(_CONFLICT_RETRIES):
+                if attempt:
+                    obj = await self._read_workload(adapter.kind, namespace, name)
+                replicas, version = await self._replicas(adapter, obj)
                 if replicas == d.to_replicas:
                     if maybe_ours:
                         permit.spend()
@@ -208,25 +257,30 @@ class KubeActuator:
                 if replicas != d.from_replicas:
                     why = f"changed under us: replicas is {replicas}, decided on {step}"
                     return await self._done(d, Outcome.REFUSED, why, ref)
+                if (owners_rule := adapter.refusal(obj, d.to_replicas)) is not None:
+                    return await self._done(d, Outcome.REFUSED, owners_rule, ref)
+                pods = await self._victim_pods(adapter, obj, d)
                 if self.gate.dry_run_for(d):
-                    return await self._done(d, Outcome.DRY_RUN, f"would scale {step}", ref)
+                    named = _named(adapter.resize(obj, d.to_replicas, pods))
+                    return await self._done(d, Outcome.DRY_RUN, f"would scale {step}{named}", ref)
                 if not (verdict := self.gate.check_write()).ok:
                     return await self._verdict(d, verdict, ref)
-                tries[0], writing = 0, True
+                io.tries, writing = 0, True
                 try:
-                    await self._write_scale(kind, namespace, name, d.to_replicas, version, tries)
+                    patch = await adapter.write(io, obj, d.to_replicas, pods, version)
                 except Conflict:
                     writing = False
-                    maybe_ours = maybe_ours or tries[0] > 1  # a retry after a lost answer
+                    maybe_ours = maybe_ours or io.tries > 1  # a retry after a lost answer
                     continue  # re-read and decide again
                 permit.spend()
-                return await self._done(d, Outcome.APPLIED, f"scaled {step}", ref)
-            detail = f"the Scale kept changing under us ({_CONFLICT_RETRIES} conflicts)"
+                return await self._done(d, Outcome.APPLIED, f"scaled {step}{_named(patch)}", ref)
+            detail = f"the workload kept changing under us ({_CONFLICT_RETRIES} conflicts)"
         except KubeError as exc:
             detail = f"API error: {exc}"
             if writing or maybe_ours:  # a write was tried: re-read before calling it failed
                 try:
-                    replicas, _ = await self._read_scale(kind, namespace, name)
+                    obj = await self._read_workload(adapter.kind, namespace, name)
+                    replicas = (await self._replicas(adapter, obj))[0]
                 except KubeError:
                     replicas = None
                 if replicas == d.to_replicas:
@@ -237,35 +291,34 @@ class KubeActuator:
     async def _read_workload(self, kind: WorkloadKind, namespace: str, name: str) -> Any:
         return await self._limits.get(self._api, kind.path(namespace, name))
 
-    async def _read_scale(self, kind: WorkloadKind, namespace: str, name: str) -> tuple[int, str]:
-        scale = await self._limits.get(self._api, kind.path(namespace, name) + "/scale")
+    async def _replicas(self, adapter: Adapter, obj: Obj) -> tuple[int, str]:
+        """The replica count and the resourceVersion a write is conditional on: the Scale's
+        for kinds written through ``/scale``, else the object's."""
+        if not adapter.via_scale:
+            return adapter.replicas(obj), str(_meta(obj).get("resourceVersion") or "")
+        scale = await self._limits.get(self._api, adapter.path(obj, "scale"))
         replicas = int((scale.get("spec") or {}).get("replicas") or 0)
         return replicas, str(_meta(scale).get("resourceVersion") or "")
 
-    async def _write_scale(
-        self,
-        kind: WorkloadKind,
-        namespace: str,
-        name: str,
-        replicas: int,
-        version: str,
-        tries: list[int],
-    ) -> None:
-        """Merge-patch the Scale conditionally on ``version``; counts tries in ``tries[0]``."""
-        body = {"metadata": {"resourceVersion": version}, "spec": {"replicas": replicas}}
+    async def _victim_pods(self, adapter: Adapter, obj: Obj, d: Scale) -> list[Obj]:
+        """The pods a shrink names its victims from, for owners that take names (KubeRay)."""
+        selector = adapter.pod_selector(obj)
+        if selector is None or d.to_replicas >= d.from_replicas:
+            return []
+        namespace = str(_meta(obj).get("namespace") or "default")
+        listed = await self._limits.get(
+            self._api, f"/api/v1/namespaces/{namespace}/pods", labelSelector=selector
+        )
+        return list(listed.get("items") or [])
 
-        async def patch() -> Any:
-            tries[0] += 1
-            if _builtin(kind):
-                verb = f"patch_namespaced_{_APPS_METHODS[kind.plural]}_scale"
-                method = getattr(self._apps, verb)
-                return await method(name, namespace, body, _content_type=MERGE_PATCH)
-            return await self._custom.patch_namespaced_custom_object_scale(
-                kind.group, kind.version, namespace, kind.plural, name, body,
-                _content_type=MERGE_PATCH,
-            )  # fmt: skip
-
-        await self._run(patch)
+    def _io(self) -> Io:
+        limits = self._limits
+        return Io(
+            self._api,
+            timeout_s=limits.timeout_s,
+            attempts=limits.attempts,
+            deadline_s=limits.deadline_s,
+        )
 
     # --- evict ---------------------------------------------------------------------------------
 
@@ -292,13 +345,55 @@ class KubeActuator:
             )
             if not (verdict := self.gate.check_target(d, live)).ok:
                 return await self._verdict(d, verdict, ref)
+            try:
+                owner = await self._owner(pod)
+            except KubeError as exc:
+                return await self._done(d, Outcome.FAILED, f"cannot read its owner: {exc}", ref)
+            if owner is not None:
+                adapter, workload = owner
+                if (why := adapter.pod_refusal(workload, pod)) is not None:
+                    return await self._done(d, Outcome.REFUSED, why, ref)
+                if adapter.preemption(workload) is not None:
+                    return await self._preempt(d, adapter, workload, permit)
+            now = self.gate.now()
+            step = next_step(meta.get("annotations") or {}, now=now)
+            if step.action != "evict":
+                return await self._handshake(d, pod, step, ref)
             grace = max(0, round(d.grace_s))
+            wasted = _wasted(pod, now=now)
+            note = f"{step.detail}; " if step.detail else ""
+            note += f"wasted {wasted:.2f} GPU-hours"
             if self.gate.dry_run_for(d):
-                why = f"would evict (grace {grace}s) from node {d.node or '?'}"
+                why = f"would evict (grace {grace}s) from node {d.node or '?'}; {note}"
                 return await self._done(d, Outcome.DRY_RUN, why, ref)
             if not (verdict := self.gate.check_write()).ok:
                 return await self._verdict(d, verdict, ref)
-            return await self._post_eviction(d, permit, ref, uid, grace)
+            result = await self._post_eviction(d, permit, ref, uid, grace)
+            if result.outcome is not Outcome.APPLIED:
+                return result
+            return replace(result, detail=f"{result.detail}; {note}", wasted_gpu_hours=wasted)
+
+    async def _handshake(self, d: Evict, pod: Obj, step: Step, ref: ObjectRef) -> ActionResult:
+        """The checkpoint handshake before an eviction: give the notice (once: it is kept on
+        the pod, so a restarted controller does not give it again) or keep waiting."""
+        if step.action == "notify":
+            if self.gate.dry_run_for(d):
+                return await self._done(d, Outcome.DRY_RUN, f"would give a {step.detail}", ref)
+            if not (verdict := self.gate.check_write()).ok:
+                return await self._verdict(d, verdict, ref)
+            meta = _meta(pod)
+            body = {
+                "metadata": {
+                    "resourceVersion": meta.get("resourceVersion"),
+                    "annotations": {NOTICE: stamp(self.gate.now())},
+                }
+            }
+            path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}"
+            try:
+                await self._io().request("PATCH", path, body)
+            except KubeError as exc:
+                return await self._done(d, Outcome.FAILED, f"cannot give the notice: {exc}", ref)
+        return await self._done(d, Outcome.BLOCKED, step.detail, ref)
 
     async def _post_eviction(
         self, d: Evict, permit: Permit, ref: ObjectRef, uid: str | None, grace: int
@@ -334,6 +429,58 @@ class KubeActuator:
             permit.spend()
             return await self._done(d, Outcome.APPLIED, f"evicted, grace {grace}s", ref)
         return await self._done(d, Outcome.FAILED, detail, ref)
+
+    async def _owner(self, pod: Obj) -> tuple[Adapter, Obj] | None:
+        """The workload owning ``pod``, when its kind has rules about its pods (the Master of a
+        PyTorchJob, a Job that Kueue admitted); None otherwise or when it is gone."""
+        meta = _meta(pod)
+        namespace = str(meta.get("namespace") or "default")
+        labels: dict[str, str] = meta.get("labels") or {}
+        refs = meta.get("ownerReferences") or []
+        for adapter in self._adapters.values():
+            kind = adapter.kind
+            if not adapter.checks_pods:
+                continue
+            name = next(
+                (
+                    r.get("name")
+                    for r in refs
+                    if r.get("kind") == kind.kind
+                    and str(r.get("apiVersion", "")).rpartition("/")[0] == kind.group
+                ),
+                labels.get(kind.pod_label) if kind.pod_label else None,
+            )
+            if name:
+                try:
+                    return adapter, await self._read_workload(kind, namespace, str(name))
+                except NotFound:
+                    return None
+        return None
+
+    async def _preempt(
+        self, d: Evict, adapter: Adapter, workload: Obj, permit: Permit
+    ) -> ActionResult:
+        """Stop the pod's whole workload through its owner (Kueue) instead of evicting it."""
+        meta = _meta(workload)
+        kind = adapter.kind
+        ref = ObjectRef(
+            kind.kind, str(meta.get("name")), meta.get("namespace"), kind.api_version
+        ).with_uid(meta.get("uid"))
+        if (done := adapter.preempted(workload)) is not None:
+            return await self._done(d, Outcome.ALREADY_DONE, done, ref)
+        dry_run = self.gate.dry_run_for(d)
+        if not dry_run and not (verdict := self.gate.check_write()).ok:
+            return await self._verdict(d, verdict, ref)
+        try:
+            detail = await adapter.preempt(self._io(), workload, dry_run=dry_run)
+        except (KubeError, LookupError) as exc:
+            who = adapter.preemption(workload)
+            return await self._done(d, Outcome.FAILED, f"cannot preempt through {who}: {exc}", ref)
+        detail = f"{detail} (instead of evicting {d.pod})"
+        if dry_run:
+            return await self._done(d, Outcome.DRY_RUN, detail, ref)
+        permit.spend()
+        return await self._done(d, Outcome.APPLIED, detail, ref)
 
     async def _read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

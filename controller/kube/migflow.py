@@ -1,7 +1,9 @@
 """MIG conversion (and revert) of a node as a resumable workflow recorded on the node itself.
 
 The NVIDIA MIG manager repartitions a node's GPUs when its ``nvidia.com/mig.config`` label
-changes and reports ``nvidia.com/mig.config.state`` (pending → success | failed); it does not
+changes and reports ``nvidia.com/mig.config.state``: ``pending`` while it works, ``rebooting``
+when a GPU reset failed and it reboots the node to apply the MIG mode, then ``success`` or
+``failed`` (NVIDIA/mig-parted ``deployments/gpu-operator/reconfigure-mig.sh``). It does not
 drain the node. Whoever changes the label must cordon the node and move its GPU pods off first,
 and must not leave it cordoned when anything goes wrong. That takes minutes, so it cannot be one
 blocking call: it is a small state machine advanced by :meth:`MigFlow.advance` /
@@ -10,8 +12,12 @@ on the node (``ebbtide.io/mig-flow``, :class:`~controller.kube.migrecord.FlowRec
 
 Convert (whole cards → MIG) and revert (MIG → ``all-disabled``) are the same flow:
 
-1. **start** — one patch, conditional on the node's ``resourceVersion``: cordon and write the
-   record (phase ``draining``). The MIG budget is spent here, once per flow.
+1. **start** — one patch, conditional on the node's ``resourceVersion``: cordon, write the
+   record (phase ``draining``) and set ``karpenter.sh/do-not-disrupt`` and
+   ``cluster-autoscaler.kubernetes.io/scale-down-disabled`` to ``"true"``, so neither
+   autoscaler removes a node that looks empty and cordoned mid-flow; the last patch of the flow
+   puts their previous values back (someone else's ``"true"`` stays). The MIG budget is spent
+   here, once per flow. A target config that names no known layout fails before anything.
 2. **draining** — list the node's GPU pods; if any of them may not be evicted by the drain rule
    the engine plans with (:mod:`policies.drain`: protected namespace, ``do-not-disrupt``, a
    service's pod, not training) roll back before evicting anything; otherwise evict them through
@@ -21,10 +27,19 @@ Convert (whole cards → MIG) and revert (MIG → ``all-disabled``) are the same
 3. **reconfiguring** — one patch once no GPU pod is left: set ``nvidia.com/mig.config`` to the
    target, delete the stale ``nvidia.com/mig.config.state`` (so an old ``success`` cannot be
    mistaken for the new one) and record the phase. Then wait for the manager: ``success`` →
-   finish; ``failed``, or no ``success`` before the deadline → roll back.
+   advertising; ``failed``, or no ``success`` before the deadline → roll back; ``pending`` or
+   unset → wait; ``rebooting`` → move the deadline to at least ``reboot_timeout_s`` from now,
+   once, recorded (relabelling a node mid-reboot would only make the manager redo its work).
+3b. **advertising** — the manager reports ``success`` and *then* lets the device plugin back
+   (it re-enables the ``nvidia.com/gpu.deploy.*`` components after applying the layout), so
+   for a while the node advertises the old resources or none. Finish only once its
+   ``status.allocatable`` shows the layout's ``nvidia.com/mig-<profile>`` counts (whole
+   ``nvidia.com/gpu`` for a revert; :func:`policies.miglayout.expected_resources`, recorded at
+   start); past ``advertise_timeout_s`` roll back.
 4. **finish** — one patch: move the node to the destination pool (its label key/values come from
-   the policy's pool ``nodeSelector``; keys only the source pool uses are removed), uncordon it
-   unless it was cordoned before, and delete the record.
+   the policy's pool ``nodeSelector``; keys only the source pool uses are removed), write the
+   destination pool's ``taints`` and drop the source pool's (matched by key and effect; other
+   taints stay), uncordon it unless it was cordoned before, and delete the record.
 
 **Rollback** is one patch too: restore the previous config label (when ours is still there),
 uncordon unless it was cordoned before, delete the record; a Warning Event and a MIG-failure count
@@ -32,8 +47,10 @@ go with it. When the config label had already been changed and the previous one 
 the MIG manager has to put that layout back first: the rollback patch restores the label, keeps
 the node cordoned and records the phase ``restoring`` with its own deadline; the node is
 uncordoned (and the record deleted) only once the manager reports ``success`` for the old layout,
-so no GPU pod lands on half-configured cards. If it reports ``failed`` or stays silent past the
-deadline, the node is left cordoned for an operator with an ``EbbtideMigRestoreFailed`` Warning
+and the resources the node advertised before are back, so no GPU pod lands on half-configured
+cards (a ``rebooting`` there extends its deadline as above). If it reports ``failed`` or stays
+silent past the deadline, the node is left cordoned for an operator with an
+``EbbtideMigRestoreFailed`` Warning
 (its record deleted, so nothing waits on it any more). The flow's outcome, FAILED, is reported
 when the rollback starts; the budget unit comes back then.
 
@@ -47,8 +64,9 @@ label change, no pool move. A flow still ``draining`` (the config label untouche
 once — uncordoned unless it was cordoned before, its record deleted, a Warning Event — because
 undoing our own cordon is the one write that takes the cluster back to where it was, and waiting
 for the switch to be lifted could leave the node cordoned indefinitely. A flow already
-``reconfiguring`` is paused where it stands: the MIG manager is repartitioning, and uncordoning
-before it reports a known layout would schedule GPU pods onto it. A flow ``restoring`` goes on:
+``reconfiguring`` or ``advertising`` is paused where it stands: the MIG manager is
+repartitioning (or the device plugin is not back), and uncordoning before the layout is known
+and advertised would schedule GPU pods onto it. A flow ``restoring`` goes on:
 waiting for the old layout and uncordoning only take the node back to where it was. Lost
 leadership pauses any flow (a follower writes nothing); the next leader resumes it from the
 record.
@@ -66,13 +84,17 @@ from kubernetes_asyncio import client
 from controller.cluster import ActionResult, Outcome
 from controller.kube.client import Conflict, KubeError, NotFound, call
 from controller.kube.migrecord import (
+    AUTOSCALER_HOLD,
     CONFIG_LABEL,
     FLOW_ANNOTATION,
     STATE_LABEL,
     Direction,
     FlowRecord,
     MigDecision,
+    advertised,
     annotations_of,
+    gpu_count,
+    gpu_resources,
     is_cordoned,
     labels_of,
     record_of,
@@ -90,6 +112,8 @@ from controller.kube.translate import (
 from controller.safety import SafetyGate, Target, Verdict
 from policies.decisions import Evict, Explanation, MigConvert
 from policies.drain import DrainRule, plan_drain
+from policies.miglayout import expected_resources, layout_of
+from policies.model import PoolSpec
 from policies.snapshot import MIG_DISABLED
 
 __all__ = [
@@ -155,6 +179,12 @@ class MigFlowSettings:
     reconfigure_timeout_s: float = 900.0
     """Roll back when the MIG manager has not reported ``success`` this long after the
     label was set."""
+    reboot_timeout_s: float = 1800.0
+    """When the MIG manager reports ``rebooting``, the deadline moves to at least this long
+    after: a node rebooting to apply a MIG mode change is not rolled back mid-reboot."""
+    advertise_timeout_s: float = 300.0
+    """Roll back when, this long after ``success``, the node's allocatable does not show the
+    layout's resources (the device plugin restarts after the MIG manager reports success)."""
 
 
 class MigFlow:
@@ -274,6 +304,11 @@ class MigFlow:
             decision, Target("Node", name, None, labels, annotations_of(node))
         )
         pool = self._pool_move(direction)
+        configs = self._gate.policy.spec.mig.configs if self._gate.policy.spec.mig else {}
+        try:
+            expect = expected_resources(layout_of(target, configs), gpu_count(node))
+        except ValueError as exc:
+            return await self._done(decision, Outcome.FAILED, str(exc), ref)
         if self._already_done(node, target, pool):
             return await self._done(decision, Outcome.ALREADY_DONE, f"{name} is at {target}", ref)
         if not verdict.ok or not (verdict := reserve()).ok:
@@ -295,9 +330,14 @@ class MigFlow:
             was_cordoned=is_cordoned(node),
             started=now,
             deadline=now + self.settings.drain_timeout_s,
+            expect=expect,
+            previous_resources=gpu_resources(node),
+            taints=self._taint_move(direction),
+            held_annotations={k: annotations_of(node).get(k) for k in AUTOSCALER_HOLD},
         )
+        hold = dict.fromkeys(AUTOSCALER_HOLD, "true")
         patch: Obj = {
-            "metadata": {"annotations": {FLOW_ANNOTATION: record.to_json()}},
+            "metadata": {"annotations": {FLOW_ANNOTATION: record.to_json(), **hold}},
             "spec": {"unschedulable": True},
         }
         await self._patch_node(node, patch)
@@ -352,7 +392,7 @@ class MigFlow:
         node = await self._read_node(name)  # the evictions took a while: write on a fresh read
         labels = labels_of(node)
         if labels.get(CONFIG_LABEL) == record.target and labels.get(STATE_LABEL) == "success":
-            return await self._finish(decision, node, record)
+            return await self._on_success(decision, node, record)
         if not (verdict := self._gate.check_write()).ok:
             return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({verdict.reason})")
         now = self._gate.now()
@@ -385,25 +425,75 @@ class MigFlow:
         if config != record.target:
             why = f"{CONFIG_LABEL} changed under us to {config!r}"
             return await self._rollback(decision, node, record, why)
-        if state == "success":
-            return await self._finish(decision, node, record)
-        if state == "failed":
-            return await self._rollback(decision, node, record, "the MIG manager reported failed")
+        match state:
+            case "success":
+                return await self._on_success(decision, node, record)
+            case "failed":
+                why = "the MIG manager reported failed"
+                return await self._rollback(decision, node, record, why)
+            case "rebooting" if not record.rebooted:
+                return await self._extend_for_reboot(decision, node, record)
         if self._gate.now() >= record.deadline:
             why = (
                 f"the MIG manager did not report success within "
                 f"{self.settings.reconfigure_timeout_s:g}s (state {state or 'unset'})"
             )
+            if state == "rebooting":
+                why = f"the node was still rebooting {self.settings.reboot_timeout_s:g}s after"
+                why += " the MIG manager reported it"
             return await self._rollback(decision, node, record, why)
+        # pending, unset (our relabel cleared it), a reboot under way, or a state we do not know
         detail = f"waiting for the MIG manager (state {state or 'unset'})"
+        return ActionResult(decision, Outcome.IN_PROGRESS, detail)
+
+    async def _extend_for_reboot(
+        self, decision: MigDecision, node: Obj, record: FlowRecord
+    ) -> ActionResult:
+        """``rebooting``: the manager could not reset the GPUs and reboots the node to apply the
+        MIG mode. Rolling back now would relabel a node mid-reboot; move the deadline (once,
+        recorded, so a restarted controller keeps it) and wait."""
+        if not (verdict := self._gate.check_write()).ok:
+            return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({verdict.reason})")
+        deadline = max(record.deadline, self._gate.now() + self.settings.reboot_timeout_s)
+        await self._patch_record(node, replace(record, rebooted=True, deadline=deadline))
+        detail = (
+            f"the MIG manager is rebooting {decision.node}; waiting up to "
+            f"{self.settings.reboot_timeout_s:g}s more"
+        )
+        return ActionResult(decision, Outcome.IN_PROGRESS, detail)
+
+    async def _on_success(
+        self, decision: MigDecision, node: Obj, record: FlowRecord
+    ) -> ActionResult:
+        """``success`` is reported before the device plugin re-advertises the GPUs: finish only
+        once the node's allocatable shows the layout's resources, within its own deadline."""
+        if advertised(node, record.expect):
+            return await self._finish(decision, node, record)
+        want = _resources(record.expect)
+        have = _resources(gpu_resources(node))
+        if record.phase != "advertising":
+            if not (verdict := self._gate.check_write()).ok:
+                return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({verdict.reason})")
+            deadline = self._gate.now() + self.settings.advertise_timeout_s
+            await self._patch_record(node, replace(record, phase="advertising", deadline=deadline))
+        elif self._gate.now() >= record.deadline:
+            why = (
+                f"the device plugin did not advertise {want} within "
+                f"{self.settings.advertise_timeout_s:g}s of success (allocatable: {have})"
+            )
+            return await self._rollback(decision, node, record, why)
+        detail = f"MIG manager reported success; waiting for the device plugin ({have} → {want})"
         return ActionResult(decision, Outcome.IN_PROGRESS, detail)
 
     async def _finish(self, decision: MigDecision, node: Obj, record: FlowRecord) -> ActionResult:
         if not (verdict := self._gate.check_write()).ok:
             return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({verdict.reason})")
+        spec: Obj = {"unschedulable": True if record.was_cordoned else None}
+        if record.taints:
+            spec["taints"] = _moved_taints(node, record.taints)
         patch: Obj = {
-            "metadata": {"labels": dict(record.pool), "annotations": {FLOW_ANNOTATION: None}},
-            "spec": {"unschedulable": True if record.was_cordoned else None},
+            "metadata": {"labels": dict(record.pool), "annotations": _closing(record)},
+            "spec": spec,
         }
         await self._patch_node(node, patch)
         pool = ",".join(f"{k}={v}" for k, v in sorted(record.pool.items()) if v is not None)
@@ -418,7 +508,7 @@ class MigFlow:
         if record is None:
             return None
         decision = record.decision(name)
-        if record.phase == "reconfiguring":
+        if record.phase in ("reconfiguring", "advertising"):
             return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({halted})")
         why = f"{halted} turned on mid-flow"
         result = await self._settle(lambda: self._read_then_release(decision, why))
@@ -467,14 +557,14 @@ class MigFlow:
             restored = f"; {CONFIG_LABEL} restored to {record.previous or '(none)'}"
         if ours and record.previous is not None:
             deadline = self._gate.now() + self.settings.reconfigure_timeout_s
-            nxt = replace(record, phase="restoring", deadline=deadline)
+            nxt = replace(record, phase="restoring", deadline=deadline, rebooted=False)
             patch: Obj = {
                 "metadata": {"labels": labels, "annotations": {FLOW_ANNOTATION: nxt.to_json()}}
             }
             cordon = "kept cordoned until the MIG manager reports the old layout back"
         else:
             patch = {
-                "metadata": {"labels": labels, "annotations": {FLOW_ANNOTATION: None}},
+                "metadata": {"labels": labels, "annotations": _closing(record)},
                 "spec": {"unschedulable": True if record.was_cordoned else None},
             }
             cordon = "left cordoned as it was before" if record.was_cordoned else "uncordoned"
@@ -491,7 +581,13 @@ class MigFlow:
         Events and log lines, reported as IN_PROGRESS so the ledger's verdict stands."""
         labels = labels_of(node)
         state = labels.get(STATE_LABEL)
-        restored = labels.get(CONFIG_LABEL) == record.previous and state == "success"
+        if state == "rebooting" and not record.rebooted:
+            return await self._extend_for_reboot(decision, node, record)
+        restored = (
+            labels.get(CONFIG_LABEL) == record.previous
+            and state == "success"
+            and advertised(node, record.previous_resources)
+        )
         late = self._gate.now() >= record.deadline
         if not restored and state != "failed" and not late:
             detail = f"rolled back; waiting for the MIG manager to restore {record.previous}"
@@ -515,7 +611,7 @@ class MigFlow:
                 f"{decision.node} left cordoned: check its GPUs, then uncordon it"
             )
         patch: Obj = {
-            "metadata": {"annotations": {FLOW_ANNOTATION: None}},
+            "metadata": {"annotations": _closing(record)},
             "spec": {"unschedulable": unschedulable},
         }
         await self._patch_node(node, patch)
@@ -526,18 +622,34 @@ class MigFlow:
 
     # --- helpers -------------------------------------------------------------------------------
 
-    def _pool_move(self, direction: Direction) -> dict[str, str | None]:
-        """Labels that move a node into the destination pool and out of the source pool."""
+    def _pools(self, direction: Direction) -> tuple[PoolSpec | None, PoolSpec | None]:
+        """The source and destination pools of a flow in ``direction`` (``None``: no such
+        pool in the policy)."""
         spec = self._gate.policy.spec
         if spec.mig is None:
-            return {}
+            return None, None
         src, dst = (spec.mig.from_pool, spec.mig.to_pool)
         if direction == "revert":
             src, dst = dst, src
-        pools = spec.pools
-        move: dict[str, str | None] = dict(pools[dst].node_selector) if dst in pools else {}
-        for key in pools[src].node_selector if src in pools else {}:
+        return spec.pools.get(src), spec.pools.get(dst)
+
+    def _pool_move(self, direction: Direction) -> dict[str, str | None]:
+        """Labels that move a node into the destination pool and out of the source pool."""
+        src, dst = self._pools(direction)
+        move: dict[str, str | None] = dict(dst.node_selector) if dst is not None else {}
+        for key in src.node_selector if src is not None else {}:
             move.setdefault(key, None)
+        return move
+
+    def _taint_move(self, direction: Direction) -> dict[str, str | None]:
+        """Taints (``key:effect`` → value, ``None`` removes) that go with the pool move: the
+        destination pool's, and the source pool's it does not also list, removed."""
+        src, dst = self._pools(direction)
+        move: dict[str, str | None] = {
+            f"{t.key}:{t.effect}": t.value for t in (dst.taints if dst is not None else [])
+        }
+        for t in src.taints if src is not None else []:
+            move.setdefault(f"{t.key}:{t.effect}", None)
         return move
 
     @staticmethod
@@ -603,6 +715,11 @@ class MigFlow:
     async def _read_node(self, name: str) -> Obj:
         return await self._limits.get(self._api, f"/api/v1/nodes/{name}")
 
+    async def _patch_record(self, node: Obj, record: FlowRecord) -> None:
+        """Record a transition that changes nothing else on the node."""
+        patch: Obj = {"metadata": {"annotations": {FLOW_ANNOTATION: record.to_json()}}}
+        await self._patch_node(node, patch)
+
     async def _patch_node(self, node: Obj, patch: Obj) -> None:
         """Merge-patch ``node`` conditionally on the resourceVersion it was read at (409 if it
         changed since)."""
@@ -638,3 +755,30 @@ class MigFlow:
     ) -> ActionResult:
         result = ActionResult(decision, outcome, detail)
         return await self._recorder.record(result, ref, reason=reason, count=count)
+
+
+def _closing(record: FlowRecord) -> dict[str, str | None]:
+    """Annotations of a flow's last patch: the record goes, the autoscaler annotations the flow
+    set go back to what they were (someone else's ``"true"`` stays)."""
+    return {FLOW_ANNOTATION: None, **record.held_annotations}
+
+
+def _moved_taints(node: Obj, moves: Mapping[str, str | None]) -> list[Obj]:
+    """The node's taints after a pool move: ones the pools do not list kept as they are (in
+    order), the source pool's dropped, the destination pool's set. A merge patch replaces the
+    whole list, so this is written with the node's resourceVersion like every other step."""
+    kept = [
+        t
+        for t in (node.get("spec") or {}).get("taints") or []
+        if f"{t.get('key')}:{t.get('effect')}" not in moves
+    ]
+    for where, value in sorted(moves.items()):
+        if value is not None:
+            key, effect = where.rsplit(":", 1)
+            taint = {"key": key, "value": value, "effect": effect}
+            kept.append(taint if value else {"key": key, "effect": effect})
+    return kept
+
+
+def _resources(resources: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}={n or '>0'}" for k, n in sorted(resources.items())) or "none"

@@ -4,7 +4,11 @@ A MIG flow (:mod:`controller.kube.migflow`) keeps its whole state in one JSON an
 node, ``ebbtide.io/mig-flow``: a :class:`FlowRecord` with the direction, the phase, the target
 and previous ``nvidia.com/mig.config``, the pool labels to write at the end and their previous
 values, whether the node was cordoned before the flow, its start time and the current phase's
-deadline, and the rule and reason of the decision (so Events after a restart still name them).
+deadline, and the rule and reason of the decision (so Events after a restart still name them);
+the GPU resources the device plugin must advertise at the target (``expect``) and advertised
+before (``previous_resources``), whether a reported reboot already extended the deadline
+(``rebooted``), the taints the pool move writes (``taints``), and the values the autoscaler
+annotations had before the flow set them (``held_annotations``).
 The record is the flow's only memory: a restarted controller rebuilds the decision from it
 (:meth:`FlowRecord.decision`) and carries on.
 
@@ -19,8 +23,10 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, Final, Literal
 
 from policies.decisions import Explanation, MigConvert, MigRevert, Scalar
+from policies.miglayout import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 
 __all__ = [
+    "AUTOSCALER_HOLD",
     "CONFIG_LABEL",
     "FLOW_ANNOTATION",
     "STATE_LABEL",
@@ -28,7 +34,10 @@ __all__ = [
     "FlowRecord",
     "MigDecision",
     "Phase",
+    "advertised",
     "annotations_of",
+    "gpu_count",
+    "gpu_resources",
     "is_cordoned",
     "labels_of",
     "pod_key",
@@ -39,13 +48,21 @@ __all__ = [
 CONFIG_LABEL: Final = "nvidia.com/mig.config"
 STATE_LABEL: Final = "nvidia.com/mig.config.state"
 FLOW_ANNOTATION: Final = "ebbtide.io/mig-flow"
+#: Set to ``"true"`` while a flow runs, so Karpenter does not consolidate the node and the
+#: cluster-autoscaler does not scale it down (an empty, cordoned node looks like a candidate).
+AUTOSCALER_HOLD: Final = (
+    "karpenter.sh/do-not-disrupt",
+    "cluster-autoscaler.kubernetes.io/scale-down-disabled",
+)
 
 Direction = Literal["convert", "revert"]
-Phase = Literal["draining", "reconfiguring", "restoring"]
+Phase = Literal["draining", "reconfiguring", "advertising", "restoring"]
 MigDecision = MigConvert | MigRevert
 Obj = dict[str, Any]
 _KNOWN: Final = {
-    (d, p) for d in ("convert", "revert") for p in ("draining", "reconfiguring", "restoring")
+    (d, p)
+    for d in ("convert", "revert")
+    for p in ("draining", "reconfiguring", "advertising", "restoring")
 }
 
 
@@ -75,6 +92,18 @@ class FlowRecord:
     gpu_model: str = ""
     inputs: Mapping[str, Scalar] = field(default_factory=dict)
     thresholds: Mapping[str, Scalar] = field(default_factory=dict)
+    expect: Mapping[str, int] = field(default_factory=dict)
+    """GPU resources (``nvidia.com/mig-<profile>``, ``nvidia.com/gpu``) the node's allocatable
+    must show at the target before it is uncordoned; 0: present, count unknown."""
+    previous_resources: Mapping[str, int] = field(default_factory=dict)
+    """GPU resources the node advertised before the flow: what a restore waits for."""
+    rebooted: bool = False
+    """The MIG manager reported ``rebooting`` and the deadline was extended (once per phase)."""
+    taints: Mapping[str, str | None] = field(default_factory=dict)
+    """Taints to write when done, by ``key:effect``: a value adds it, ``None`` removes it."""
+    held_annotations: Mapping[str, str | None] = field(default_factory=dict)
+    """:data:`AUTOSCALER_HOLD` annotations before the flow (``None``: absent): put back at the
+    end. Empty in older records, which did not set them."""
 
     @staticmethod
     def for_decision(decision: MigDecision, **state: Any) -> FlowRecord:
@@ -165,3 +194,38 @@ def pod_key(pod: Obj) -> str:
     """``namespace/name``."""
     meta = pod["metadata"]
     return f"{meta.get('namespace')}/{meta['name']}"
+
+
+def _count(value: object) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def gpu_resources(node: Obj) -> dict[str, int]:
+    """The node's allocatable ``nvidia.com/gpu`` and ``nvidia.com/mig-*`` resources above 0."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    out = {
+        k: n
+        for k, v in allocatable.items()
+        if (k == GPU_RESOURCE or k.startswith(MIG_RESOURCE_PREFIX)) and (n := _count(v)) > 0
+    }
+    return dict(sorted(out.items()))
+
+
+def gpu_count(node: Obj) -> int:
+    """Physical GPUs: the ``nvidia.com/gpu.count`` label (GPU feature discovery), else the
+    whole GPUs allocatable; 0 when neither says."""
+    label = _count(labels_of(node).get("nvidia.com/gpu.count", ""))
+    return label or gpu_resources(node).get(GPU_RESOURCE, 0)
+
+
+def advertised(node: Obj, expect: Mapping[str, int]) -> bool:
+    """The device plugin advertises exactly ``expect`` (a 0 there: any count) and no other GPU
+    resource: the MIG manager reports ``success`` before the plugin has restarted, and a node
+    uncordoned in between would take pods for resources it does not have yet."""
+    have = gpu_resources(node)
+    if set(have) != set(expect) and expect:
+        return False
+    return all(have.get(k, 0) == n or (n == 0 and have.get(k, 0) > 0) for k, n in expect.items())

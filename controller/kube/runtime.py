@@ -73,7 +73,9 @@ class KubeRuntime:
         self.state = KubeClusterState(
             api, ClusterStateSettings(node_selector=k.node_selector or None, workload_kinds=kinds)
         )
-        actuator = KubeActuator(api, self.gate, nodes=self.state.nodes, workload_kinds=kinds)
+        actuator = KubeActuator(
+            api, self.gate, nodes=self.state.nodes, workload_kinds=kinds, owners=self.state.owners
+        )
         self._cluster = KubeCluster(self.state, actuator)
 
     @classmethod

@@ -4,7 +4,8 @@ Design:
 
 * :class:`KubeClusterState` runs one :class:`~controller.kube.informer.Informer` per kind —
   Nodes (by a node label selector), Pods (by a label selector and/or namespaces, finished pods
-  excluded by a field selector), PriorityClasses, PodDisruptionBudgets, and each tracked workload
+  excluded by a field selector), PriorityClasses, PodDisruptionBudgets, ResourceQuotas (the
+  namespaces' GPU quotas, which bound training growth), and each tracked workload
   kind (Deployments, StatefulSets, custom resources with ``/scale`` such as PyTorchJob, described
   by :class:`~controller.kube.translate.WorkloadKind`; which ones is a setting). It is
   :attr:`synced` once every informer has listed. A workload kind whose API is not installed (no
@@ -24,7 +25,12 @@ Design:
   snapshot can show yields a new object.
 * Consistency is per informer, as in any informer-based controller: the snapshot is what the
   caches hold at the moment of the call, with no cross-kind transaction.
-* :meth:`KubeClusterState.pdbs` hands the cached PodDisruptionBudgets (raw dicts) to actuators.
+* :meth:`KubeClusterState.pdbs` hands the cached PodDisruptionBudgets (raw dicts) to actuators,
+  :meth:`KubeClusterState.owners` the workloads HPAs and KEDA ScaledObjects scale.
+* Workloads are translated by their kind's adapter (:mod:`controller.kube.workloads`), which
+  carries the owner's bounds (a PyTorchJob's ``elasticPolicy``) into the snapshot; a Volcano or
+  coscheduling PodGroup's ``minMember`` becomes its gang minimum (a PodGroup change
+  re-translates the workloads).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import asyncio
 import bisect
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Generic, TypeVar
 
 import structlog
@@ -50,9 +56,13 @@ from controller.kube.translate import (
     node_from,
     pod_from,
     priorities_from,
-    workload_from,
+    quota_from,
+    tightest_quotas,
 )
-from policies.snapshot import Pod, Snapshot, Workload
+from controller.kube.workloads import ADAPTERS, Adapter
+from controller.kube.workloads.autoscalers import HPAS, SCALED_OBJECTS, Owners, owners
+from controller.kube.workloads.podgroups import PODGROUPS, Gangs, gang_minimum, gangs
+from policies.snapshot import GpuQuota, Pod, Snapshot, Workload
 
 __all__ = ["WORKLOAD_KINDS", "ClusterStateSettings", "KubeClusterState", "workload_kinds"]
 
@@ -64,12 +74,13 @@ PRIORITY_CLASSES: Final = Resource(
     group="scheduling.k8s.io", version="v1", plural="priorityclasses", namespaced=False
 )
 PDBS: Final = Resource(group="policy", version="v1", plural="poddisruptionbudgets")
+QUOTAS: Final = Resource(plural="resourcequotas")
 #: Finished pods hold no GPUs; the apiserver filters them out (and sends DELETED as they finish).
 LIVE_PODS: Final = "status.phase!=Succeeded,status.phase!=Failed"
 
 #: The workload kinds the adapter can track, by the names the ``kube.workload_kinds`` setting uses.
 WORKLOAD_KINDS: Final[Mapping[str, WorkloadKind]] = {
-    k.kind: k for k in (DEPLOYMENT, STATEFULSET, PYTORCHJOB)
+    name: adapter.kind for name, adapter in ADAPTERS.items()
 }
 
 _T = TypeVar("_T")
@@ -206,6 +217,20 @@ class KubeClusterState:
         self._priorities = Priorities()
         self._classes = Informer(api, PRIORITY_CLASSES, **common)
         self._pdbs = Informer(api, PDBS, **scoped)
+        # Other autoscalers (KEDA is optional: no CRD lists 404 and counts as none).
+        self._hpas = Informer(
+            api, HPAS, optional=True, rediscover_s=settings.rediscover_s, **scoped
+        )
+        self._scaled_objects = Informer(
+            api, SCALED_OBJECTS, optional=True, rediscover_s=settings.rediscover_s, **scoped
+        )
+        self._owners: tuple[tuple[int, int], Owners] = ((-1, -1), {})
+        self._podgroups = tuple(
+            Informer(api, r, optional=True, rediscover_s=settings.rediscover_s, **scoped)
+            for r in PODGROUPS
+        )
+        self._podgroups_version: tuple[int, ...] = ()
+        self._gangs: Gangs = {}
         self._nodes = _Translations(
             Informer(api, NODES, label_selector=settings.node_selector, **common),
             node_from,
@@ -222,6 +247,9 @@ class KubeClusterState:
             self._translate_pod,
             lambda p: (p.namespace, p.name),
         )
+        self._quotas = _Translations(
+            Informer(api, QUOTAS, **scoped), _named_quota, lambda q: (q[1].namespace, q[0])
+        )
         self._workloads: list[_Translations[Workload]] = []
         for kind in self._kinds:
             resource = Resource(group=kind.group, version=kind.version, plural=kind.plural)
@@ -236,10 +264,22 @@ class KubeClusterState:
             self._workloads.append(
                 _Translations(informer, self._workload_translator(kind), _workload_order)
             )
-        translated: list[_Translations[Any]] = [self._nodes, self._pods, *self._workloads]
+        translated: list[_Translations[Any]] = [
+            self._nodes,
+            self._pods,
+            self._quotas,
+            *self._workloads,
+        ]
         for translations in translated:
             translations.informer.on_change = translations.mark
-        self._all = (self._classes, self._pdbs, *(t.informer for t in translated))
+        self._all = (
+            self._classes,
+            self._pdbs,
+            self._hpas,
+            self._scaled_objects,
+            *self._podgroups,
+            *(t.informer for t in translated),
+        )
         self._seen_versions: tuple[int, ...] | None = None
         self._classes_version = -1
         self._snapshot = Snapshot()
@@ -278,13 +318,23 @@ class KubeClusterState:
                 self._pods.invalidate()
                 for translations in self._workloads:
                     translations.invalidate()
+        podgroups = tuple(i.version for i in self._podgroups)
+        if podgroups != self._podgroups_version:  # gang minimums are part of the translation
+            self._podgroups_version = podgroups
+            gang_index = gangs(pg for i in self._podgroups for pg in i.items())
+            if gang_index != self._gangs:
+                self._gangs = gang_index
+                for translations in self._workloads:
+                    translations.invalidate()
         workloads_changed = any([w.refresh() for w in self._workloads])
         nodes_changed = self._nodes.refresh()
         pods_changed = self._pods.refresh()
+        quotas_changed = self._quotas.refresh()
         if pods_changed or workloads_changed:
             tracked = {w.key for t in self._workloads for w in t.values()}
             self._kept_pods = tuple(p for p in self._pods.values() if keep_pod(p, tracked))
-        if classes_changed or workloads_changed or nodes_changed or pods_changed:
+        changed = (classes_changed, workloads_changed, nodes_changed, pods_changed, quotas_changed)
+        if any(changed):
             workloads = sorted(
                 (w for t in self._workloads for w in t.values()), key=_workload_order
             )
@@ -293,6 +343,7 @@ class KubeClusterState:
                 pods=self._kept_pods,
                 workloads=tuple(workloads),
                 priority_classes=self._priorities.classes(),
+                quotas=tightest_quotas(q for _, q in self._quotas.values()),
             )
         self.last_rebuild_s = time.perf_counter() - started
         return self._snapshot
@@ -301,6 +352,14 @@ class KubeClusterState:
         """The cached Nodes, raw (the cache's own dicts: do not mutate); MIG flows are found in
         their annotations."""
         return self._nodes.informer.items()
+
+    def owners(self) -> Owners:
+        """Workloads that an HPA or KEDA ScaledObject scales, and which one (re-indexed only
+        when either informer moved)."""
+        versions = (self._hpas.version, self._scaled_objects.version)
+        if versions != self._owners[0]:
+            self._owners = (versions, owners(self._hpas.items(), self._scaled_objects.items()))
+        return self._owners[1]
 
     def pdbs(self) -> list[Obj]:
         """The cached PodDisruptionBudgets, raw (the cache's own dicts: do not mutate)."""
@@ -336,10 +395,20 @@ class KubeClusterState:
         return pod_from(obj, priorities=self._priorities, kinds=self._kinds)
 
     def _workload_translator(self, kind: WorkloadKind) -> Callable[[Obj], Workload | None]:
+        adapter = ADAPTERS.get(kind.kind) or Adapter(kind)
+
         def translate(obj: Obj) -> Workload | None:
-            return workload_from(obj, kind, priorities=self._priorities)
+            w = adapter.workload(obj, self._priorities)
+            gang = gang_minimum(self._gangs, w.kind, w.namespace, w.name)
+            return w if gang is None else replace(w, gang_min=gang)
 
         return translate
+
+
+def _named_quota(obj: Obj) -> tuple[str, GpuQuota] | None:
+    """A ResourceQuota's GPU quota with the object's name (several may share a namespace)."""
+    quota = quota_from(obj)
+    return None if quota is None else (str((obj.get("metadata") or {}).get("name", "")), quota)
 
 
 def _workload_order(w: Workload) -> tuple[str, str, str]:

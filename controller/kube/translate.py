@@ -16,7 +16,7 @@ Design:
   The model comes from ``nvidia.com/gpu.product`` (``NVIDIA-A100-SXM4-80GB`` → ``A100-80GB``);
   unknown products pass through unchanged. A node carrying a MIG flow record
   (``ebbtide.io/mig-flow``) has ``mig_flow`` set, so a restarted engine counts that flow. Nodes
-  without any GPU sign are dropped.
+  without any GPU sign are dropped. ``spec.taints`` are kept for the fit rules.
 * **Pods.** Whole-GPU and MIG requests follow the scheduler's rules: per container the request,
   else the limit (extended resources are integers); per pod the larger of the app containers'
   sum and the largest init container, with restartable (sidecar) init containers added to both,
@@ -24,10 +24,18 @@ Design:
   value of ``spec.priorityClassName``, else the ``globalDefault`` class. The owner workload is a
   Deployment (via its ReplicaSet, whose name is ``<deployment>-<pod-template-hash>``), a
   StatefulSet, or a configured custom kind, directly or by a pod label such as
-  ``training.kubeflow.org/job-name``. Succeeded and Failed pods are dropped (:func:`pod_from`
-  returns None); :func:`keep_pod` keeps GPU pods and pods of tracked workloads.
+  ``training.kubeflow.org/job-name`` (a label wins: a JobSet's pods are owned by its Jobs).
+  Succeeded and Failed pods are dropped (:func:`pod_from` returns None); :func:`keep_pod` keeps
+  GPU pods and pods of tracked workloads.
+* **Placement** (pods and workload templates, :func:`placement_from`): ``nodeSelector``, plus
+  required node-affinity terms when there is one term whose expressions are all ``In`` one
+  value (the common way to pin a GPU model); richer affinity is not modelled. Tolerations as
+  written.
 * **Workloads.** Deployments, StatefulSets and custom kinds described by :class:`WorkloadKind`
   (where the replica count and the pod template live), with GPUs per replica from the template.
+* **Quotas** (:func:`quota_from`): a ResourceQuota's ``requests.nvidia.com/gpu`` hard limit and
+  use from its status (``spec.hard`` before the quota controller has filled the status);
+  :func:`tightest_quotas` keeps the one with the least left per namespace.
 * :func:`snapshot_from` translates whole lists at once: the reference the incremental state is
   tested against, and handy for one-off tools.
 """
@@ -36,21 +44,27 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, cast
 
 from controller.kube.migrecord import FLOW_ANNOTATION
+from policies.miglayout import slices_per_gpu
 from policies.snapshot import (
+    ANYWHERE,
     MIG_DISABLED,
     FrozenMap,
     Gpu,
+    GpuQuota,
     Node,
+    Placement,
     Pod,
     PodPhase,
     PriorityClass,
     Snapshot,
+    Taint,
+    Toleration,
     Workload,
     frozen_map,
 )
@@ -70,16 +84,21 @@ __all__ = [
     "keep_pod",
     "mig_slices_per_gpu",
     "node_from",
+    "placement_from",
     "pod_from",
     "pod_workload",
     "priorities_from",
+    "quota_from",
     "snapshot_from",
+    "tightest_quotas",
     "workload_from",
 ]
 
 Obj = Mapping[str, Any]
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
+#: The ResourceQuota key that caps a namespace's GPU requests.
+GPU_QUOTA: Final = "requests.nvidia.com/gpu"
 MIG_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
 _GPU_COUNT_LABEL: Final = "nvidia.com/gpu.count"
 _GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
@@ -88,31 +107,6 @@ _MIG_STATE_LABEL: Final = "nvidia.com/mig.config.state"
 _MIG_STRATEGY_LABEL: Final = "nvidia.com/mig.strategy"
 _TEMPLATE_HASH_LABEL: Final = "pod-template-hash"
 _PHASES: Final = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
-
-#: MIG instances per GPU by profile (NVIDIA mig-parted defaults), and by slice size otherwise.
-_MIG_SLICES: Final = {
-    "1g.5gb": 7,
-    "1g.5gb+me": 7,
-    "2g.10gb": 3,
-    "3g.20gb": 2,
-    "4g.20gb": 1,
-    "7g.40gb": 1,
-    "1g.10gb": 7,
-    "1g.10gb+me": 7,
-    "1g.20gb": 4,
-    "2g.20gb": 3,
-    "3g.40gb": 2,
-    "4g.40gb": 1,
-    "7g.80gb": 1,
-    "1g.18gb": 7,
-    "1g.18gb+me": 7,
-    "1g.35gb": 4,
-    "2g.35gb": 3,
-    "3g.71gb": 2,
-    "4g.71gb": 1,
-    "7g.141gb": 1,
-}
-_SLICES_BY_SIZE: Final = {"1g": 7, "2g": 3, "3g": 2, "4g": 1, "7g": 1}
 
 #: GPU families whose model is ``<family>-<memory>GB``, with the memory when the label omits it.
 _FAMILIES: Final = re.compile(r"(GH200|H200|H100|H20|A100|A30|B200)(?![0-9A-Za-z])")
@@ -223,10 +217,9 @@ def gpu_model(product: str | None) -> str:
 
 
 def mig_slices_per_gpu(profile: str) -> int:
-    """MIG instances of ``profile`` (``1g.10gb``) one GPU holds."""
-    if profile in _MIG_SLICES:
-        return _MIG_SLICES[profile]
-    return _SLICES_BY_SIZE.get(profile.split(".", 1)[0], 1)
+    """MIG instances of ``profile`` (``1g.10gb``) one GPU holds (the table lives in
+    :mod:`policies.miglayout`, shared with the MIG flow and the simulator)."""
+    return slices_per_gpu(profile)
 
 
 def node_from(obj: Obj) -> Node | None:
@@ -273,11 +266,74 @@ def node_from(obj: Obj) -> Node | None:
         mig_config=mig_config,
         mig_state=labels.get(_MIG_STATE_LABEL) or None,
         mig_flow=FLOW_ANNOTATION in annotations,
+        taints=tuple(
+            Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
+            for t in (obj.get("spec") or {}).get("taints") or []
+        ),
     )
 
 
 def _has_gpu_resources(resources: Mapping[str, Any]) -> bool:
     return any(k == GPU_RESOURCE or k.startswith(MIG_RESOURCE_PREFIX) for k in resources)
+
+
+# --- placement ---------------------------------------------------------------------------------
+
+
+def placement_from(pod_spec: Obj) -> Placement:
+    """Where a pod spec may run: its nodeSelector (and simple required node affinity) and its
+    tolerations (module docstring)."""
+    selector: dict[str, str] = {
+        str(k): str(v) for k, v in (pod_spec.get("nodeSelector") or {}).items()
+    }
+    terms = (
+        get_path(
+            pod_spec,
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
+        )
+        or []
+    )
+    if len(terms) == 1:
+        exprs = terms[0].get("matchExpressions") or []
+        if all(e.get("operator") == "In" and len(e.get("values") or []) == 1 for e in exprs):
+            selector.update({str(e.get("key")): str(e["values"][0]) for e in exprs})
+    tolerations = tuple(
+        Toleration(
+            str(t.get("key") or ""),
+            "Exists" if t.get("operator") == "Exists" else "Equal",
+            str(t.get("value") or ""),
+            str(t.get("effect") or ""),
+        )
+        for t in pod_spec.get("tolerations") or []
+    )
+    if not selector and not tolerations:
+        return ANYWHERE
+    return Placement(frozen_map(selector), tolerations)
+
+
+# --- quotas -------------------------------------------------------------------------------------
+
+
+def quota_from(obj: Obj) -> GpuQuota | None:
+    """A namespace's GPU quota from a ResourceQuota; None when it does not cap GPUs."""
+    status = obj.get("status") or {}
+    hard = (status.get("hard") or {}).get(GPU_QUOTA)
+    if hard is None:
+        hard = ((obj.get("spec") or {}).get("hard") or {}).get(GPU_QUOTA)
+    if hard is None:
+        return None
+    used = _int((status.get("used") or {}).get(GPU_QUOTA))
+    return GpuQuota(str(_meta(obj).get("namespace") or ""), _int(hard), used)
+
+
+def tightest_quotas(quotas: Iterable[GpuQuota]) -> tuple[GpuQuota, ...]:
+    """One quota per namespace, the one with the fewest GPUs left, sorted by namespace: every
+    quota must admit a pod, so the tightest decides."""
+    best: dict[str, GpuQuota] = {}
+    for q in quotas:
+        if q.namespace not in best or q.left < best[q.namespace].left:
+            best[q.namespace] = q
+    return tuple(best[ns] for ns in sorted(best))
 
 
 # --- pods --------------------------------------------------------------------------------------
@@ -326,6 +382,9 @@ def pod_workload(obj: Obj, kinds: Sequence[WorkloadKind]) -> str | None:
     meta = _meta(obj)
     namespace = meta.get("namespace") or ""
     labels: Mapping[str, str] = meta.get("labels") or {}
+    for tracked in kinds:  # a label naming the top workload beats a direct owner (a JobSet's Job)
+        if tracked.pod_label and labels.get(tracked.pod_label):
+            return f"{namespace}/{labels[tracked.pod_label]}"
     refs = meta.get("ownerReferences") or []
     controllers = [r for r in refs if r.get("controller")] or refs
     for ref in controllers:
@@ -339,9 +398,6 @@ def pod_workload(obj: Obj, kinds: Sequence[WorkloadKind]) -> str | None:
         for tracked in kinds:
             if (tracked.kind, tracked.group) == (kind, group):
                 return f"{namespace}/{name}"
-    for tracked in kinds:
-        if tracked.pod_label and labels.get(tracked.pod_label):
-            return f"{namespace}/{labels[tracked.pod_label]}"
     return None
 
 
@@ -367,6 +423,7 @@ def pod_from(obj: Obj, *, priorities: Priorities, kinds: Sequence[WorkloadKind])
         annotations=frozen_map(meta.get("annotations")),
         created=_epoch(meta.get("creationTimestamp")),
         gated=bool(spec.get("schedulingGates")),
+        placement=placement_from(spec),
     )
 
 
@@ -396,6 +453,7 @@ def workload_from(obj: Obj, kind: WorkloadKind, *, priorities: Priorities) -> Wo
         priority=priority,
         priority_class=class_name,
         created=_epoch(meta.get("creationTimestamp")),
+        placement=placement_from(template_spec),
     )
 
 
@@ -408,11 +466,17 @@ def snapshot_from(
     pods: Iterable[Obj] = (),
     workloads: Iterable[tuple[WorkloadKind, Obj]] = (),
     priority_classes: Iterable[Obj] = (),
+    quotas: Iterable[Obj] = (),
     kinds: Sequence[WorkloadKind] = (DEPLOYMENT, STATEFULSET, PYTORCHJOB),
+    workload: Callable[[Obj, WorkloadKind, Priorities], Workload] | None = None,
 ) -> Snapshot:
-    """Translate whole lists into a snapshot, sorted as :class:`SnapshotBuilder` sorts."""
+    """Translate whole lists into a snapshot, sorted as :class:`SnapshotBuilder` sorts;
+    ``workload`` translates a workload (its kind's adapter), :func:`workload_from` by default."""
     priorities = priorities_from(priority_classes)
-    translated = [workload_from(o, k, priorities=priorities) for k, o in workloads]
+    if workload is None:
+        translated = [workload_from(o, k, priorities=priorities) for k, o in workloads]
+    else:
+        translated = [workload(o, k, priorities) for k, o in workloads]
     tracked = {w.key for w in translated}
     kept = (pod_from(o, priorities=priorities, kinds=kinds) for o in pods)
     return Snapshot(
@@ -425,6 +489,7 @@ def snapshot_from(
         ),
         workloads=tuple(sorted(translated, key=lambda w: (w.namespace, w.name, w.kind))),
         priority_classes=priorities.classes(),
+        quotas=tightest_quotas(q for q in map(quota_from, quotas) if q),
     )
 
 
@@ -432,12 +497,16 @@ def snapshot_from(
 
 
 def get_path(obj: Obj, path: str) -> Any:
-    """The value at a dotted path (``spec.pytorchReplicaSpecs.Worker.replicas``), or None."""
+    """The value at a dotted path (``spec.pytorchReplicaSpecs.Worker.replicas``), or None; a
+    numeric part indexes a list (``spec.workerGroupSpecs.0.replicas``)."""
     node: Any = obj
     for part in path.split("."):
-        if not isinstance(node, Mapping):
+        if isinstance(node, list) and part.isdigit():
+            node = node[int(part)] if int(part) < len(node) else None
+        elif isinstance(node, Mapping):
+            node = node.get(part)
+        else:
             return None
-        node = node.get(part)
     return node
 
 

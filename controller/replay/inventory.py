@@ -182,7 +182,7 @@ def infer_snapshot(scan: RecordingScan, policy: Policy) -> InferredCluster:
         mig_config = None
         if spec.pools[pool].kind == "mig":
             profile = ns.mig_profiles.most_common(1)[0][0] if ns.mig_profiles else None
-            fallback = spec.mig.profiles.get(model) if spec.mig is not None else None
+            fallback = next(iter(spec.mig.layouts_for(model)), None) if spec.mig else None
             mig_config = f"all-{profile}" if profile else (fallback or "all-1g.10gb")
             mig_nodes.add(name)
         b.node(name, gpus=gpus, model=model, labels=spec.pools[pool].node_selector,

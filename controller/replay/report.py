@@ -42,6 +42,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
+from controller.replay.fit import fit_line
 from controller.replay.runner import REPORT_FILE, SUMMARY_FILE, ReplayResult
 from controller.replay.summary import ACTIONS, USES
 
@@ -337,6 +338,8 @@ def render_report(result: ReplayResult) -> str:
         f'<h3>{e(f["title"])}</h3><div id="{f["id"]}" class="fig"></div>' for f in figures
     )
     notes = "".join(f"<li>{e(n)}</li>" for n in s["inventory"])
+    fitted = "".join(f"<li>{e(fit_line(key, f))}</li>" for key, f in s.get("fit", {}).items())
+    fits = f"<p>Latency model (docs/replay.md):</p><ul>{fitted}</ul>" if fitted else ""
     decision_rows = _decision_rows(result.markers)
     decisions = (
         _table(["time", "action", "target", "outcome", "reason"], decision_rows)
@@ -372,7 +375,7 @@ Events: {ev["total"]} total, {ev["accepted"]} accepted, {ev["rejected"]} rejecte
 </p>
 <h2>SLOs</h2>
 <p>Latency {e(s["latency"])}.</p>
-{_table(["service", "objective", "attainment", "breach seconds", "breaches"], slo_rows)}
+{fits}{_table(["service", "objective", "attainment", "breach seconds", "breaches"], slo_rows)}
 <h2>Actions</h2>
 {_table(["action", "count", "outcomes"], action_rows)}
 <h2>Pools</h2>

@@ -13,6 +13,10 @@ Design:
   late, as the live controller would see them.
 * **Open loop.** Latency and utilization come from the recording whatever the decisions were;
   only the simulated cluster's allocation follows the decisions (``simulate`` closes the loop).
+  A :class:`TickHook` may change that: it sees each batch of events before the loop (and may
+  replace some by :class:`Withheld`, which move the clock but reach no engine) and, at each
+  tick before the evaluation, gives the engine events of its own made from the simulated
+  cluster's state (:mod:`.counterfactual` closes the loop this way).
 * **Synchronous.** Reading the file blocks anyway, so the loop is plain code; the port's
   ``async apply`` runs on a private :class:`asyncio.Runner`, only on ticks with decisions.
 * **As fast as possible**, or paced: with ``speed`` the tick at ``T`` waits until
@@ -23,7 +27,11 @@ Design:
   series are downsampled to a fixed number of points, and breaches listed are capped.
 * **The hot loop** does per event: a type check, a comparison with the next tick, the engine's
   ``observe`` and, for utilization, one dict lookup and two float updates (a pool's running sum
-  of its devices' last utilization). Per-tick work is O(services + pools) plus windowed
+  of its devices' last utilization). Per-tick work follows what changed: the services whose
+  SLO the engine stepped (:meth:`~policies.engine.Engine.stepped`) or that are above their
+  objective; the others' unchanged ticks are accounted in bulk when they next change or at the
+  end (:meth:`~controller.replay.summary.ServiceAccount.repeat`), and GPUs by use once per
+  timeline bucket or cluster change; plus the pools' utilization, plus windowed
   percentiles (:meth:`~policies.engine.Engine.quantile`: a running sum of the window's older
   intervals plus the newest, tens of µs when many intervals changed since the last read), still
   rationed: for the plot, on the
@@ -39,7 +47,7 @@ import contextlib
 import gc
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final, Protocol
@@ -56,7 +64,7 @@ from policies.engine import Engine
 from policies.inventory import matches
 from policies.model import Policy
 from policies.snapshot import Snapshot
-from streams.events import EventDecoder, GpuUtilization, Rejection
+from streams.events import Event, EventDecoder, GpuUtilization, Rejection
 
 __all__ = [
     "DECISIONS_FILE",
@@ -65,6 +73,8 @@ __all__ = [
     "ReplayCluster",
     "ReplayResult",
     "ReplaySettings",
+    "TickHook",
+    "Withheld",
     "clear_outputs",
     "count_action",
     "decision_line",
@@ -118,6 +128,26 @@ def count_action(
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Withheld:
+    """An event a :class:`TickHook` keeps from the engine: it still advances the replay's
+    clock, so ticks fall where they would have."""
+
+    ts: float
+
+
+class TickHook(Protocol):
+    """Changes what the engine sees (see the module docstring)."""
+
+    def filter(self, batch: list[Event | Rejection]) -> Sequence[Event | Rejection | Withheld]:
+        """The batch the loop observes (called once per batch, before any of its events)."""
+        ...
+
+    def tick(self, now: float, snapshot: Snapshot) -> Sequence[Event]:
+        """Events stamped ``now`` for the engine, before it evaluates at ``now``."""
+        ...
+
+
 class ReplayCluster(Cluster, Protocol):
     """The cluster port plus the simulator's clock and GPU-use view."""
 
@@ -156,9 +186,11 @@ class _Replay:
         decisions: IO[bytes],
         settings: ReplaySettings,
         runner: asyncio.Runner,
+        hook: TickHook | None = None,
     ) -> None:
         s = settings
         self.runner = runner
+        self.hook = hook
         self.engine = Engine(policy)
         self.make_cluster = cluster
         self.cluster: ReplayCluster | None = None
@@ -191,6 +223,19 @@ class _Replay:
             for name, spec in policy.spec.services.items()
         }
         self.peak_slot: dict[str, int] = {}
+        #: Per service (in ``services`` order): its level, and the first tick not yet
+        #: accounted (every tick since at that level); the services above their objective.
+        self.index = {key: i for i, (key, _, _) in enumerate(self.services)}
+        self.levels: list[str] = ["none"] * len(self.services)
+        self.since = [0] * len(self.services)
+        self.above: set[int] = set()
+        self.util_channels = [f"util:{name}" for name in self.pool_names]
+        #: The GPUs by use per pool (from ``usage``), and the ticks of bucket ``uses_bucket``
+        #: not yet accounted with them (see :meth:`_flush_uses`).
+        self.usage: Mapping[str, GpuUse] | None = None
+        self.uses: list[dict[str, int]] = []
+        self.uses_ticks = 0
+        self.uses_bucket = 0
         #: Service i is sampled for the plot in buckets b with b % plot_every == i % plot_every.
         self.plot_every = max(1, math.ceil(len(self.services) / READS_PER_SAMPLE))
 
@@ -214,6 +259,18 @@ class _Replay:
                 counts[i] += 1
         self.util_sum, self.util_n = sums, counts
 
+    def _flush_uses(self) -> None:
+        """Account the GPUs by use of the ticks since the last flush, all in one bucket and
+        with the same use (the simulated cluster's view changes only with its snapshot)."""
+        n, tl = self.uses_ticks, self.timeline
+        if not n or tl is None:
+            return
+        for name, uses in zip(self.pool_names, self.uses, strict=True):
+            for u, v in uses.items():
+                tl.add_many(f"use:{name}:{u}", self.uses_bucket, v, n)
+            self.summary.pools[name].hold_uses(uses, n)
+        self.uses_ticks = 0
+
     def _quantile(self, key: str, q: float, now: float) -> float | None:
         """The windowed percentile of service ``key`` (``q`` is its SLO's, as the engine's)."""
         return self.engine.quantile(key, now)
@@ -231,8 +288,13 @@ class _Replay:
         snap = cluster.snapshot()
         if snap is not self.snap:
             self._refresh_pools(snap)
+        if self.hook is not None:
+            for event in self.hook.tick(now, snap):
+                engine.observe(event)
         tl = self.timeline
         assert tl is not None
+        if tl.is_sample_tick(self.k):
+            self._flush_uses()  # before the bucket (and maybe the stride) changes
         b = tl.bucket(self.k)
         decisions = engine.evaluate(now, snap)
         if decisions:
@@ -246,8 +308,27 @@ class _Replay:
                 self._refresh_pools(snap)
         sample = tl.is_sample_tick(self.k)
         every = self.plot_every
-        for i, (key, acc, q) in enumerate(self.services):
-            level = engine.slo_state(key).last_level
+        k = self.k
+        if sample:
+            active: Iterable[int] = range(len(self.services))
+        else:  # the others' level is unchanged and not above: accounted in bulk, later
+            stepped = engine.stepped()
+            active = (
+                sorted({self.index[key] for key in stepped} | self.above)
+                if stepped
+                else sorted(self.above)
+            )
+        levels, since = self.levels, self.since
+        for i in active:
+            key, acc, q = self.services[i]
+            if since[i] < k:
+                acc.repeat(levels[i], k - since[i])
+            level = levels[i] = engine.slo_state(key).last_level
+            since[i] = k + 1
+            if level == "above":
+                self.above.add(i)
+            else:
+                self.above.discard(i)
             p = None
             read = sample and level != "none" and b % every == i % every
             if level == "above":
@@ -261,16 +342,20 @@ class _Replay:
                     tl.add(f"p:{key}", b, p)
             acc.tick(now, level, p)
         usage = cluster.gpus_by_use()
+        if usage is not self.usage:
+            self._flush_uses()
+            self.usage = usage
+            self.uses = [
+                {u: getattr(usage.get(name, GpuUse()), u) for u in USES} for name in self.pool_names
+            ]
+        self.uses_ticks += 1
+        self.uses_bucket = b
         for i, name in enumerate(self.pool_names):
             n = self.util_n[i]
             util = self.util_sum[i] / n if n else None
             if util is not None:
-                tl.add(f"util:{name}", b, util)
-            use = usage.get(name, GpuUse())
-            uses = {u: getattr(use, u) for u in USES}
-            for u, v in uses.items():
-                tl.add(f"use:{name}:{u}", b, v)
-            summary.pools[name].tick(util, uses)
+                tl.add(self.util_channels[i], b, util)
+            summary.pools[name].tick_util(util)
         if summary.first_tick is None:
             summary.first_tick = now
         summary.last_tick = now
@@ -308,9 +393,11 @@ class _Replay:
         accepted = 0
         stats = SourceStats()
         self.summary.rejected_lines = stats.rejected_lines
+        hook = self.hook
         for batch in read_event_batches(path, decoder, progress=progress, stats=stats):
             accepted += len(batch)  # less the rejections, below
-            for item in batch:
+            items = batch if hook is None else hook.filter(batch)
+            for item in items:
                 cls = type(item)
                 if cls is Rejection:
                     rejected[item.code] += 1  # type: ignore[union-attr]
@@ -325,6 +412,8 @@ class _Replay:
                         devices, node_pool = self.devices, self.node_pool
                         util_sum = self.util_sum
                     next_tick = self.next_tick
+                if cls is Withheld:
+                    continue
                 observe(item)  # type: ignore[arg-type]
                 if cls is GpuUtilization:
                     ev: GpuUtilization = item  # type: ignore[assignment]
@@ -345,8 +434,11 @@ class _Replay:
         self.summary.accepted = accepted
         if self.timeline is not None:  # every event is at or before next_tick: one more covers them
             self._tick(self.next_tick)
+            self._flush_uses()
             end = self.t0 + self.k * self.dt
-            for _, acc, _ in self.services:
+            for i, (_, acc, _) in enumerate(self.services):
+                if self.since[i] < self.k:
+                    acc.repeat(self.levels[i], self.k - self.since[i])
                 acc.close(end)
         engine = self.engine
         self.summary.engine = {
@@ -388,11 +480,13 @@ def replay(
     decoder: EventDecoder | None = None,
     progress: Callable[[int], None] | None = None,
     notes: tuple[str, ...] = (),
+    hook: TickHook | None = None,
 ) -> ReplayResult:
     """Replay ``path`` under ``policy``; writes ``out_dir/decisions.jsonl`` as it goes and
     returns the accounting (see :func:`controller.replay.report.write_outputs`). ``cluster`` makes
     the simulated cluster given the replay's start ``T_0`` (known at the first event).
-    ``progress`` is called with the bytes of the file read so far after each batch.
+    ``progress`` is called with the bytes of the file read so far after each batch; ``hook``
+    changes what the engine sees (:class:`TickHook`).
 
     An earlier run's outputs in ``out_dir`` are removed first, and this run's
     ``decisions.jsonl`` when it fails (a damaged recording raises
@@ -410,7 +504,9 @@ def replay(
             asyncio.Runner() as runner,
             _fewer_collections(),
         ):
-            run = _Replay(policy, cluster, decisions=decisions, settings=settings, runner=runner)
+            run = _Replay(
+                policy, cluster, decisions=decisions, settings=settings, runner=runner, hook=hook
+            )
             run.summary.notes = notes
             run.run(path, decoder or EventDecoder(), progress)
     except BaseException:

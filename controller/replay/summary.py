@@ -41,6 +41,7 @@ from policies.model import Policy
 __all__ = [
     "MAX_BREACHES",
     "MODELLED",
+    "MODELLED_FIT",
     "RECORDED",
     "Breach",
     "PoolAccount",
@@ -89,6 +90,13 @@ class ServiceAccount:
         elif quantile_ms is not None and (run.peak_ms is None or quantile_ms > run.peak_ms):
             run.peak_ms = quantile_ms
 
+    def repeat(self, level: str, ticks: int) -> None:
+        """``ticks`` more ticks at ``level`` (not above) after one :meth:`tick` at it, each
+        accounted as :meth:`tick` would: a replay accounts a quiet service's ticks at once."""
+        if level != "none":
+            self.evaluated += ticks
+            self.within += ticks
+
     def close(self, end: float) -> None:
         run = self._open
         if run is None:
@@ -130,12 +138,20 @@ class PoolAccount:
     use_sum: Counter[str] = field(default_factory=Counter)
 
     def tick(self, util_pct: float | None, uses: dict[str, int]) -> None:
+        self.tick_util(util_pct)
+        self.hold_uses(uses, 1)
+
+    def tick_util(self, util_pct: float | None) -> None:
+        """One tick's utilization (its GPUs by use come through :meth:`hold_uses`)."""
         self.ticks += 1
         if util_pct is not None:
             self.util_ticks += 1
             self.util_sum += util_pct
+
+    def hold_uses(self, uses: dict[str, int], ticks: int) -> None:
+        """The GPUs by use of ``ticks`` ticks that saw the same."""
         for use, n in uses.items():
-            self.use_sum[use] += n
+            self.use_sum[use] += n * ticks
 
     def to_dict(self, dt: float) -> dict[str, Any]:
         return {
@@ -165,6 +181,13 @@ MODELLED: Final = (
     "controller/simulate/latency.py)"
 )
 
+#: Counterfactual replay closes the loop with a latency model fitted to the recording.
+MODELLED_FIT: Final = (
+    "modelled (fit): a queueing model fitted to this recording, driven by the replicas this "
+    "policy runs (closed loop, see docs/replay.md); services whose fit is poor keep their "
+    "recorded latencies (fit.<service>.modelled)"
+)
+
 
 @dataclass(slots=True)
 class Summary:
@@ -188,7 +211,10 @@ class Summary:
     rejected_lines: list[tuple[int, str]] = field(default_factory=list)
     """The first rejected lines of the recording: ``(line number, "code: detail")``."""
     latency: str = RECORDED
-    """Where the latencies attainment is computed from (:data:`RECORDED` or :data:`MODELLED`)."""
+    """Where the latencies attainment is computed from (:data:`RECORDED`, :data:`MODELLED` or
+    :data:`MODELLED_FIT`)."""
+    fit: dict[str, Any] | None = None
+    """Per service, the fitted latency model and its validation (``--model fit`` only)."""
 
     @classmethod
     def for_policy(cls, policy: Policy, sha256: str, dt: float) -> Summary:
@@ -243,4 +269,4 @@ class Summary:
             },
             "pools": {name: acc.to_dict(dt) for name, acc in self.pools.items()},
             "inventory": list(self.notes),
-        }
+        } | ({} if self.fit is None else {"fit": self.fit})

@@ -36,13 +36,13 @@ class _Channel:
         self.value = [0.0] * capacity
         self.count = [0] * capacity
 
-    def add(self, b: int, v: float) -> None:
+    def add(self, b: int, v: float, n: int = 1) -> None:
         if self.agg == "max":
             if self.count[b] == 0 or v > self.value[b]:
                 self.value[b] = v
         else:
-            self.value[b] += v
-        self.count[b] += 1
+            self.value[b] += v * n
+        self.count[b] += n
 
     def halve(self) -> None:
         n = len(self.value)
@@ -106,6 +106,11 @@ class Timeline:
     def add(self, name: str, bucket: int, value: float) -> None:
         """Add ``value`` to channel ``name`` in ``bucket`` (from :meth:`bucket`, this tick)."""
         self._channels[name].add(bucket, value)
+
+    def add_many(self, name: str, bucket: int, value: float, n: int) -> None:
+        """Add ``value`` ``n`` times (``n`` ticks of one bucket that saw the same value); exact
+        for integer values, as repeated :meth:`add` calls would be."""
+        self._channels[name].add(bucket, value, n)
 
     def is_sample_tick(self, tick: int) -> bool:
         """True on the first tick of a bucket: when an expensive value is worth computing."""

@@ -33,11 +33,16 @@ Design:
   layout (``state: failed``), else its GPUs become MIG slices (or whole cards) and it is
   relabelled into the target pool using the pool's ``nodeSelector``. Either way it is uncordoned
   unless it was cordoned before.
+* **Quota admission.** A namespace with a ``requests.nvidia.com/gpu`` quota in the starting
+  snapshot gets no pod that would take its live pods' GPUs past ``hard``: a workload controller
+  stays short of replicas (no effect is logged) and tries again when a pod of the namespace
+  goes. The snapshot shows each quota with that use, as the quota controller reports it.
 * **Scheduler** (:mod:`controller.sim.placement`): pending pods, highest priority first, then
   oldest, go to the fitting node with the fewest free GPUs: whole cards on non-MIG nodes, MIG
   requests on nodes with free instances of each profile, never on cordoned or reconfiguring
-  nodes, only on nodes carrying the pod's selector (its workload's pool). A bound pod is
-  ``Pending`` until ``pod_startup_s`` passes, then ``Running``.
+  nodes, only on nodes carrying the pod's selector (its workload's pool and template) and
+  whose taints it tolerates (:func:`policies.placement.admits`, as the engine plans). A bound
+  pod is ``Pending`` until ``pod_startup_s`` passes, then ``Running``.
 * **Scheduler preemption** (off unless :attr:`SimCluster.preemption` is set; never while the
   starting cluster settles): kube-scheduler's DefaultPreemption with PriorityClasses. A pending
   pod that fits nowhere picks a node where evicting pods of *lower* priority makes it fit
@@ -82,7 +87,16 @@ from policies.decisions import Decision, Evict, MigConvert, MigRevert, Scale
 from policies.drain import DrainRule, must_leave, plan_drain
 from policies.inventory import matches
 from policies.model import PolicySpec, PoolSpec
-from policies.snapshot import MIG_DISABLED, FrozenMap, Node, Pod, PodPhase, Snapshot, Workload
+from policies.snapshot import (
+    MIG_DISABLED,
+    FrozenMap,
+    GpuQuota,
+    Node,
+    Pod,
+    PodPhase,
+    Snapshot,
+    Workload,
+)
 
 if TYPE_CHECKING:
     from controller.sim.scenario import Scenario
@@ -112,13 +126,15 @@ class SimCluster:
         revert_to: str | None = None,
         drain: DrainRule | None = None,
         preemption: bool = False,
+        mig_configs: Mapping[str, Mapping[str, int]] | None = None,
     ) -> None:
         """Start from ``snapshot`` at ``start``. Workloads missing pods get them at once and
         pending pods are placed at once, already Running: the snapshot is a settled cluster.
         ``templates`` (by workload key) and ``pod_selectors`` (by pod key) say where pods may run;
         converted nodes join ``convert_to`` (default: the first ``mig`` pool by name), reverted
         ones ``revert_to`` (default: the first ``whole`` pool). ``drain`` is the policy's drain
-        rule (default: a policy's default protected namespaces and ``training_selector``)."""
+        rule (default: a policy's default protected namespaces and ``training_selector``);
+        ``mig_configs`` the policy's named MIG configs (mixed layouts)."""
         self.delays = delays or SimDelays()
         self.seed = seed
         self._rng = random.Random(seed)
@@ -135,6 +151,7 @@ class SimCluster:
         )
         """Which pods a MIG drain may evict; the gated cluster keeps it the policy's."""
         self.preemption = preemption
+        self._mig_configs = mig_configs
         """The scheduler preempts lower-priority pods (kube's DefaultPreemption); see above."""
         self.preemptions = 0
         """Pods the scheduler has preempted so far."""
@@ -151,6 +168,9 @@ class SimCluster:
         self._wl_pods: dict[str, dict[str, None]] = {k: {} for k in self._workloads}
         self._next_index: dict[str, int] = {}
         self._classes = snapshot.priority_classes
+        self._quota_hard = {q.namespace: q.hard for q in snapshot.quotas}
+        self._ns_gpus: dict[str, int] = {}
+        """GPUs requested by the live pods of each namespace with a quota (its quota's use)."""
         self._dirty = False
         self._instant = True
         self._snap: Snapshot | None = None
@@ -166,7 +186,7 @@ class SimCluster:
             sel = selectors.get(pod.key)
             if sel is None and pod.workload is not None:
                 sel = self._template(pod.workload).node_selector
-            self._add_pod(pod, sel or FrozenMap())
+            self._add_pod(pod, FrozenMap({**pod.placement.node_selector, **(sel or {})}))
         for key in self._workloads:
             self._reconcile(key)
         self._schedule()
@@ -202,7 +222,13 @@ class SimCluster:
                 self._pod_tuple = tuple(r.pod for r in recs)
             if self._wl_tuple is None:
                 self._wl_tuple = tuple(self._workloads[k] for k in sorted(self._workloads))
-            self._snap = Snapshot(self._node_tuple, self._pod_tuple, self._wl_tuple, self._classes)
+            quotas = tuple(
+                GpuQuota(ns, hard, self._ns_gpus.get(ns, 0))
+                for ns, hard in sorted(self._quota_hard.items())
+            )
+            self._snap = Snapshot(
+                self._node_tuple, self._pod_tuple, self._wl_tuple, self._classes, quotas
+            )
         return self._snap
 
     def advance(self, now: float) -> None:
@@ -381,7 +407,7 @@ class SimCluster:
             node = replace(node, mig_config=flight.previous, mig_state="failed")
             self._log("mig_failed", node.name, f"rolled back to {flight.previous or 'whole'}")
         else:
-            gpus = mig_layout(node.gpus, flight.target)
+            gpus = mig_layout(node.gpus, flight.target, self._mig_configs)
             labels = self._relabel(node, flight.to_pool)
             node = replace(node, gpus=gpus, labels=labels, mig_config=flight.target)
             node = replace(node, mig_state="success")
@@ -425,6 +451,9 @@ class SimCluster:
                 self._terminate(rec, self.delays.eviction_grace_s, "scaled down")
 
     def _create_pod(self, wl: Workload) -> None:
+        hard = self._quota_hard.get(wl.namespace)
+        if hard is not None and self._ns_gpus.get(wl.namespace, 0) + wl.gpus_per_replica > hard:
+            return  # quota admission refuses it; a pod leaving the namespace retries
         index = self._next_index.get(wl.key)
         if index is None:
             found = [_SUFFIX.search(k) for k in self._wl_pods[wl.key]]
@@ -433,6 +462,7 @@ class SimCluster:
             index += 1
         self._next_index[wl.key] = index + 1
         tpl = self._template(wl.key)
+        where = wl.placement
         pod = Pod(
             wl.namespace,
             f"{wl.name}-{index}",
@@ -446,8 +476,9 @@ class SimCluster:
             wl.labels,
             tpl.annotations,
             self._now,
+            placement=where,
         )
-        self._add_pod(pod, tpl.node_selector)
+        self._add_pod(pod, FrozenMap({**where.node_selector, **tpl.node_selector}))
         if not self._instant:
             self._log("created", pod.key, wl.key)
 
@@ -467,6 +498,8 @@ class SimCluster:
         self._seq += 1
         rec = PodRec(pod, selector, (-pod.priority, pod.created, self._seq))
         self._pods[pod.key] = rec
+        if pod.namespace in self._quota_hard:
+            self._ns_gpus[pod.namespace] = self._ns_gpus.get(pod.namespace, 0) + pod.gpus
         if pod.workload in self._wl_pods:
             self._wl_pods[pod.workload][pod.key] = None
         if pod.node is not None and pod.node in self._nodes and pod.holds_gpus:
@@ -482,6 +515,12 @@ class SimCluster:
         del self._pods[key]
         self._pending.pop(key, None)
         self._nominated.pop(key, None)
+        ns = rec.pod.namespace
+        if ns in self._quota_hard:
+            self._ns_gpus[ns] -= rec.pod.gpus
+            for wkey, wl in self._workloads.items():  # quota freed: controllers retry
+                if wl.namespace == ns:
+                    self._at(self._now + self.delays.scale_up_create_s, "reconcile", wkey)
         if rec.pod.workload in self._wl_pods:
             self._wl_pods[rec.pod.workload or ""].pop(key, None)
         node = self._nodes.get(rec.pod.node or "")
@@ -503,7 +542,12 @@ class SimCluster:
         failed: set[tuple[Any, ...]] = set()
         for rec in sorted((self._pods[k] for k in self._pending), key=lambda r: r.order):
             pod = rec.pod
-            shape = (pod.gpus, tuple(sorted(pod.mig.items())), tuple(sorted(rec.selector.items())))
+            shape = (
+                pod.gpus,
+                tuple(sorted(pod.mig.items())),
+                tuple(sorted(rec.selector.items())),
+                pod.placement.tolerations,
+            )
             if shape in failed:
                 continue
             node = self._index.fit(pod, rec.selector, self._reserved(rec))

@@ -7,7 +7,9 @@ Design:
 * :class:`NodeIndex` buckets schedulable whole-card nodes by free GPUs (insertion-ordered dicts,
   so iteration is deterministic) and lists schedulable MIG nodes. Cordoned and reconfiguring
   nodes are in neither. :meth:`NodeIndex.fit` is best fit: the fitting node with the fewest free
-  GPUs, which packs pods and keeps whole nodes free, in a walk over a few buckets.
+  GPUs, which packs pods and keeps whole nodes free, in a walk over a few buckets. Whether a
+  node may take a pod at all (its selector's labels, tolerations for the node's taints) is
+  :func:`policies.placement.admits`, the rule the engine plans with, so both runtimes agree.
 * :func:`preemption_plan` is kube-scheduler's DefaultPreemption, decided on the records without
   changing them (the cluster then evicts): for a pending pod that fits nowhere, every schedulable
   node carrying its selector is a candidate when removing all its non-terminating pods of
@@ -28,10 +30,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from controller.kube.translate import mig_slices_per_gpu
 from controller.sim.values import GpuUse
 from policies.inventory import matches
-from policies.snapshot import MIG_DISABLED, Gpu, Node, Pod
+from policies.miglayout import layout_of
+from policies.placement import admits
+from policies.snapshot import Gpu, Node, Pod
 
 __all__ = [
     "Flight",
@@ -147,13 +150,15 @@ class NodeIndex:
                 r = held.get(rec.node.name, {})
                 if all(
                     free.get(p, 0) - used.get(p, 0) - r.get(p, 0) >= n for p, n in pod.mig.items()
-                ) and matches(selector, rec.node.labels):
+                ) and admits(rec.node, selector, pod.placement.tolerations):
                     return rec
             return None
         for free_gpus in sorted(f for f in self._free if f >= pod.gpus):
             for rec in self._free[free_gpus].values():
                 taken = held.get(rec.node.name, {}).get("", 0)
-                if free_gpus - taken >= pod.gpus and matches(selector, rec.node.labels):
+                if free_gpus - taken >= pod.gpus and admits(
+                    rec.node, selector, pod.placement.tolerations
+                ):
                     return rec
         return None
 
@@ -186,7 +191,7 @@ def preemption_plan(
         node = rec.node
         if node.cordoned or rec.flight is not None or bool(rec.mig_cap) != bool(pod.mig):
             continue
-        if not matches(selector, node.labels):
+        if not admits(node, selector, pod.placement.tolerations):
             continue
         free = _free(rec)
         for k, n in reserved.get(node.name, {}).items():
@@ -247,10 +252,16 @@ def gpu_use(
     return {k: GpuUse(*acc[k]) for k in sorted(acc)}
 
 
-def mig_layout(gpus: tuple[Gpu, ...], config: str) -> tuple[Gpu, ...]:
-    """The node's GPUs under MIG ``config`` (``all-1g.10gb``; ``all-disabled``: whole cards)."""
-    if config == MIG_DISABLED:
-        return tuple(Gpu(g.index, g.model) for g in gpus)
-    profile = config.removeprefix("all-")
-    slices = mig_slices_per_gpu(profile)
-    return tuple(Gpu(g.index, g.model, profile, slices) for g in gpus)
+def mig_layout(
+    gpus: tuple[Gpu, ...], config: str, configs: Mapping[str, Mapping[str, int]] | None = None
+) -> tuple[Gpu, ...]:
+    """The node's GPUs under MIG ``config`` (:func:`policies.miglayout.layout_of`; ``configs``:
+    the policy's named ones). A snapshot :class:`Gpu` holds one profile, so a mixed layout gives
+    each physical GPU one entry per profile, all with its index: capacity by profile is exact,
+    and ``all-disabled`` turns each index back into one whole card."""
+    layout = layout_of(config, configs)
+    cards = {g.index: g for g in gpus}.values()
+    if layout.disabled:
+        return tuple(Gpu(g.index, g.model) for g in cards)
+    per_gpu = sorted(layout.per_gpu.items())
+    return tuple(Gpu(g.index, g.model, p, n) for g in cards for p, n in per_gpu)

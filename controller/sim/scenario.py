@@ -365,6 +365,7 @@ def build_cluster(
         convert_to=convert_to,
         revert_to=revert_to,
         drain=DrainRule.of(policy) if policy is not None else None,
+        mig_configs=policy.spec.mig.configs if policy is not None and policy.spec.mig else None,
     )
 
 

@@ -65,8 +65,8 @@ def test_bindings_name_the_controller_account(rendered: dict[str, Rendered]) -> 
 
 @pytest.mark.parametrize(
     "kinds",
-    [["Deployment"], ["StatefulSet", "PyTorchJob"], []],
-    ids=["deployments-only", "no-deployments", "none"],
+    [["Deployment"], ["StatefulSet", "PyTorchJob"], [], ["JobSet", "RayCluster", "Job"]],
+    ids=["deployments-only", "no-deployments", "none", "jobset-ray-kueue"],
 )
 def test_cluster_role_follows_the_workload_kinds_setting(
     chart: Any, kinds: list[str], monkeypatch: pytest.MonkeyPatch

@@ -93,7 +93,9 @@ def test_agent_without_attribution_is_non_root(rendered: dict[str, Rendered]) ->
 
 def test_agent_runs_only_on_gpu_nodes_with_nvml(rendered: dict[str, Rendered]) -> None:
     """The DaemonSet targets GPU nodes, tolerates the GPU taint, gets NVML from the NVIDIA
-    runtime without requesting a GPU, and mounts the pod-resources socket read-only."""
+    runtime without requesting a GPU, and mounts the pod-resources socket read-only; it watches
+    its Node to release NVML during MIG reconfigurations, with a token allowed to read nodes
+    only."""
     ds = rendered["agent"].one("DaemonSet")
     spec = ds["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
@@ -101,7 +103,11 @@ def test_agent_runs_only_on_gpu_nodes_with_nvml(rendered: dict[str, Rendered]) -
         "tolerations"
     ]
     assert spec["runtimeClassName"] == "nvidia"
-    assert spec["automountServiceAccountToken"] is False
+    assert spec["automountServiceAccountToken"] is True
+    role = rendered["agent"].one("ClusterRole", "-agent")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
     (c,) = spec["containers"]
     env = {e["name"]: e for e in c["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
@@ -114,6 +120,7 @@ def test_agent_runs_only_on_gpu_nodes_with_nvml(rendered: dict[str, Rendered]) -
         "--max-rate=12.5",
         "--mig-util=memory",
     ]
+    assert "--release-during-mig" in c["args"]
     mount = next(m for m in c["volumeMounts"] if m["name"] == "pod-resources")
     assert mount == {
         "name": "pod-resources",
@@ -223,6 +230,7 @@ def test_network_policy_limits_ingress_and_egress(rendered: dict[str, Rendered])
     assert [sorted(p["port"] for p in rule["ports"]) for rule in agent["egress"]] == [
         [53, 53],
         [9093],
+        [6443],  # its own Node's MIG state (agent.releaseDuringMig)
     ]
 
 

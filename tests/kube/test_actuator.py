@@ -87,7 +87,10 @@ def pytorchjob(name: str, workers: int) -> Obj:
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
         "metadata": {"name": name, "namespace": "ml", "labels": dict(TRAINING)},
-        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": workers}}},
+        "spec": {
+            "elasticPolicy": {"minReplicas": 1, "maxReplicas": 2 * workers},
+            "pytorchReplicaSpecs": {"Worker": {"replicas": workers}},
+        },
     }
 
 

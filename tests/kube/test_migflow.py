@@ -403,6 +403,8 @@ async def test_restart_while_reconfiguring_resumes_without_repeating(
     """A new actuator finishes the flow from the annotation: one eviction, one relabel."""
     mig_manager.script("gpu-1", "success", delay=0.4)
     await gpu_node(kubeapi)
+    await settled(mig_manager)  # its reaction to the new node is not the flow's
+    mig_manager.applied.clear()
     await gpu_pod(kubeapi, "train-0")
     first = actuator(kube_client, kubeapi)
     [started] = await first.apply([convert()])

@@ -19,6 +19,7 @@ from controller.kube.informer import Backoff, Informer
 from controller.kube.runtime import KubeRuntime
 from controller.kube.state import WORKLOAD_KINDS, ClusterStateSettings, KubeClusterState
 from controller.kube.translate import DEPLOYMENT, PYTORCHJOB, STATEFULSET, snapshot_from
+from controller.kube.workloads import ADAPTERS
 from controller.settings import Settings, WorkloadKindName
 from policies.model import Policy
 from policies.snapshot import Snapshot
@@ -133,6 +134,8 @@ def reference(state: KubeClusterState) -> Snapshot:
         pods=informers["pods"].items(),
         workloads=[(k, o) for name, k in kinds.items() for o in informers[name].items()],
         priority_classes=informers["priorityclasses.scheduling.k8s.io"].items(),
+        workload=lambda obj, kind, priorities: ADAPTERS[kind.kind].workload(obj, priorities),
+        quotas=informers["resourcequotas"].items(),
     )
 
 
@@ -279,8 +282,11 @@ async def test_a_kind_whose_crd_is_not_installed_is_skipped_then_rediscovered() 
                 await server.create(pytorchjob("bert", workers=2, gpus=8))
                 await server.until(lambda: any(r.query.get("watch") for r in jobs()))
                 assert [w.key for w in state.snapshot().workloads] == ["ml/bert"]
-        assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["informer.api_absent"]
-        assert [e["event"] for e in logs if e["event"].startswith("informer.api_")] == [
+        kubeflow = [e for e in logs if e.get("resource") == "pytorchjobs.kubeflow.org"]
+        assert [e["event"] for e in kubeflow if e["log_level"] == "warning"] == [
+            "informer.api_absent"
+        ]
+        assert [e["event"] for e in kubeflow if e["event"].startswith("informer.api_")] == [
             "informer.api_absent",
             "informer.api_installed",
         ]
@@ -306,6 +312,38 @@ def test_the_workload_kinds_setting_chooses_what_is_watched_and_scaled(
     assert {"statefulsets.apps", "nodes"} <= watched
     assert not watched & {"deployments.apps", "pytorchjobs.kubeflow.org"}
     assert runtime.state.settings.workload_kinds == (STATEFULSET,)
+
+
+async def test_quotas_taints_and_template_placement_reach_the_snapshot(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """ResourceQuotas capping GPUs are watched (the tightest per namespace), node taints and a
+    workload template's tolerations reach the snapshot, and a quota change makes a new one."""
+    node = make_node("gpu-1", gpus=8)
+    node["spec"]["taints"] = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+    await kubeapi.create(node)
+    web = deployment("web", replicas=1, gpus=2)
+    web["spec"]["template"]["spec"]["tolerations"] = [
+        {"key": "nvidia.com/gpu", "operator": "Exists"}
+    ]
+    await kubeapi.create(web)
+    for name, hard in (("wide", "16"), ("tight", "4")):
+        await kubeapi.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "metadata": {"name": name, "namespace": "ml"},
+                "spec": {"hard": {"requests.nvidia.com/gpu": hard}},
+            }
+        )
+    async with running(kube_client) as state:
+        snapshot = state.snapshot()
+        assert [(q.namespace, q.hard) for q in snapshot.quotas] == [("ml", 4)]
+        assert [t.key for t in snapshot.nodes[0].taints] == ["nvidia.com/gpu"]
+        assert [t.operator for t in snapshot.workloads[0].placement.tolerations] == ["Exists"]
+        assert snapshot == reference(state)
+        await kubeapi.delete("ResourceQuota", "ml", "tight")
+        await eventually(lambda: [q.hard for q in state.snapshot().quotas] == [16])
 
 
 async def test_pdbs_are_exposed_raw(kubeapi: KubeAPIServer, kube_client: ApiClient) -> None:

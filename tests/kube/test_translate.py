@@ -17,12 +17,15 @@ from controller.kube.translate import (
     gpu_requests,
     keep_pod,
     node_from,
+    placement_from,
     pod_from,
     priorities_from,
+    quota_from,
     snapshot_from,
+    tightest_quotas,
     workload_from,
 )
-from policies.snapshot import Gpu, Pod, SnapshotBuilder
+from policies.snapshot import Gpu, GpuQuota, Pod, SnapshotBuilder, Taint, Toleration
 
 Obj = dict[str, Any]
 KINDS = (DEPLOYMENT, STATEFULSET, PYTORCHJOB)
@@ -730,3 +733,131 @@ def test_snapshot_from_matches_the_builder() -> None:
         want.workloads,
         want.priority_classes,
     )
+
+
+# --- placement and quotas ----------------------------------------------------------------------
+
+TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+PIN_H100 = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}
+                    ]
+                }
+            ]
+        }
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("spec", "selector", "tolerations"),
+    [
+        pytest.param({}, {}, (), id="none"),
+        pytest.param({"nodeSelector": {"pool": "a"}}, {"pool": "a"}, (), id="node-selector"),
+        pytest.param(
+            {"affinity": PIN_H100}, {"nvidia.com/gpu.product": "H100"}, (), id="one-value-affinity"
+        ),
+        pytest.param(
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {"key": "m", "operator": "In", "values": ["a", "b"]}
+                                    ]
+                                }
+                            ]
+                        }
+                    }
+                }
+            },
+            {},
+            (),
+            id="multi-value-affinity-not-modelled",
+        ),
+        pytest.param(
+            {"tolerations": [TOLERATE_GPU, {"key": "x", "value": "y"}]},
+            {},
+            (
+                Toleration("nvidia.com/gpu", "Exists", "", "NoSchedule"),
+                Toleration("x", "Equal", "y", ""),
+            ),
+            id="tolerations",
+        ),
+    ],
+)
+def test_placement_from(
+    spec: Obj, selector: dict[str, str], tolerations: tuple[Toleration, ...]
+) -> None:
+    """A pod spec's nodeSelector, simple required affinity and tolerations become its
+    placement; affinity the fit rules cannot express exactly is left out, not guessed."""
+    got = placement_from(spec)
+    assert dict(got.node_selector) == selector
+    assert got.tolerations == tolerations
+
+
+def test_node_taints_pod_and_template_placement_are_translated() -> None:
+    """Node taints, a pod's placement and a workload template's placement reach the snapshot."""
+    node = node_from(
+        {
+            "metadata": {"name": "n", "labels": {"nvidia.com/gpu.count": "8"}},
+            "spec": {
+                "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+            },
+            "status": {"allocatable": {"nvidia.com/gpu": "8"}},
+        }
+    )
+    assert node is not None
+    assert node.taints == (Taint("nvidia.com/gpu", "present", "NoSchedule"),)
+    spec = {"containers": [], "tolerations": [TOLERATE_GPU], "affinity": PIN_H100}
+    pod = pod_from(
+        {"metadata": {"name": "p", "namespace": "ml"}, "spec": spec},
+        priorities=Priorities(),
+        kinds=(),
+    )
+    assert pod is not None
+    assert pod.placement == placement_from(spec)
+    wl = workload_from(
+        {"metadata": {"name": "w", "namespace": "ml"}, "spec": {"template": {"spec": spec}}},
+        DEPLOYMENT,
+        priorities=Priorities(),
+    )
+    assert wl.placement == pod.placement
+
+
+def quota(name: str, *, hard: str | None, used: str | None = None, spec_only: bool = False) -> Obj:
+    hard_map = {} if hard is None else {"requests.nvidia.com/gpu": hard, "pods": "10"}
+    status = (
+        {} if spec_only else {"hard": hard_map, "used": {"requests.nvidia.com/gpu": used or "0"}}
+    )
+    return {
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {"hard": hard_map},
+        "status": status,
+    }
+
+
+@pytest.mark.parametrize(
+    ("obj", "want"),
+    [
+        pytest.param(quota("q", hard="8", used="6"), GpuQuota("ml", 8, 6), id="status"),
+        pytest.param(quota("q", hard="4", spec_only=True), GpuQuota("ml", 4, 0), id="spec-only"),
+        pytest.param(quota("q", hard=None), None, id="no-gpu-key"),
+    ],
+)
+def test_quota_from(obj: Obj, want: GpuQuota | None) -> None:
+    """A ResourceQuota's requests.nvidia.com/gpu: hard and used from status, spec before the
+    quota controller fills it in, nothing when it does not cap GPUs."""
+    assert quota_from(obj) == want
+
+
+def test_the_tightest_quota_of_a_namespace_decides() -> None:
+    """With several quotas in a namespace, the one with the fewest GPUs left is kept."""
+    got = tightest_quotas([GpuQuota("ml", 16, 4), GpuQuota("ml", 8, 6), GpuQuota("a", 2, 0)])
+    assert got == (GpuQuota("a", 2, 0), GpuQuota("ml", 8, 6))

@@ -184,8 +184,8 @@ def test_deterministic() -> None:
     assert once() == once()
 
 
-def test_snapshot_index_cached_by_identity() -> None:
-    """Evaluating the same snapshot object twice reuses its index."""
+def test_snapshot_index_cached_by_value() -> None:
+    """The same snapshot, or an equal one rebuilt, reuses its index; a different one does not."""
     engine = Engine(make_policy())
     snap = breach_cluster()
     engine.evaluate(T0, snap)
@@ -193,6 +193,9 @@ def test_snapshot_index_cached_by_identity() -> None:
     engine.evaluate(T0 + 1, snap)
     assert engine._inventory is first
     engine.evaluate(T0 + 2, breach_cluster())
+    assert engine._inventory is first
+    b = cluster(whole_nodes=3)
+    engine.evaluate(T0 + 3, b.build())
     assert engine._inventory is not first
 
 

@@ -9,7 +9,7 @@ import pytest
 from policy_fixtures import TRAINING, WHOLE, make_policy, training
 
 from policies.inventory import Inventory
-from policies.preemption import Plan, plan_capacity
+from policies.preemption import Fit, Plan, plan_capacity
 from policies.snapshot import Snapshot, SnapshotBuilder
 
 POLICY = make_policy()
@@ -29,6 +29,7 @@ def plan(
     evictions: int = 10,
     scales: int = 10,
     held: Mapping[str, str] | None = None,
+    fit: Fit | None = None,
 ) -> Plan:
     inv = Inventory(snapshot, POLICY)
     before = copy.deepcopy(snapshot)
@@ -43,6 +44,7 @@ def plan(
         scale_budget=scales,
         eviction_budget=evictions,
         held=held,
+        fit=fit,
     )
     assert snapshot == before  # inputs are not mutated
     return out
@@ -214,3 +216,48 @@ def test_pdb_held_pod_is_not_taken_through_its_gang(held: str) -> None:
     got = plan(b.build(), 1, held={held: "PodDisruptionBudget refused the eviction"})
     assert evicted(got) == ["ml/solo-0"]
     assert any("PodDisruptionBudget" in a.why_not for a in got.rejected)
+
+
+# -- per node: a replica needs its GPUs on one node ------------------------------------------
+
+
+def scattered() -> Snapshot:
+    """Four whole nodes of 8 GPUs, each with 1 free: training pods hold 7 (one 4-GPU pod and
+    three 1-GPU pods of different priority). Chat runs 2-GPU replicas elsewhere."""
+    b = SnapshotBuilder()
+    for i in range(4):
+        b.node(f"w{i}", gpus=8, labels=WHOLE)
+        b.pod("ml", f"big-{i}", node=f"w{i}", gpus=4, labels=TRAINING, priority=50)
+        for j in range(3):
+            b.pod("ml", f"small-{i}-{j}", node=f"w{i}", gpus=1, labels=TRAINING, priority=10 + i)
+    b.node("s0", gpus=8, labels={**WHOLE, "role": "serving"})
+    b.workload("serving", "chat", replicas=4, gpus_per_replica=2, nodes=["s0"])
+    return b.build()
+
+
+def test_pool_counts_say_enough_but_no_node_fits_so_one_node_is_freed() -> None:
+    """4 GPUs free as 1+1+1+1: a 2-GPU replica fits nowhere. The pool-level plan frees nothing
+    (4 free >= 2 needed); the per-node plan evicts one 1-GPU pod on the node with the least
+    important victims, so 2 GPUs are free on that one node."""
+    snap = scattered()
+    inv = Inventory(snap, POLICY)
+    assert inv.free["whole"] == 4
+    space = {f"w{i}": 1 for i in range(4)}
+    assert plan(snap, 0).evictions == ()
+    got = plan(snap, 2, fit=Fit(2, 1, space, dict.fromkeys(space, 8)))
+    assert [v.pod.key for v in got.evictions] == ["ml/small-0-0"]
+    assert dict(got.by_node) == {"w0": 1}
+
+
+def test_a_shrink_counts_where_its_highest_pods_run() -> None:
+    """An elastic workload shrunk by one gives back its highest-named pod's GPUs, on that
+    pod's node: that node gets room for the 2-GPU replica, so one step is enough."""
+    b = nodes(3)
+    training(b, "elastic", replicas=3, nodes=["w0", "w1", "w2"], min_replicas=1, priority=5)
+    for i in range(3):
+        b.pod("ml", f"fill-{i}", node=f"w{i}", gpus=6, labels=TRAINING, priority=100)
+    space = {f"w{i}": 1 for i in range(3)}
+    got = plan(b.build(), 2, fit=Fit(2, 1, space, dict.fromkeys(space, 8)))
+    assert [(s.workload, s.to_replicas) for s in got.shrinks] == [("ml/elastic", 2)]
+    assert got.evictions == ()
+    assert dict(got.by_node) == {"w2": 1}

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import random
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from controller.sim import SimCluster
+from controller.simulate.latency import ServiceModel, ServiceQueue
+from controller.simulate.load import poisson
 from policies.loader import load_policy_text
 from policies.model import Policy
 from policies.snapshot import SnapshotBuilder
@@ -82,12 +85,60 @@ def write_recording(path: Path, events: Iterable[Event], *, extra: Iterable[str]
     return path
 
 
-def one_node_cluster(start: float) -> SimCluster:
-    """Node ``n0`` (8 GPUs, pool whole) running one replica of ``serving/chat``."""
+def one_node_cluster(start: float, *, replicas: int = 1, of: Policy | None = None) -> SimCluster:
+    """Node ``n0`` (8 GPUs, pool whole) running ``replicas`` of ``serving/chat``, with the
+    pools of policy ``of`` (default :func:`policy`)."""
     snap = (
         SnapshotBuilder()
         .node("n0", gpus=8, labels=WHOLE)
-        .workload("serving", "chat", replicas=1, nodes=["n0"])
+        .workload("serving", "chat", replicas=replicas, nodes=["n0"])
         .build()
     )
-    return SimCluster(snap, start=start, pools=policy().spec.pools)
+    return SimCluster(snap, start=start, pools=(of or policy()).spec.pools)
+
+
+def queue_chat_events(
+    minutes: int,
+    *,
+    rate: Callable[[float], float],
+    replicas: Callable[[int], int] = lambda s: 2,
+    name_pods: bool = False,
+    base_ms: float = 20.0,
+    per_replica_rps: float = 5.0,
+    seed: int = 1,
+) -> list[Event]:
+    """``minutes`` of ``serving/chat`` as the simulator's queueing model serves it with
+    ``replicas(s)`` replicas (``rate(s)`` requests/s offered at second ``s``), and every 15 s a
+    reading from each GPU of node ``n0``: a recording whose latency depends on load per replica.
+    With ``name_pods`` each second's requests are split round-robin over events naming the
+    replicas ``chat-0``, ``chat-1``, …"""
+    model = ServiceModel(
+        key="serving/chat", peak_rps=0.0, per_replica_rps=per_replica_rps, base_ms=base_ms
+    )
+    queue = ServiceQueue(model, random.Random(seed))
+    arrivals_rng = random.Random(seed + 1)
+    out: list[Event] = []
+    for s in range(minutes * 60):
+        offered = rate(s)
+        n = poisson(arrivals_rng, offered)
+        serving = replicas(s)
+        samples = queue.step(offered_rps=offered, replicas=serving, arrivals=n, dt=1.0)
+        shares = [samples[i::serving] for i in range(serving)] if name_pods else [samples]
+        out += [
+            InferenceLatency(
+                ts=T0 + s, service="chat", namespace="serving", samples_ms=share,
+                pod=f"chat-{i}" if name_pods else None,
+            )
+            for i, share in enumerate(shares)
+            if share
+        ]  # fmt: skip
+        if s % 15 == 0:
+            out += [GpuUtilization(ts=T0 + s, node="n0", gpu=g, util_pct=50.0) for g in range(8)]
+    return out
+
+
+def burst_rate(s: float) -> float:
+    """3 req/s, ramping to 9 (0.9 of two replicas' capacity) from minute 10 to 14, held until
+    minute 24, back to 3 by minute 28; then 3 until the end."""
+    ramp = min(1.0, max(0.0, (s - 600) / 240)) - min(1.0, max(0.0, (s - 1440) / 240))
+    return 3.0 + 6.0 * ramp

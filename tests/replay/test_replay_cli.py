@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
+from replay_builders import POLICY, burst_rate, queue_chat_events, write_recording
 
 from controller.cli.replay import replay_command
 
@@ -62,3 +64,64 @@ def test_invalid_policy_is_a_one_line_error(tmp_path: Path) -> None:
     )
     assert missing.exit_code == 1
     assert len(missing.output.strip().splitlines()) == 1
+
+
+def _fit_inputs(tmp_path: Path) -> list[str]:
+    """A recording chat's two replicas served through a burst, and the policies: the one it
+    was made under (two replicas, fixed) and one that may scale to 8."""
+    recording = write_recording(tmp_path / "burst.jsonl", queue_chat_events(40, rate=burst_rate))
+    fixed = tmp_path / "fixed.yaml"
+    fixed.write_text(POLICY.replace("replicas: {min: 1, max: 8}", "replicas: {min: 2, max: 2}"))
+    scaling = tmp_path / "scaling.yaml"
+    scaling.write_text(POLICY.replace("replicas: {min: 1, max: 8}", "replicas: {min: 2, max: 8}"))
+    return [str(recording), "--policy", str(scaling), "--recorded-policy", str(fixed)]
+
+
+def test_model_fit_prints_and_writes_the_fit_and_its_validation(tmp_path: Path) -> None:
+    """--model fit (cluster inferred): summary.json says the latency is modelled and has the
+    fit per service with goodness and held-back error; the CLI prints them in one line and
+    the report lists it."""
+    out = tmp_path / "out"
+    args = [*_fit_inputs(tmp_path), "--model", "fit", "--out", str(out)]
+    result = CliRunner().invoke(replay_command, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["latency"].startswith("modelled (fit)")
+    fit = summary["fit"]["serving/chat"]
+    assert fit["modelled"] is True
+    assert set(fit) == {
+        "modelled", "reason", "model", "percentile", "p0_ms", "capacity_rps_per_replica",
+        "jitter", "r2", "rmse_ms", "points", "load_range_rps_per_replica", "validation",
+        "replicas_from",
+    }  # fmt: skip
+    assert fit["points"] == 40
+    assert set(fit["validation"]) == {
+        "fit_points", "held_points", "held_from_s", "mape_pct", "rmse_ms"
+    }  # fmt: skip
+    line = next(x for x in result.output.splitlines() if "fit serving/chat:" in x)
+    assert f"r2 {fit['r2']:.2f}" in line
+    assert f"MAPE {fit['validation']['mape_pct']:.1f}%" in line
+    assert "; modelled; replicas replayed under replay-test " in line
+    assert "latency modelled (fit)" in result.output
+    report = (out / "report.html").read_text()
+    assert "Latency model" in report
+    assert f"held-back {fit['validation']['held_points']} min" in report
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        pytest.param([], "--recorded-policy only applies with --model fit", id="no --model fit"),
+        pytest.param(["--model", "fit", "--speed", "2"], "--speed paces one replay", id="speed"),
+        pytest.param(["--model", "guess"], "'guess' is not one of 'recorded', 'fit'", id="model"),
+    ],
+)
+def test_bad_flag_combinations_are_usage_errors(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
+    """Flags that do not go together exit 2 with a message naming them, and write nothing."""
+    out = tmp_path / "out"
+    result = CliRunner().invoke(replay_command, [*_fit_inputs(tmp_path), *extra, "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not out.exists()

@@ -107,6 +107,7 @@ BUILTIN_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType(
         group="policy", version="v1", plural="poddisruptionbudgets", kind="PodDisruptionBudget"
     ),
+    ResourceType(group="", version="v1", plural="resourcequotas", kind="ResourceQuota"),
     ResourceType(
         group="scheduling.k8s.io",
         version="v1",
@@ -117,6 +118,12 @@ BUILTIN_RESOURCES: tuple[ResourceType, ...] = (
     ),
     ResourceType(
         group="coordination.k8s.io", version="v1", plural="leases", kind="Lease", has_status=False
+    ),
+    ResourceType(
+        group="autoscaling",
+        version="v2",
+        plural="horizontalpodautoscalers",
+        kind="HorizontalPodAutoscaler",
     ),
 )
 

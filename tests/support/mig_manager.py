@@ -10,7 +10,11 @@ not appear in the request log. Tests script each node's outcome: ``success`` (th
 ``failed``, or ``never`` (stays ``pending`` forever), with a per-node or default delay.
 
 On success the node's status is written first and the ``success`` label second, so a controller
-that sees ``success`` also sees the new capacity. Resources come from a profile table, per GPU::
+that sees ``success`` also sees the new capacity — unless the script says ``advertise``: then,
+as with the real manager (which lets the device plugin back only after applying the layout),
+``success`` comes first and the resources that many seconds later (``None``: never). A script's
+``reboot`` spends that long in ``rebooting`` after ``pending``, as the real manager does when a
+GPU reset fails and it reboots the node. Resources come from a profile table, per GPU::
 
     {"all-1g.10gb": {"nvidia.com/mig-1g.10gb": 7}, "all-disabled": {}}
 
@@ -61,6 +65,8 @@ class _Script:
     outcome: Outcome
     delay: float | None
     then: Outcome | None = None
+    reboot: float = 0.0
+    advertise: float | None = 0.0
 
 
 class MigManager:
@@ -91,10 +97,13 @@ class MigManager:
         *,
         delay: float | None = None,
         then: Outcome | None = None,
+        reboot: float = 0.0,
+        advertise: float | None = 0.0,
     ) -> None:
         """Decide how the next reconfigurations of ``node`` end: all as ``outcome``, or with
-        ``then``, the next one as ``outcome`` and those after it as ``then``."""
-        self._scripts[node] = _Script(outcome, delay, then)
+        ``then``, the next one as ``outcome`` and those after it as ``then``; ``reboot`` and
+        ``advertise`` (seconds) apply to every one of them."""
+        self._scripts[node] = _Script(outcome, delay, then, reboot, advertise)
 
     async def start(self) -> None:
         store = self._server.store
@@ -164,19 +173,28 @@ class MigManager:
         try:
             await self._label(name, "pending")
             if script.then is not None:  # this reconfiguration is under way: the next one is
-                self._scripts[name] = _Script(script.then, script.delay)
+                self._scripts[name] = _Script(
+                    script.then, script.delay, None, script.reboot, script.advertise
+                )
             if script.outcome == "never":
                 self.applied.append((name, config, "never"))
                 return
+            if script.reboot:
+                await self._label(name, "rebooting")
+                await asyncio.sleep(script.reboot)
             await asyncio.sleep(self._delay if script.delay is None else script.delay)
             profile = self._profiles.get(config)
             if script.outcome == "failed" or profile is None:
                 await self._label(name, "failed")
                 self.applied.append((name, config, "failed"))
                 return
-            await self._set_resources(name, profile)
+            if script.advertise == 0.0:
+                await self._set_resources(name, profile)
             await self._label(name, "success")
             self.applied.append((name, config, "success"))
+            if script.advertise:
+                await asyncio.sleep(script.advertise)
+                await self._set_resources(name, profile)
         except ApiError:  # the node went away meanwhile
             return
 

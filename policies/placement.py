@@ -1,0 +1,158 @@
+"""Where a replica can land: the node-fit rules both runtimes follow, and per-node room.
+
+Design:
+
+* A pool's free GPU count says nothing about whether a replica fits: four nodes with one free
+  GPU each cannot take a two-GPU replica. Every placement question is asked per node, with the
+  same rules kube-scheduler applies to GPU pods: the node carries the pod's ``nodeSelector``
+  labels (the GPU model is one, ``nvidia.com/gpu.product``), the pod tolerates each of the
+  node's ``NoSchedule``/``NoExecute`` taints, it is neither cordoned nor reconfiguring, and it
+  has the whole GPUs (or MIG instances of each profile) free.
+* :func:`admits` is the label-and-taint half, shared by the engine (:mod:`policies.preemption`,
+  :mod:`policies.rules`) and the simulated cluster's scheduler (:mod:`controller.sim.placement`),
+  so a plan the engine believes in is one the simulated scheduler carries out.
+* :func:`room` lists free whole GPUs per node that admits a replica; :func:`slots` counts the
+  replicas that fit; :func:`place` takes replicas out of that room best-fit (fullest node
+  first, as the simulated scheduler places them), so rules later in a round see what earlier
+  ones took; :func:`node_order` ranks nodes to free for one more replica: victim order first
+  (the most important pod it takes), then the fewest GPUs evicted, then a node left entirely
+  empty before one left with holes, then one whose NVLink domain (``nvidia.com/gpu.clique``)
+  has the most GPUs free already, then by name.
+* :func:`could_land` asks whether any node could ever take a pending pod once a MIG flow moved
+  it into a pool (the pool's labels and taints): a pod no node could take is no demand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from policies.snapshot import Node, Placement, Taint, Toleration
+
+__all__ = [
+    "NVLINK_DOMAIN_LABEL",
+    "admits",
+    "could_land",
+    "node_order",
+    "place",
+    "room",
+    "slots",
+    "tolerated",
+]
+
+#: Node label naming its NVLink domain (GPU Feature Discovery's clique id on NVL systems).
+NVLINK_DOMAIN_LABEL = "nvidia.com/gpu.clique"
+
+_REPELS = ("NoSchedule", "NoExecute")
+
+
+def tolerated(taints: Sequence[Taint], tolerations: Sequence[Toleration]) -> bool:
+    """Every taint that keeps pods off the node is tolerated."""
+    return all(
+        t.effect not in _REPELS or any(tol.tolerates(t) for tol in tolerations) for t in taints
+    )
+
+
+def admits(node: Node, selector: Mapping[str, str], tolerations: Sequence[Toleration] = ()) -> bool:
+    """``node`` may run a pod with ``selector`` and ``tolerations``, GPUs aside."""
+    labels = node.labels
+    return all(labels.get(k) == v for k, v in selector.items()) and tolerated(
+        node.taints, tolerations
+    )
+
+
+def could_land(
+    nodes: Iterable[Node],
+    pools: Sequence[tuple[Mapping[str, str], Sequence[Taint]]],
+    where: Placement,
+    gpus: int,
+) -> bool:
+    """Some node with at least ``gpus`` GPUs would admit ``where`` once in one of the ``pools``
+    (each: node selector, taints): carrying that pool's labels and taints and none of the other
+    pools' taints, as a MIG conversion or revert moves it. What freeing or reverting capacity
+    could ever serve: a pod asking for a GPU model, a toleration or a node size no node offers
+    is nobody's demand."""
+    selector, tolerations = where.node_selector, where.tolerations
+    moved = {(t.key, t.effect) for _, taints in pools for t in taints}
+    for node in nodes:
+        if len(node.gpus) < gpus:
+            continue
+        kept = [t for t in node.taints if (t.key, t.effect) not in moved]
+        for labels, taints in pools:
+            if all(labels.get(k, node.labels.get(k)) == v for k, v in selector.items()) and (
+                tolerated([*kept, *taints], tolerations)
+            ):
+                return True
+    return False
+
+
+def room(
+    nodes: Iterable[Node], free: Mapping[str, int], where: Placement, *, gpus: int
+) -> dict[str, int]:
+    """Free whole GPUs on each schedulable whole-card node that admits ``where`` and could hold
+    a ``gpus``-GPU replica at all (``free``: free whole GPUs by node)."""
+    return {
+        n.name: free.get(n.name, 0)
+        for n in nodes
+        if not n.cordoned
+        and not n.mig_flow
+        and n.whole_gpus >= gpus
+        and admits(n, where.node_selector, where.tolerations)
+    }
+
+
+def slots(free: Mapping[str, int], gpus: int) -> int:
+    """Replicas of ``gpus`` GPUs that fit, each on one node."""
+    if gpus <= 0:
+        return 0
+    return sum(f // gpus for f in free.values() if f > 0)
+
+
+def node_order(
+    free: Mapping[str, int],
+    victims: Mapping[str, Sequence[tuple[tuple[float | str, ...], int]]],
+    total: Mapping[str, int],
+    *,
+    gpus: int,
+    domains: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Nodes to free for one more ``gpus``-GPU replica, best first, as kube-scheduler picks a
+    node to preempt on; only nodes where it is possible. ``victims``: per node, the evictable
+    pods' victim-order keys (ties by name dropped) and GPUs, in victim order; ``free``: free
+    GPUs, ``total``: whole GPUs per node; ``domains``: NVLink domain per node. Ranked by the
+    most important victim needed, then GPUs evicted, then whether the node is left empty, then
+    the free GPUs already in its NVLink domain (whole nodes and domains beat scattered holes)."""
+    domains = domains or {}
+    domain_free: dict[str, int] = {}
+    for name, have in free.items():
+        if name in domains:
+            domain_free[domains[name]] = domain_free.get(domains[name], 0) + have
+    ranked: list[tuple[tuple[float | str, ...], int, bool, int, str]] = []
+    for name, have in free.items():
+        short = gpus - have % gpus
+        got = 0
+        worst: tuple[float | str, ...] = ()
+        for key, n in victims.get(name, ()):
+            if got >= short:
+                break
+            got, worst = got + n, max(worst, key)
+        if got < short:
+            continue
+        emptied = have + got >= total.get(name, 0)
+        beside = domain_free.get(domains[name], 0) - have if name in domains else 0
+        ranked.append((worst, got, not emptied, -beside, name))
+    ranked.sort()
+    return [r[-1] for r in ranked]
+
+
+def place(free: Mapping[str, int], gpus: int, replicas: int) -> dict[str, int]:
+    """GPUs taken per node when ``replicas`` of ``gpus`` GPUs land best fit in ``free``."""
+    left = dict(free)
+    taken: dict[str, int] = {}
+    for _ in range(replicas if gpus > 0 else 0):
+        fits = [(f, name) for name, f in left.items() if f >= gpus]
+        if not fits:
+            break
+        _, name = min(fits)
+        left[name] -= gpus
+        taken[name] = taken.get(name, 0) + gpus
+    return taken

@@ -1,0 +1,153 @@
+"""batch/v1 Jobs and Kueue: a plain Job is resized through ``parallelism``; a Job that Kueue
+admitted is never resized nor has its pods evicted behind Kueue's back — it is preempted by
+deactivating its Kueue Workload and resumed by activating it, once, across restarts — against
+the test API server with Kueue's sample Job and the Workload Kueue makes for it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient
+
+from controller.cluster import Outcome
+from controller.kube.translate import Priorities
+from controller.kube.workloads.job import JOBS, PREEMPTED
+from support.kubeapi import KubeAPIServer
+from support.kubeapi_objects import make_pod
+from support.workload_kinds import (
+    JOB,
+    KUEUE_WORKLOAD,
+    TRAINING,
+    evict,
+    kind_actuator,
+    manifest,
+    scale,
+    writes,
+)
+
+Obj = dict[str, Any]
+WORKLOAD = "job-sample-job-3f1c7"
+WORKLOADS = "/apis/kueue.x-k8s.io/v1beta1/namespaces/ml/workloads"
+JOB_PATH = "/apis/batch/v1/namespaces/ml/jobs/sample-job"
+
+
+async def admitted_job(kubeapi: KubeAPIServer) -> Obj:
+    """Kueue's sample Job, admitted: the Job, its Workload (owned by it) and one running pod."""
+    kubeapi.add_resource(JOB)
+    kubeapi.add_resource(KUEUE_WORKLOAD)
+    job = await kubeapi.create(manifest("kueue-job.yaml", "Job"))
+    uid = job["metadata"]["uid"]
+    workload = manifest("kueue-job.yaml", "Workload")
+    workload["metadata"]["labels"]["kueue.x-k8s.io/job-uid"] = uid
+    workload["metadata"]["ownerReferences"][0]["uid"] = uid
+    await kubeapi.create(workload)
+    pod = make_pod("sample-job-x7k2p", namespace="ml", labels=TRAINING, gpus=1)
+    pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "sample-job", "uid": uid,
+         "controller": True}
+    ]  # fmt: skip
+    await kubeapi.create(pod)
+    return job
+
+
+def active(kubeapi: KubeAPIServer) -> bool:
+    stored = kubeapi.get("Workload", "ml", WORKLOAD)
+    assert stored is not None
+    return bool(stored["spec"]["active"])
+
+
+def mark(kubeapi: KubeAPIServer) -> str | None:
+    stored = kubeapi.get("Job", "ml", "sample-job")
+    assert stored is not None
+    return (stored["metadata"].get("annotations") or {}).get(PREEMPTED)
+
+
+async def test_a_kueue_job_is_preempted_through_its_workload_once(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """Evicting a pod of an admitted Job deactivates its Workload (spec.active=false) and marks
+    the Job; no Eviction is posted. A second eviction, by a restarted controller, finds the mark
+    and writes nothing."""
+    await admitted_job(kubeapi)
+    (first,) = await kind_actuator(kube_client, ("Job",)).apply(
+        [evict("ml/sample-job-x7k2p", "ml/sample-job")]
+    )
+    assert first.outcome is Outcome.APPLIED, first.detail
+    assert f"deactivated Kueue Workload {WORKLOAD}" in first.detail
+    assert (active(kubeapi), mark(kubeapi)) == (False, WORKLOAD)
+    assert writes(kubeapi) == [("PATCH", f"{WORKLOADS}/{WORKLOAD}"), ("PATCH", JOB_PATH)]
+    (again,) = await kind_actuator(kube_client, ("Job",)).apply(
+        [evict("ml/sample-job-x7k2p", "ml/sample-job")]
+    )
+    assert again.outcome is Outcome.ALREADY_DONE, again.detail
+    assert len(writes(kubeapi)) == 2
+
+
+async def test_dry_run_preemption_writes_nothing(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """In dry-run the Workload is found and named, and nothing is written."""
+    await admitted_job(kubeapi)
+    act = kind_actuator(kube_client, ("Job",), dry_run=True)
+    (result,) = await act.apply([evict("ml/sample-job-x7k2p", "ml/sample-job")])
+    assert result.outcome is Outcome.DRY_RUN
+    assert f"would deactivate Kueue Workload {WORKLOAD}" in result.detail
+    assert writes(kubeapi) == []
+    assert active(kubeapi)
+
+
+async def test_a_kueue_job_is_never_resized_and_resumes_when_grown(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """A shrink of the admitted Job is refused (Kueue would requeue it). Once preempted and
+    suspended by Kueue it shows 0 replicas, growable to its parallelism; the grow activates the
+    Workload again and clears the mark."""
+    await admitted_job(kubeapi)
+    act = kind_actuator(kube_client, ("Job",))
+    (shrink,) = await act.apply([scale("ml/sample-job", "Job", 3, 2)])
+    assert shrink.outcome is Outcome.REFUSED
+    assert "Kueue" in shrink.detail
+    await act.apply([evict("ml/sample-job-x7k2p", "ml/sample-job")])
+    await kubeapi.patch("Job", "ml", "sample-job", {"spec": {"suspend": True}})  # Kueue's part
+    job = kubeapi.get("Job", "ml", "sample-job")
+    assert job is not None
+    w = JOBS.workload(job, Priorities())
+    assert (w.replicas, w.min_replicas, w.max_replicas) == (0, 0, 3)
+    (grow,) = await act.apply([scale("ml/sample-job", "Job", 0, 1)])
+    assert grow.outcome is Outcome.APPLIED, grow.detail
+    assert (active(kubeapi), mark(kubeapi)) == (True, None)
+
+
+async def test_a_job_suspended_by_someone_else_is_not_resumed(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """A suspended Job without Ebbtide's mark may not grow: refused, nothing written."""
+    kubeapi.add_resource(JOB)
+    job = manifest("kueue-job.yaml", "Job")
+    job["spec"]["suspend"] = True
+    await kubeapi.create(job)
+    assert JOBS.workload(job, Priorities()).max_replicas == 0
+    (result,) = await kind_actuator(kube_client, ("Job",)).apply(
+        [scale("ml/sample-job", "Job", 0, 1)]
+    )
+    assert result.outcome is Outcome.REFUSED
+    assert "someone else" in result.detail
+    assert writes(kubeapi) == []
+
+
+async def test_a_plain_job_is_resized_through_parallelism(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """Without Kueue, 3→2 patches spec.parallelism on the Job, conditionally."""
+    kubeapi.add_resource(JOB)
+    job = manifest("kueue-job.yaml", "Job")
+    del job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+    await kubeapi.create(job)
+    (result,) = await kind_actuator(kube_client, ("Job",)).apply(
+        [scale("ml/sample-job", "Job", 3, 2)]
+    )
+    assert result.outcome is Outcome.APPLIED, result.detail
+    stored = kubeapi.get("Job", "ml", "sample-job")
+    assert stored is not None
+    assert stored["spec"]["parallelism"] == 2
+    assert writes(kubeapi) == [("PATCH", JOB_PATH)]
