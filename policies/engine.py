@@ -863,6 +863,9 @@ class Engine:
             self.late += 1
             return False
         svc.exceed.put_interval(slot, *counts)
+        if not svc.due:  # its SLO steps at the next tick, as after an event
+            svc.due = True
+            self._due.append(svc)
         return True
 
     def put_utilization(
@@ -896,6 +899,7 @@ class Engine:
                 pools[pool] = (s + total, c + count, max(m, peak))
         for pool, (s, c, m) in pools.items():
             self._pool_windows[pool].put_interval(slot, s, c, m)
+        self.observed += taken  # as readings do: the pool mean is read again
         return taken
 
     def merge_idle(
