@@ -20,6 +20,9 @@ from pathlib import Path
 import pytest
 
 from controller.aggregate import Aggregator, PartialsFeed, ensure_aggregates_topic
+from controller.app import Controller, load_policy_files
+from controller.settings import load_settings
+from controller.sim.runtime import SimRuntime
 from policies.decisions import decision_to_dict
 from policies.engine import Engine
 from policies.loader import load_policy_text
@@ -33,6 +36,7 @@ from streams.producer import KafkaProducer
 
 SERVICES = 8
 PARTITIONS = 4
+ROOT = Path(__file__).resolve().parents[2]
 POLICY = "\n".join(
     [
         "apiVersion: ebbtide.io/v1alpha1",
@@ -330,3 +334,65 @@ async def test_a_new_decider_reads_the_partials_back_and_decides_as_the_old_one(
     assert any(got)
     assert got == want
     await new.close()
+
+
+@pytest.mark.slow
+async def test_a_controller_in_the_decide_role_merges_partials_and_stops_cleanly(
+    kafka_broker: EmbeddedBroker, names: Names
+) -> None:
+    """``--role decide`` wiring: the controller reads no events, gets ready once it has read
+    the aggregates back, takes an aggregator's partials into its engine, and shuts down."""
+    root = ROOT
+    settings = load_settings(
+        policies=[root / "tests" / "e2e" / "policy.yaml"],
+        cluster=f"sim:{root / 'examples' / 'scenario-small.yaml'}",
+        kafka={
+            "bootstrap": kafka_broker.bootstrap,
+            "latency_topic": names.latency,
+            "gpu_topic": names.gpu,
+            "deadletter_topic": f"dead-{names.tag}",
+            "decisions_topic": None,
+        },
+        http={"address": "127.0.0.1:0"},
+        shards={"role": "decide", "aggregates_topic": names.aggregates},
+    )
+    policy = load_policy_files(settings)
+    controller = Controller(
+        settings, SimRuntime.from_file(settings.cluster[4:], policy, settings), policy
+    )
+    running = asyncio.create_task(controller.run())
+    await until(lambda: controller.http.port != 0 and not controller._not_ready(), 30, "ready")
+    config = KafkaConfig(kafka_broker.bootstrap)
+    aggregator = Aggregator(
+        config,
+        policy,
+        topic=names.aggregates,
+        consumer=ConsumerSettings(
+            group_id=names.group,
+            topics=(names.latency, names.gpu),
+            session_timeout_ms=2000,
+            heartbeat_interval_ms=500,
+            commit_interval_s=0.2,
+        ),
+        decoder=EventDecoder(
+            topics={"inference.latency": names.latency, "gpu.utilization": names.gpu}
+        ),
+    )
+    aggregating = asyncio.create_task(aggregator.run())
+    async with KafkaProducer(config) as producer:
+        for _ in range(50):
+            event = InferenceLatency(
+                ts=time.time(), service="chat", namespace="serving", latency_ms=20.0
+            )
+            await producer.send(names.latency, encode_event(event), key=b"serving/chat")
+    status = lambda: controller.engine.service_status(time.time())  # noqa: E731
+    await until(
+        lambda: any(s.key == "serving/chat" and s.samples == 50 for s in status()),
+        30,
+        "the partials",
+    )
+    aggregator.stop()
+    await aggregating
+    controller.stop()
+    await asyncio.wait_for(running, 30)
+    assert controller.crashed == []
