@@ -24,7 +24,7 @@ from controller.app import Controller, load_policy_files
 from controller.settings import load_settings
 from controller.sim.runtime import SimRuntime
 from policies.decisions import decision_to_dict
-from policies.engine import Engine
+from policies.engine import Engine, ServiceStatus
 from policies.loader import load_policy_text
 from policies.model import Policy
 from policies.snapshot import Snapshot, SnapshotBuilder
@@ -358,7 +358,7 @@ async def test_a_controller_in_the_decide_role_merges_partials_and_stops_cleanly
     )
     policy = load_policy_files(settings)
     controller = Controller(
-        settings, SimRuntime.from_file(settings.cluster[4:], policy, settings), policy
+        settings, SimRuntime.from_file(Path(settings.cluster[4:]), policy, settings), policy
     )
     running = asyncio.create_task(controller.run())
     await until(lambda: controller.http.port != 0 and not controller._not_ready(), 30, "ready")
@@ -385,7 +385,10 @@ async def test_a_controller_in_the_decide_role_merges_partials_and_stops_cleanly
                 ts=time.time(), service="chat", namespace="serving", latency_ms=20.0
             )
             await producer.send(names.latency, encode_event(event), key=b"serving/chat")
-    status = lambda: controller.engine.service_status(time.time())  # noqa: E731
+
+    def status() -> list[ServiceStatus]:
+        return controller.engine.service_status(time.time())
+
     await until(
         lambda: any(s.key == "serving/chat" and s.samples == 50 for s in status()),
         30,
