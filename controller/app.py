@@ -44,6 +44,7 @@ from typing import Any
 import structlog
 import tenacity
 
+from controller.aggregate import PartialsFeed, ensure_aggregates_topic
 from controller.cluster import (
     NOT_FREED,
     NOT_LEADER,
@@ -104,6 +105,8 @@ class Controller:
         self.engine = Engine(policy, ledger=runtime.ledger)
         self._policy_text = self._read_policy_text()
         self._consumer: EventConsumer | None = None
+        self._feed: PartialsFeed | None = None
+        """With ``shards.role: decide``: partials merged instead of events consumed."""
         self.metrics = Metrics(
             StateSources(
                 engine=lambda: self.engine,
@@ -155,14 +158,29 @@ class Controller:
         )
         await self.warm_start()
         await self._restore_actions()
+        rewind_s = _longest_window_s(self.policy) + s.kafka.rewind_margin_s
         async with KafkaProducer(kafka, linger_ms=20) as producer:
             self._producer = producer
+            if s.shards.role == "decide":
+                await ensure_aggregates_topic(
+                    kafka, s.shards.aggregates_topic, replication_factor=s.kafka.replication_factor
+                )
+                self._feed = PartialsFeed(
+                    kafka,
+                    s.shards.aggregates_topic,
+                    self.engine,
+                    rewind_s=rewind_s,
+                    on_merged=self._wake.set,
+                    clock=self._clock,
+                )
+                await self._start(self._feed.run, rewind_s=rewind_s)
+                return
             self._consumer = EventConsumer(
                 kafka,
                 self.observe,
                 settings=ConsumerSettings(
                     group_id=None,
-                    rewind_s=_longest_window_s(self.policy) + s.kafka.rewind_margin_s,
+                    rewind_s=rewind_s,
                     topics=(s.kafka.latency_topic, s.kafka.gpu_topic),
                     drain_timeout_s=s.shutdown_timeout_s / 4,
                     close_timeout_s=s.shutdown_timeout_s / 8,
@@ -172,23 +190,32 @@ class Controller:
                 clock=self._clock,
             )
             await self._consumer.start()
-            await self.http.start()
-            log.info(
-                "controller.started",
-                policy=self.policy.metadata.name,
-                policy_hash=self.policy.digest(),
-                cluster=s.cluster,
-                dry_run=s.dry_run,
-                metrics_port=self.http.port,
-                rewind_s=self._consumer.settings.rewind_s,
-            )
-            consumer = self._guard("consumer", self._consumer.run)
-            self._guard("cluster", self.runtime.run)
-            evaluator = self._guard("evaluator", self._evaluate_loop)
-            self._guard("reloader", self._reload_loop)
-            self._guard("decisions-log", self._follow_decisions)
-            await self._stopping.wait()
-            await self._shutdown(consumer, evaluator)
+            await self._start(self._consumer.run, rewind_s=rewind_s)
+
+    async def _start(
+        self, ingest: Callable[[], Coroutine[Any, Any, None]], *, rewind_s: float
+    ) -> None:
+        """Serve probes, start the root tasks with ``ingest`` (events, or partials for a
+        decider), run until stopped, then shut down."""
+        s = self.settings
+        await self.http.start()
+        log.info(
+            "controller.started",
+            policy=self.policy.metadata.name,
+            policy_hash=self.policy.digest(),
+            cluster=s.cluster,
+            dry_run=s.dry_run,
+            role=s.shards.role,
+            metrics_port=self.http.port,
+            rewind_s=rewind_s,
+        )
+        consumer = self._guard("consumer", ingest)
+        self._guard("cluster", self.runtime.run)
+        evaluator = self._guard("evaluator", self._evaluate_loop)
+        self._guard("reloader", self._reload_loop)
+        self._guard("decisions-log", self._follow_decisions)
+        await self._stopping.wait()
+        await self._shutdown(consumer, evaluator)
 
     def _guard(self, name: str, fn: Callable[[], Coroutine[Any, Any, None]]) -> asyncio.Task[None]:
         async def guarded() -> None:
@@ -221,8 +248,9 @@ class Controller:
         def left(reserve: float = 0.0) -> float:
             return max(0.0, deadline - reserve - time.monotonic())
 
-        assert self._consumer is not None
-        self._consumer.stop()
+        for ingest in (self._consumer, self._feed):
+            if ingest is not None:
+                ingest.stop()
         self._wake.set()
         # The evaluator finishes the action in flight, then sees _stopping and returns.
         await asyncio.wait({evaluator}, timeout=budget / 2)
@@ -482,6 +510,10 @@ class Controller:
             problems.append(self._unrestored)
         if not self.runtime.cluster.synced:
             problems.append("cluster cache not synced")
+        if self._feed is not None:
+            if not self._feed.caught_up:
+                problems.append("reading the partial aggregates back")
+            return problems
         stats = self._consumer.stats if self._consumer else None
         http = self.settings.http
         if stats is None or stats.last_fetch_ok is None:

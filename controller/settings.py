@@ -38,6 +38,7 @@ __all__ = [
     "KafkaSettings",
     "KubeSettings",
     "Settings",
+    "ShardSettings",
     "WarmStartSettings",
     "WorkloadKindName",
 ]
@@ -170,6 +171,25 @@ class WarmStartSettings(_Group):
     step: str = "15s"
 
 
+class ShardSettings(_Group):
+    """Sharded ingest (docs/limits.md): which role this replica plays, and the aggregators'
+    consumer group. The default, ``all``, is one replica that reads every event itself."""
+
+    role: Literal["all", "aggregate", "decide"] = "all"
+    """``all``: consume every event and decide (no sharding). ``aggregate``: fold the event
+    partitions the group assigns into partials and publish them; never decide. ``decide``:
+    merge the partials and decide (leader elected by the Lease, as with ``all``)."""
+    aggregates_topic: str = "ebbtide.aggregates"
+    """The compacted topic aggregators publish to and deciders read."""
+    group_id: str = "ebbtide-aggregators"
+    """The aggregators' consumer group: Kafka splits the event partitions between them."""
+    flush_every_s: float = Field(1.0, gt=0)
+    """How often an aggregator publishes its partials and commits: the delay sharding adds."""
+    session_timeout_s: float = Field(10.0, gt=0)
+    """How long an aggregator may be silent before the group moves its partitions."""
+    heartbeat_s: float = Field(3.0, gt=0)
+
+
 class Settings(BaseSettings):
     """Everything ``ebbtide run`` needs. See the module docstring for where values come from."""
 
@@ -195,6 +215,7 @@ class Settings(BaseSettings):
     kube: KubeSettings = KubeSettings()
     http: HttpSettings = HttpSettings()
     warm_start: WarmStartSettings = WarmStartSettings()
+    shards: ShardSettings = ShardSettings()
 
     def for_policy(self, policy: Policy) -> Settings:
         """These settings with ``dry_run`` settled for ``policy``: safe by default, so a

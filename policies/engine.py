@@ -65,9 +65,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, cast
+
+from ddsketch.store import CollapsingLowestDenseStore
 
 from policies.budgets import BudgetState, Cooldowns, Ledger, LogRecord
 from policies.decisions import Decision, Evict, MigConvert, MigRevert
@@ -841,3 +843,76 @@ class Engine:
         if cooldown is None:
             cooldown = self._policy.spec.cooldowns.service
         return self._cooldowns.remaining_s(service_key, now, cooldown)
+
+    # -- sharded ingest: merged partials in (see policies.partials) ------------------------
+
+    def put_latency(
+        self,
+        service_key: str,
+        slot: int,
+        *,
+        interval_s: float,
+        store: CollapsingLowestDenseStore,
+        zeros: int,
+        counts: tuple[int, int, int],
+    ) -> bool:
+        """Make one interval of a service's windows hold a merge of partials: the sketch store,
+        the zeros and the exceedance counts ``(n, above_high, above_low)``. ``False`` when the
+        service is unknown or has another resolution (counted in ``unknown``) or the interval
+        has left its window (``late``)."""
+        svc = self._services.get(service_key)
+        if svc is None or svc.interval != interval_s:
+            self.unknown += 1
+            return False
+        if not svc.latency.put_interval(slot, store, zeros):
+            self.late += 1
+            return False
+        svc.exceed.put_interval(slot, *counts)
+        if not svc.due:  # its SLO steps at the next tick, as after an event
+            svc.due = True
+            self._due.append(svc)
+        return True
+
+    def put_utilization(
+        self,
+        slot: int,
+        *,
+        interval_s: float,
+        readings: Mapping[tuple[str, int | str, int | None], tuple[float, int, float]],
+    ) -> int:
+        """Make one utilization interval hold a merge of partials: per device ``(node, gpu,
+        MIG instance or None)`` the sum, count and max of its readings. ``readings`` is every
+        device's for that interval, so each pool's interval is their merge (node -> pool from
+        the last snapshot). Returns how many devices were taken."""
+        if interval_s != self._util_interval:
+            self.unknown += len(readings)
+            return 0
+        pools: dict[str, tuple[float, int, float]] = {}
+        taken = 0
+        for (node, gpu, instance), (total, count, peak) in readings.items():
+            key = f"{node}/{gpu}" if instance is None else f"{node}/{gpu}/{instance}"
+            window = self._gpu_windows.get(key)
+            if window is None:
+                window = self._gpu_windows[key] = self._util_window()
+                self._devices = {}
+            if not window.put_interval(slot, total, count, peak):
+                self.late += 1
+                continue
+            taken += 1
+            if (pool := self._node_pool.get(node)) is not None:
+                s, c, m = pools.get(pool, (0.0, 0, 0.0))
+                pools[pool] = (s + total, c + count, max(m, peak))
+        for pool, (s, c, m) in pools.items():
+            self._pool_windows[pool].put_interval(slot, s, c, m)
+        self.observed += taken  # as readings do: the pool mean is read again
+        return taken
+
+    def merge_idle(
+        self, node: str, gpu: str, *, first: float, last: float, busy: float | None
+    ) -> None:
+        """A GPU's first, last and last busy reading as an aggregator saw them (merging the
+        same marks twice changes nothing)."""
+        self._idle.add(node, gpu, first, 0.0)
+        self._idle.add(node, gpu, last, 0.0)
+        if busy is not None:
+            self._idle.add(node, gpu, busy, math.inf)

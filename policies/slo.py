@@ -316,3 +316,27 @@ class ExceedanceWindow:
         if above_lo >= need:
             return "between", n
         return "below", n
+
+    # -- sharded ingest: intervals out (aggregators) and in (deciders), see policies.partials --
+
+    def held_intervals(self) -> list[tuple[int, int, int, int]]:
+        """The ring's intervals with requests as ``(slot, n, above_high, above_low)``."""
+        floor = self._head - self._length
+        return sorted(
+            (slot, self._n[i], self._above_hi[i], self._above_lo[i])
+            for i, slot in enumerate(self._slots)
+            if slot > floor and self._n[i]
+        )
+
+    def put_interval(self, slot: int, n: int, above_high: int, above_low: int) -> bool:
+        """Make interval ``slot`` hold a merge of partials, replacing what it held; ``False``
+        when the slot has left the ring."""
+        i = self._index((slot + 0.5) * self._interval)
+        if i < 0:
+            return False
+        totals = self._totals
+        totals[0] += n - self._n[i]
+        totals[1] += above_high - self._above_hi[i]
+        totals[2] += above_low - self._above_lo[i]
+        self._n[i], self._above_hi[i], self._above_lo[i] = n, above_high, above_low
+        return True

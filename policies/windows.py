@@ -160,6 +160,17 @@ class _Ring:
         first = max(last, self._head) - self._length + 1
         return first, min(last, self._head)
 
+    def _admit(self, slot: int) -> bool:
+        """Whether a write to ``slot`` may land: it advances the head, or counts one more late
+        write and is refused when the slot has left the ring (for writes that bypass
+        ``_cell``: whole intervals put by a decider)."""
+        if slot > self._head:
+            self._head = slot
+        elif slot <= self._head - self._length:
+            self._late += 1
+            return False
+        return True
+
 
 class _Interval:
     """One interval of latencies: positive values in a store, zeros counted apart (the
@@ -607,6 +618,32 @@ class LatencyWindow(_Ring):
         self._full_key = key
         return self._full
 
+    # -- sharded ingest: intervals out (aggregators) and in (deciders), see policies.partials --
+
+    def held_intervals(self) -> list[tuple[int, CollapsingLowestDenseStore, int]]:
+        """The ring's non-empty intervals as ``(slot, store, zeros)``, oldest first."""
+        floor = self._head - self._length
+        cells = [c for c in self._cells if c.slot > floor and (c.store.count or c.zeros)]
+        cells.sort(key=_by_slot)
+        return [(c.slot, c.store, c.zeros) for c in cells]
+
+    def put_interval(self, slot: int, store: CollapsingLowestDenseStore, zeros: int) -> bool:
+        """Make interval ``slot`` hold ``store`` and ``zeros`` (a merge of partials), replacing
+        what it held; ``False`` (a late write) when the slot has left the ring. The store must
+        have this window's bin limit."""
+        if store.bin_limit != self._bin_limit:
+            raise ValueError(f"store has bin_limit {store.bin_limit}; expected {self._bin_limit}")
+        if self._cell(slot) is None:
+            return False
+        cell = _Interval(slot, self._bin_limit)
+        cell.store, cell.zeros = store, zeros
+        self._cells[slot % self._length] = cell
+        self._last_slot, self._last_cell = slot, cell
+        self._drop_merges()
+        self._drop_sum()
+        self._read_key = ()
+        return True
+
 
 class UtilizationWindow(_Ring):
     """Utilization (percent) of one GPU or MIG instance over a sliding window of event time."""
@@ -699,3 +736,14 @@ class UtilizationWindow(_Ring):
         """Ring indices with readings covered by a read at ``now``."""
         first, last = self._span(now)
         return [i for i, slot in enumerate(self._slots) if first <= slot <= last]
+
+    # -- sharded ingest: intervals in (deciders), see policies.partials -----------------------
+
+    def put_interval(self, slot: int, total: float, count: int, peak: float) -> bool:
+        """Make interval ``slot`` hold a merge of partials (sum, count, max), replacing what it
+        held; ``False`` (a late write) when the slot has left the ring."""
+        if not self._admit(slot):
+            return False
+        i = slot % self._length
+        self._slots[i], self._sums[i], self._counts[i], self._maxes[i] = slot, total, count, peak
+        return True

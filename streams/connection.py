@@ -84,11 +84,13 @@ async def ensure_topics(
     *,
     partitions: int = 1,
     replication_factor: int | None = None,
+    configs: dict[str, str] | None = None,
     timeout_s: float = 15.0,
 ) -> None:
     """Create the topics that do not exist yet; existing ones are left as they are. Without a
     ``replication_factor``, each is replicated as Kafka's own default for internal topics is:
-    three times, or once per broker on a smaller cluster."""
+    three times, or once per broker on a smaller cluster. ``configs`` are topic settings for
+    the topics created (``{"cleanup.policy": "compact"}``)."""
     admin = AIOKafkaAdminClient(**config.client_kwargs(), request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
@@ -101,7 +103,10 @@ async def ensure_topics(
             # Created concurrently by another client is what we wanted.
             with contextlib.suppress(TopicAlreadyExistsError):
                 response = await admin.create_topics(
-                    [NewTopic(t, partitions, replication_factor) for t in missing]
+                    [
+                        NewTopic(t, partitions, replication_factor, topic_configs=configs or {})
+                        for t in missing
+                    ]
                 )
                 refused = [
                     f"{topic}: {message or f'error {code}'}"

@@ -45,7 +45,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +58,15 @@ from streams.events import DEFAULT_TOPICS, Event, EventDecoder, Rejection
 from streams.positions import StartLine, partitions_of
 from streams.producer import DeadLetter, RawMessage
 
-__all__ = ["Batch", "ConsumerSettings", "ConsumerStats", "EventConsumer", "Handler"]
+__all__ = [
+    "Batch",
+    "Checkpoint",
+    "ConsumerSettings",
+    "ConsumerStats",
+    "EventConsumer",
+    "Handler",
+    "TopicPartition",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -72,9 +80,18 @@ class Batch:
     """Per partition, the next offset to consume once this batch is applied."""
     fetched_at: float
     """``time.time()`` when the fetch returned, for decision-latency accounting."""
+    spans: Mapping[TopicPartition, tuple[int, int, int]] = field(default_factory=dict)
+    """Per partition: where its events lie in ``events`` (start, end) and the offset of its
+    first message, for handlers that keep state per source partition."""
+    generation: int = 0
+    """:attr:`EventConsumer.generation` when fetched: a batch of an older generation was
+    fetched before partitions were last revoked, and is fetched again after."""
 
 
 Handler = Callable[[Batch], Awaitable[None]]
+Checkpoint = Callable[[Sequence[TopicPartition]], Awaitable[Mapping[TopicPartition, int]]]
+"""Make what was applied of these partitions durable elsewhere; return, per partition, the
+offset up to which it is, so safe to commit (see :class:`EventConsumer`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +175,11 @@ class EventConsumer:
     """Consumes, validates and hands over events; see the module docstring for guarantees.
 
     ``clock`` returns epoch seconds and is used for the future-timestamp rule only.
+
+    With a ``checkpoint`` (in a group), what is committed is not "applied" but what the
+    checkpoint says is durable: a handler that only aggregates (the sharded aggregators)
+    publishes its aggregates in the checkpoint, and offsets are committed after that, every
+    ``commit_interval_s`` (also while idle), on revocation and on stop.
     """
 
     def __init__(
@@ -169,8 +191,12 @@ class EventConsumer:
         decoder: EventDecoder | None = None,
         dead_letter: DeadLetter | None = None,
         clock: Callable[[], float] = time.time,
+        checkpoint: Checkpoint | None = None,
     ) -> None:
         self.settings = settings or ConsumerSettings()
+        self._checkpoint = checkpoint
+        self.generation = 0
+        """Counts revocations (see :attr:`Batch.generation`)."""
         self.stats = ConsumerStats()
         self._handler = handler
         self._decoder = decoder or EventDecoder(topics=DEFAULT_TOPICS)
@@ -337,6 +363,7 @@ class EventConsumer:
         decode = self._decoder.decode
         events: list[Event] = []
         positions: dict[TopicPartition, int] = {}
+        spans: dict[TopicPartition, tuple[int, int, int]] = {}
         rejected: list[tuple[RawMessage, Rejection]] = []
         stats = self.stats
         for tp, messages in records.items():
@@ -353,6 +380,7 @@ class EventConsumer:
                 else:
                     events.append(result)
             positions[tp] = messages[-1].offset + 1
+            spans[tp] = (accepted_before, len(events), messages[0].offset)
             stats.consumed[tp.topic] += len(messages)
             stats.accepted[tp.topic] += len(events) - accepted_before
         for raw, rejection in rejected:
@@ -367,7 +395,9 @@ class EventConsumer:
             )
         if rejected and not await self._dead_letter_all(rejected):
             return None
-        return Batch(events, positions, fetched_at=fetched_at)
+        return Batch(
+            events, positions, fetched_at=fetched_at, spans=spans, generation=self.generation
+        )
 
     async def _dead_letter_all(self, rejected: list[tuple[RawMessage, Rejection]]) -> bool:
         """Send every rejected message to the dead-letter topic; False if stopped first."""
@@ -410,7 +440,7 @@ class EventConsumer:
 
     async def _apply_loop(self) -> None:
         backoff = _Backoff(*self.settings.retry_backoff_s)
-        while (batch := await self._queue.get()) is not None:
+        while (batch := await self._next_batch()) is not None:
             while True:
                 try:
                     await self._handler(batch)
@@ -424,19 +454,38 @@ class EventConsumer:
             if time.monotonic() - self._last_commit >= self.settings.commit_interval_s:
                 await self.commit()
 
+    async def _next_batch(self) -> Batch | None:
+        """The next batch; with a checkpoint, an idle consumer commits meanwhile (so the
+        aggregates of the last events are published without waiting for more)."""
+        if self._checkpoint is None:
+            return await self._queue.get()
+        while True:
+            try:
+                return await asyncio.wait_for(self._queue.get(), self.settings.commit_interval_s)
+            except TimeoutError:
+                await self.commit()
+
     async def commit(self, partitions: Sequence[TopicPartition] | None = None) -> None:
-        """Commit applied offsets (of ``partitions``, default all still assigned); without a
-        group there is nothing to commit to."""
+        """Commit applied offsets (of ``partitions``, default all still assigned), or with a
+        checkpoint those it made durable; without a group there is nothing to commit to."""
         if self.settings.group_id is None:
             return
         assigned = self._consumer.assignment()
         wanted = assigned if partitions is None else set(partitions) & assigned
+        self._last_commit = time.monotonic()
+        durable: Mapping[TopicPartition, int] = self._applied
+        if self._checkpoint is not None:
+            try:
+                durable = await self._checkpoint(sorted(wanted))
+            except Exception:
+                self.stats.commit_failures += 1
+                log.exception("ingest.checkpoint_failed")
+                return
         offsets = {
             tp: offset
-            for tp, offset in self._applied.items()
+            for tp, offset in durable.items()
             if tp in wanted and self._committed.get(tp) != offset
         }
-        self._last_commit = time.monotonic()
         if not offsets:
             return
         try:
@@ -450,6 +499,7 @@ class EventConsumer:
 
     async def release(self, partitions: Sequence[TopicPartition]) -> None:
         """Commit and forget ``partitions`` before they move to another group member."""
+        self.generation += 1
         await self.commit(partitions)
         self._line.forget(partitions)
         for tp in partitions:
@@ -469,7 +519,9 @@ class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._owner.release(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        return None
+        log.info(
+            "ingest.assigned", partitions=sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned)
+        )
 
 
 def _raw(tp: TopicPartition, message: object) -> RawMessage:

@@ -72,6 +72,13 @@ def _settings_problem(error: Mapping[str, Any]) -> str:
 @click.option("--kubeconfig", type=click.Path(path_type=Path), help="Default: in-cluster.")
 @click.option("--metrics-address", help="host:port for /metrics, /healthz, /readyz.")
 @click.option("--identity", help="This replica's name (Lease holder).")
+@click.option(
+    "--role",
+    type=click.Choice(["all", "aggregate", "decide"]),
+    help="all (default): read every event and decide. Sharded ingest: aggregate (fold the "
+    "partitions Kafka's group assigns, publish partials) or decide (merge partials, decide). "
+    "Env: EBBTIDE_SHARDS__ROLE.",
+)
 def run(
     policies: tuple[Path, ...],
     bootstrap: str | None,
@@ -81,6 +88,7 @@ def run(
     kubeconfig: Path | None,
     metrics_address: str | None,
     identity: str | None,
+    role: str | None,
 ) -> None:
     """Run the controller: consume events, evaluate the policy, act on the cluster."""
     kafka: dict[str, Any] = {"bootstrap": bootstrap} if bootstrap else {}
@@ -96,6 +104,7 @@ def run(
             kafka=kafka or None,
             kube=kube or None,
             http={"address": metrics_address} if metrics_address else None,
+            shards={"role": role} if role else None,
         )
     except ConfigFileError as exc:
         raise click.ClickException(str(exc)) from None
@@ -104,6 +113,11 @@ def run(
         raise click.UsageError(f"invalid settings: {problems}") from None
     policy = load_policy_files(tuple(settings.policies))
     resolved = settings.for_policy(policy)
+    if resolved.shards.role == "aggregate":  # folds events; decides and writes nothing
+        from controller.aggregate import run_aggregator
+
+        run_async(run_aggregator(resolved, policy))
+        return
     if resolved.dry_run:
         log.warning(
             "controller.dry_run",

@@ -1,0 +1,318 @@
+"""Benchmark sharded ingest: N aggregator processes in one consumer group, one recording.
+
+Run: ``python benchmarks/shards.py --replicas 1 2 [--events 300000] [--runs 3] [--json]``.
+
+One embedded broker; the recording is produced once into event topics of ``--partitions``
+partitions (not timed). Each run starts N ``ebbtide run --role aggregate`` processes in a new
+consumer group (so each run reads the whole recording) publishing to a new aggregates topic,
+which this process reads. A run's rate is the group's *steady* rate: the events its flushes
+covered between the moment every member had its final assignment (the group's first rebalances
+are start-up, not throughput) and the moment the whole recording was covered, divided by that
+time. Medians over ``--runs`` are reported.
+
+Decisions: the flushes of every run are merged (:class:`policies.partials.Merger`) into an
+engine that evaluates every ``resolution`` of event time, and compared with one engine fed every
+event of the recording and evaluated at the same instants (what one replica decides). The scene
+is the replay benchmark's, smaller: 400 GPUs (50 nodes of 8), 200 services with 4-request batch
+events, every tenth service 10x slower for 2 minutes every 20 minutes.
+
+The last line printed is a JSON object: ``{"events_per_s": {"1": x, "2": y}, "same_decisions":
+true|false, "ratio": y/x, "runs": {...}, "cpus": n}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from controller.aggregate import ensure_aggregates_topic
+from policies.decisions import decision_to_dict
+from policies.engine import Engine
+from policies.loader import load_policy_text
+from policies.partials import Merger
+from policies.snapshot import Snapshot, SnapshotBuilder
+from streams.aggregates import Flush, decode_flush
+from streams.aggregates_reader import AggregatesReader
+from streams.broker import EmbeddedBroker
+from streams.connection import KafkaConfig, ensure_topics
+from streams.events import Event, GpuUtilization, InferenceLatency, encode_event
+from streams.producer import KafkaProducer
+
+T0 = 1_767_225_600.0
+NODES, GPUS_PER_NODE, SERVICES = 50, 8, 200
+RESOLUTION = 5.0
+POLICY = f"""\
+apiVersion: ebbtide.io/v1alpha1
+kind: Policy
+metadata: {{name: shards-bench}}
+spec:
+  pools:
+    whole: {{nodeSelector: {{ebbtide.io/pool: whole}}, kind: whole}}
+    mig: {{nodeSelector: {{ebbtide.io/pool: mig}}, kind: mig}}
+  services:
+{
+    chr(10).join(
+        f"    svc-{i:03d}: {{namespace: serving, pool: whole, replicas: {{min: 1, max: 8}}, "
+        f"scale: {{maxStep: 2}}, slo: {{percentile: 99, objectiveMs: 200, window: 60s, "
+        f"resolution: {RESOLUTION:g}s, breachAfter: 30s, minSamples: 20}}}}"
+        for i in range(SERVICES)
+    )
+}
+  training: {{selector: {{ebbtide.io/class: training}}}}
+  mig:
+    fromPool: whole
+    toPool: mig
+    convertBelow: 20%
+    convertAfter: 150s
+    profiles: {{A100-80GB: all-1g.10gb}}
+    revertAfter: 5m
+  budgets:
+    scaleSteps: {{max: 100, per: 10m}}
+"""
+
+
+def snapshot() -> Snapshot:
+    b = SnapshotBuilder()
+    for n in range(NODES):
+        b.node(f"node-{n:03d}", gpus=GPUS_PER_NODE, labels={"ebbtide.io/pool": "whole"})
+    for i in range(SERVICES):
+        b.workload("serving", f"svc-{i:03d}", replicas=1, nodes=[f"node-{i % 40:03d}"])
+    return b.build()
+
+
+def recording(count: int) -> Iterator[tuple[str, str, Event]]:
+    """(``latency`` or ``gpu``, key, event), in event-time order; the same every call."""
+    rnd = random.Random(16)
+    base = [rnd.uniform(40, 95) if n < 40 else rnd.uniform(0, 3) for n in range(NODES)]
+    emitted, s = 0, 0
+    while True:
+        ts = T0 + s
+        burst = (s % 1200) < 120
+        for i in range(SERVICES):
+            scale = 10.0 if burst and i % 10 == 0 else 1.0
+            samples = [round(rnd.uniform(20, 150) * scale, 1) for _ in range(4)]
+            name = f"svc-{i:03d}"
+            yield (
+                "latency",
+                f"serving/{name}",
+                InferenceLatency(ts=ts, service=name, namespace="serving", samples_ms=samples),
+            )
+            emitted += 1
+            if emitted == count:
+                return
+        for n in range(NODES):
+            for g in range(GPUS_PER_NODE):
+                util = min(100.0, max(0.0, base[n] + rnd.uniform(-5, 5)))
+                node = f"node-{n:03d}"
+                yield "gpu", node, GpuUtilization(ts=ts + 0.5, node=node, gpu=g, util_pct=util)
+                emitted += 1
+                if emitted == count:
+                    return
+        s += 1
+
+
+Decisions = list[list[dict[str, object]]]
+
+
+def one_replica(count: int) -> Decisions:
+    """One engine fed every event, evaluated every resolution of event time."""
+    policy, snap = load_policy_text(POLICY), snapshot()
+    engine = Engine(policy)
+    engine.evaluate(T0, snap)  # index the snapshot first: node -> pool for every reading
+    out: Decisions = []
+    tick = T0 + RESOLUTION
+    for _, _, event in recording(count):
+        while event.time >= tick:
+            out.append([decision_to_dict(d) for d in engine.evaluate(tick, snap)])
+            tick += RESOLUTION
+        engine.observe(event)
+    out.append([decision_to_dict(d) for d in engine.evaluate(tick, snap)])
+    return out
+
+
+def merged(flushes: list[Flush], ticks: int) -> Decisions:
+    """A decider merging ``flushes``, each interval pushed once event time has passed it."""
+    policy, snap = load_policy_text(POLICY), snapshot()
+    engine = Engine(policy)
+    engine.evaluate(T0, snap)
+    merger = Merger(engine)
+    lat: set[tuple[str, int]] = set()
+    util: set[tuple[int, float]] = set()
+    for flush in flushes:
+        got_lat, got_util = merger.index(flush)
+        lat |= got_lat
+        util |= got_util
+    lat_by_end = sorted(lat, key=lambda k: k[1])
+    util_by_end = sorted(util, key=lambda k: (k[0] + 1) * k[1])
+    out: Decisions = []
+    i = j = 0
+    for k in range(1, ticks + 1):
+        tick = T0 + k * RESOLUTION
+        a = i
+        while i < len(lat_by_end) and (lat_by_end[i][1] + 1) * RESOLUTION <= tick:
+            i += 1
+        b = j
+        while j < len(util_by_end) and (util_by_end[j][0] + 1) * util_by_end[j][1] <= tick:
+            j += 1
+        merger.push(lat_by_end[a:i], util_by_end[b:j])
+        out.append([decision_to_dict(d) for d in engine.evaluate(tick, snap)])
+    return out
+
+
+async def produce(config: KafkaConfig, topics: dict[str, str], count: int) -> None:
+    async with KafkaProducer(config, linger_ms=20) as producer:
+        for kind, key, event in recording(count):
+            await producer.send(topics[kind], encode_event(event), key=key.encode())
+
+
+async def run_group(
+    broker: EmbeddedBroker, topics: dict[str, str], policy_file: Path, replicas: int, total: int
+) -> tuple[float, list[Flush]]:
+    """Start ``replicas`` aggregators in a new group; the group's steady events/s and the
+    flushes it published."""
+    tag = uuid.uuid4().hex[:8]
+    aggregates = f"bench.aggregates.{tag}"
+    config = KafkaConfig(broker.bootstrap)
+    await ensure_aggregates_topic(config, aggregates)
+    env = os.environ | {
+        "EBBTIDE_KAFKA__LATENCY_TOPIC": topics["latency"],
+        "EBBTIDE_KAFKA__GPU_TOPIC": topics["gpu"],
+        "EBBTIDE_SHARDS__AGGREGATES_TOPIC": aggregates,
+        "EBBTIDE_SHARDS__GROUP_ID": f"bench-{tag}",
+        "EBBTIDE_SHARDS__SESSION_TIMEOUT_S": "2",
+        "EBBTIDE_SHARDS__HEARTBEAT_S": "0.5",
+        "EBBTIDE_DECISIONS_TOPIC": "",
+    }
+    flushes: list[tuple[float, Flush]] = []
+    reader = AggregatesReader(config, aggregates)
+    reading = asyncio.create_task(
+        reader.run(0.0, lambda v: flushes.append((time.monotonic(), decode_flush(v))))
+    )
+    assigned: dict[int, tuple[float, int]] = {}  # member -> (when, partitions) of last assignment
+
+    async def watch(k: int, stream: asyncio.StreamReader) -> None:
+        async for line in stream:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("event") == "ingest.assigned":
+                assigned[k] = (time.monotonic(), len(entry["partitions"]))
+            elif entry.get("level") in ("warning", "error", "critical"):
+                text = f"{entry.get('event')}: {entry.get('exception', '')[-300:]}"
+                print(f"aggregator {k}: {text}", file=sys.stderr)
+
+    processes = []
+    for _ in range(replicas):
+        processes.append(
+            await asyncio.create_subprocess_exec(
+                *(sys.executable, "-m", "controller", "run", "--role", "aggregate"),
+                *("--policy", str(policy_file), "--bootstrap", broker.bootstrap),
+                *("--metrics-address", "127.0.0.1:0"),
+                env=env,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        )
+    watchers = [
+        asyncio.create_task(watch(k, p.stderr)) for k, p in enumerate(processes) if p.stderr
+    ]
+
+    def covered_by(when: float) -> int:
+        ends: dict[tuple[str, int], int] = {}
+        for at, f in flushes:
+            if at <= when:
+                key = (f.topic, f.partition)
+                ends[key] = max(ends.get(key, 0), f.next)
+        return sum(ends.values())
+
+    deadline = time.monotonic() + 300
+    while covered_by(time.monotonic()) < total:
+        if time.monotonic() > deadline or any(p.returncode is not None for p in processes):
+            raise RuntimeError(
+                f"group of {replicas} covered {covered_by(time.monotonic())} of {total} events"
+            )
+        await asyncio.sleep(0.05)
+    done = min(at for at, _ in flushes if covered_by(at) >= total)
+    stable = max(at for at, _ in assigned.values())
+    if len(assigned) < replicas or any(n == 0 for _, n in assigned.values()):
+        raise RuntimeError(f"not every member of {replicas} had partitions: {assigned}")
+    rate = (total - covered_by(stable)) / (done - stable)
+    for p in processes:
+        p.terminate()
+    for p in processes:
+        await p.wait()
+    await asyncio.gather(*watchers)
+    reading.cancel()
+    await asyncio.gather(reading, return_exceptions=True)
+    return rate, [f for _, f in flushes]
+
+
+async def main(replicas: list[int], events: int, runs: int, partitions: int) -> dict[str, Any]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+        policy_file = Path(tmp) / "policy.yaml"
+        policy_file.write_text(POLICY)
+        config = KafkaConfig(broker.bootstrap)
+        topics = {"latency": "bench.latency", "gpu": "bench.gpu"}
+        await ensure_topics(config, list(topics.values()), partitions=partitions)
+        t = time.perf_counter()
+        await produce(config, topics, events)
+        print(f"produced {events:,} events in {time.perf_counter() - t:.1f}s", flush=True)
+        t = time.perf_counter()
+        want = one_replica(events)
+        print(
+            f"one engine, every event: {events / (time.perf_counter() - t):,.0f} events/s "
+            f"in-process, {sum(map(len, want))} decisions",
+            flush=True,
+        )
+        rates: dict[str, list[float]] = {str(n): [] for n in replicas}
+        same = True
+        for run in range(runs):
+            for n in replicas:
+                rate, flushes = await run_group(broker, topics, policy_file, n, events)
+                got = merged(flushes, len(want))
+                same = same and got == want
+                rates[str(n)].append(rate)
+                print(
+                    f"run {run + 1}, {n} replica(s): {rate:,.0f} events/s, "
+                    f"{len(flushes)} flushes, same decisions: {got == want}",
+                    flush=True,
+                )
+    medians = {n: statistics.median(r) for n, r in rates.items()}
+    result: dict[str, Any] = {
+        "events_per_s": {n: round(v) for n, v in medians.items()},
+        "same_decisions": same,
+        "runs": {n: [round(v) for v in r] for n, r in rates.items()},
+        "events": events,
+        "partitions": partitions,
+        "cpus": os.cpu_count(),
+    }
+    if len(replicas) > 1:
+        lo, hi = str(min(replicas)), str(max(replicas))
+        result["ratio"] = round(medians[hi] / medians[lo], 2)
+    return result
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--events", type=int, default=300_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--json", action="store_true", help="end with the JSON line only")
+    args = parser.parse_args()
+    out = asyncio.run(main(args.replicas, args.events, args.runs, args.partitions))
+    print(json.dumps(out) if args.json else json.dumps(out, indent=2))

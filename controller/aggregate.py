@@ -1,0 +1,301 @@
+"""``ebbtide run --role aggregate``: one aggregating replica of sharded ingest.
+
+Aggregators share one Kafka consumer group, so the event topics' partitions are split between
+them by Kafka (and moved by Kafka when one joins, leaves or dies). Each keeps a
+:class:`~policies.partials.Fold` per owned partition; the consumer's checkpoint (every
+``flush_every_s``, also while idle, on revocation and on stop) seals each fold into a
+:class:`~streams.aggregates.Flush`, publishes it to the compacted aggregates topic, waits for the
+broker's acknowledgement, and only then are the flushes' ``next`` offsets committed and new folds
+started there. The guarantees that follow (nothing lost, nothing counted twice over a
+rebalance) are spelled out in :mod:`streams.aggregates`.
+
+A batch fetched before a revocation but handed over after it (the queue between fetching and
+folding) is dropped: its partitions were reset to their committed offsets and are fetched again.
+The aggregator never decides and never talks to the cluster; deciders (``--role decide``)
+merge the flushes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import structlog
+from prometheus_client import CollectorRegistry
+
+from controller.http import HealthServer
+from controller.settings import Settings
+from policies.engine import Engine
+from policies.model import Policy
+from policies.partials import Fold, FoldSpec, Merger
+from streams.aggregates import decode_flush, encode_flush
+from streams.aggregates_reader import AggregatesReader
+from streams.connection import KafkaConfig, ensure_topics
+from streams.consumer import Batch, ConsumerSettings, EventConsumer, TopicPartition
+from streams.events import EventDecoder
+from streams.producer import DeadLetter, KafkaProducer
+
+__all__ = [
+    "Aggregator",
+    "AggregatorStats",
+    "PartialsFeed",
+    "ensure_aggregates_topic",
+    "run_aggregator",
+]
+
+log = structlog.get_logger("ebbtide.aggregate")
+
+
+async def ensure_aggregates_topic(
+    kafka: KafkaConfig, topic: str, *, replication_factor: int | None = None
+) -> None:
+    """The aggregates topic: one partition (flushes of a source partition must stay in order;
+    the volume is a few messages per second per source partition), compacted by flush key."""
+    await ensure_topics(
+        kafka,
+        [topic],
+        replication_factor=replication_factor,
+        configs={"cleanup.policy": "compact"},
+    )
+
+
+#: Size past which a fold is published at once rather than at the next flush: a flush is one
+#: Kafka message (1 MB by default), and a backlog read at full speed spans many intervals per
+#: second. A quarter of the limit leaves room for one more batch (:data:`BATCH_RECORDS`: at
+#: worst ~800 bytes per event, when every event opens a new interval of a wide sketch).
+MAX_FLUSH_BYTES = 256 * 1024
+#: Messages per fetch for an aggregator (the single-replica path fetches 5,000).
+BATCH_RECORDS = 500
+
+
+@dataclass(slots=True)
+class AggregatorStats:
+    folded: int = 0
+    """Events folded into partials."""
+    stale: int = 0
+    """Events of batches fetched before a revocation, dropped (they are fetched again)."""
+    flushes: int = 0
+    """Flushes acknowledged by the broker."""
+
+
+class Aggregator:
+    """Folds the partitions the group gives it; see the module docstring."""
+
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        policy: Policy,
+        *,
+        topic: str,
+        consumer: ConsumerSettings,
+        decoder: EventDecoder | None = None,
+        deadletter_topic: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if consumer.group_id is None:
+            raise ValueError("aggregators share partitions through a consumer group: set one")
+        self._kafka = kafka
+        self._spec = FoldSpec.of(policy)
+        self._topic = topic
+        self._consumer_settings = consumer
+        self._decoder = decoder
+        self._deadletter_topic = deadletter_topic
+        self._clock = clock
+        self._folds: dict[TopicPartition, tuple[int, Fold, int]] = {}
+        """Per partition: (consumer generation, fold, offset after its last event)."""
+        self._producer: KafkaProducer | None = None
+        self._stop = asyncio.Event()
+        self.consumer: EventConsumer | None = None
+        self.stats = AggregatorStats()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.consumer is not None:
+            self.consumer.stop()
+
+    async def run(self) -> None:
+        """Consume, fold and publish until :meth:`stop`; the last folds are published and
+        their offsets committed on the way out."""
+        async with KafkaProducer(self._kafka, linger_ms=5) as producer:
+            self._producer = producer
+            dead = (
+                DeadLetter(producer, topic=self._deadletter_topic)
+                if self._deadletter_topic
+                else None
+            )
+            self.consumer = EventConsumer(
+                self._kafka,
+                self._fold,
+                settings=self._consumer_settings,
+                decoder=self._decoder,
+                dead_letter=dead,
+                clock=self._clock,
+                checkpoint=self._checkpoint,
+            )
+            if self._stop.is_set():
+                return
+            await self.consumer.run()
+
+    async def _fold(self, batch: Batch) -> None:
+        """The consumer's handler: fold each partition's events into its fold."""
+        assert self.consumer is not None
+        generation = self.consumer.generation
+        if batch.generation != generation:
+            self.stats.stale += len(batch.events)
+            return
+        now = self._clock()
+        events = batch.events
+        for tp, (start, end, first) in batch.spans.items():
+            held = self._folds.get(tp)
+            if held is None or held[0] != generation:
+                fold = Fold(self._spec, topic=tp.topic, partition=tp.partition, first=first)
+            else:
+                fold = held[1]
+            fold.observe(events[start:end], now)
+            self._folds[tp] = (generation, fold, batch.positions[tp])
+            if fold.size() > MAX_FLUSH_BYTES:
+                await self.consumer.commit([tp])  # publish now: a flush is one message
+        self.stats.folded += len(events)
+
+    async def _checkpoint(
+        self, partitions: Sequence[TopicPartition]
+    ) -> Mapping[TopicPartition, int]:
+        """Publish the folds of ``partitions`` that hold anything new, wait for the broker's
+        acknowledgement, start new folds where they ended; returns the offsets now safe to
+        commit. A send that fails raises: nothing is committed and the folds keep growing, so
+        the next flush re-covers the same offsets under the same key."""
+        assert self._producer is not None
+        producer = self._producer
+        sealed = []
+        for tp in partitions:
+            held = self._folds.get(tp)
+            if held is not None and held[2] > held[1].first:
+                sealed.append((tp, held[0], held[1].seal(held[2])))
+        await asyncio.gather(
+            *(
+                producer.send_and_wait(self._topic, encode_flush(flush), key=flush.key)
+                for _, _, flush in sealed
+            )
+        )
+        for tp, generation, flush in sealed:
+            fold = Fold(self._spec, topic=tp.topic, partition=tp.partition, first=flush.next)
+            self._folds[tp] = (generation, fold, flush.next)
+        self.stats.flushes += len(sealed)
+        return {tp: held[2] for tp in partitions if (held := self._folds.get(tp)) is not None}
+
+
+async def run_aggregator(settings: Settings, policy: Policy) -> None:
+    """The ``--role aggregate`` process: the aggregator, and ``/healthz`` and ``/readyz``
+    (ready once the group has given it partitions and the broker answers) until SIGTERM."""
+    s, k = settings, settings.kafka
+    kafka = k.connection()
+    await ensure_topics(
+        kafka,
+        [k.latency_topic, k.gpu_topic, k.deadletter_topic],
+        replication_factor=k.replication_factor,
+    )
+    await ensure_aggregates_topic(
+        kafka, s.shards.aggregates_topic, replication_factor=k.replication_factor
+    )
+    aggregator = Aggregator(
+        kafka,
+        policy,
+        topic=s.shards.aggregates_topic,
+        consumer=ConsumerSettings(
+            group_id=s.shards.group_id,
+            topics=(k.latency_topic, k.gpu_topic),
+            commit_interval_s=s.shards.flush_every_s,
+            max_records=BATCH_RECORDS,
+            session_timeout_ms=int(s.shards.session_timeout_s * 1000),
+            heartbeat_interval_ms=int(s.shards.heartbeat_s * 1000),
+            drain_timeout_s=s.shutdown_timeout_s / 4,
+            close_timeout_s=s.shutdown_timeout_s / 8,
+        ),
+        decoder=EventDecoder(k.limits(), topics=k.topics()),
+        deadletter_topic=k.deadletter_topic,
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, aggregator.stop)
+
+    def not_ready() -> list[str]:
+        stats = aggregator.consumer.stats if aggregator.consumer else None
+        if stats is None or stats.last_fetch_ok is None:
+            return ["not consuming yet"]
+        return [] if stats.caught_up else ["no partitions assigned or catching up"]
+
+    http = HealthServer(s.http.address, registry=CollectorRegistry(), ready=not_ready, alive=list)
+    await http.start()
+    log.info("aggregator.started", group=s.shards.group_id, topic=s.shards.aggregates_topic)
+    try:
+        await aggregator.run()
+    finally:
+        await http.close()
+        log.info("aggregator.stopped", **dataclasses.asdict(aggregator.stats))
+
+
+class PartialsFeed:
+    """A decider's ingest (``--role decide``): every decider replica reads the whole
+    aggregates topic without a group (it is small), from ``rewind_s`` back, and merges each
+    flush into its engine, so a follower's windows are as warm as the leader's. Ready
+    (:attr:`caught_up`) once read up to the end offsets seen at start."""
+
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        topic: str,
+        engine: Engine,
+        *,
+        rewind_s: float,
+        on_merged: Callable[[], None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._kafka, self._topic, self._rewind_s = kafka, topic, rewind_s
+        self._on_merged, self._clock = on_merged, clock
+        self.merger = Merger(engine)
+        self._reader = AggregatesReader(kafka, topic)
+        self.flushes = 0
+        self.refused = 0
+        self._stop = asyncio.Event()
+        self._last_forget = 0.0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def caught_up(self) -> bool:
+        return self._reader.caught_up
+
+    async def run(self) -> None:
+        """Merge flushes from ``rewind_s`` back, then as they come, until :meth:`stop`."""
+        reading = asyncio.create_task(
+            self._reader.run(self._clock() - self._rewind_s, self._apply), name="ebbtide-partials"
+        )
+        stopped = asyncio.create_task(self._stop.wait())
+        try:
+            await asyncio.wait((reading, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reading, stopped):
+                task.cancel()
+            await asyncio.wait((reading, stopped))
+        if not stopped.cancelled() and reading.done() and not reading.cancelled():
+            reading.result()  # the reader ended by itself: raise why
+
+    def _apply(self, value: bytes) -> None:
+        try:
+            flush = decode_flush(value)
+        except ValueError as exc:
+            self.refused += 1
+            log.warning("partials.refused", error=str(exc), record=value[:100])
+            return
+        self.merger.apply(flush)
+        self.flushes += 1
+        now = self._clock()
+        if now - self._last_forget > 10.0:
+            self._last_forget = now
+            self.merger.forget_before(now - self._rewind_s)
+        self._on_merged()

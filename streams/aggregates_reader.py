@@ -1,0 +1,59 @@
+"""A decider's reader of the aggregates topic: from a point in time, then following, never
+skipping a flush.
+
+Every decider replica reads the whole topic without a consumer group (it is small: a few
+messages per second per source partition), so a follower's windows are as warm as the leader's.
+It differs from :class:`streams.capture.TopicReader` in one way that matters here: a partition
+with nothing after the start time starts at the end offset *listed at that moment*, not at
+"latest" resolved lazily at the first fetch, which would skip flushes published in between.
+Reading a flush twice is harmless (a re-sent flush replaces its predecessor), skipping one is
+not, so where this broker lists a too-low end offset the reader only re-reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import structlog
+from aiokafka.errors import KafkaError
+
+from streams.capture import TopicReader
+
+__all__ = ["AggregatesReader"]
+
+log = structlog.get_logger(__name__)
+
+
+class AggregatesReader(TopicReader):
+    """Reads the topic from ``since_s`` on and hands each value to a callback until
+    cancelled; :attr:`caught_up` once a fetch found nothing new after the start."""
+
+    caught_up = False
+
+    async def run(self, since_s: float, on_value: Callable[[bytes], None]) -> None:
+        await self.start()
+        consumer, partitions = self._consumer, self._partitions
+        try:
+            # Ends first: a flush published after the listing lies at or past the end listed;
+            # one published before it with a later timestamp is found by time.
+            ends = await consumer.end_offsets(partitions)
+            found = await consumer.offsets_for_times({tp: int(since_s * 1000) for tp in partitions})
+            for tp in partitions:
+                at = found.get(tp)
+                consumer.seek(tp, ends[tp] if at is None or at.timestamp < 0 else at.offset)
+            while True:
+                try:
+                    batches = await consumer.getmany(timeout_ms=500)
+                except KafkaError as exc:
+                    log.warning("aggregates.fetch_failed", topic=self.topic, error=repr(exc))
+                    await asyncio.sleep(1.0)
+                    continue
+                if not batches:
+                    self.caught_up = True
+                for messages in batches.values():
+                    for m in messages:
+                        if m.value is not None:
+                            on_value(m.value)
+        finally:
+            await self.stop()

@@ -1,0 +1,401 @@
+"""Sharded ingest end to end on the embedded broker: aggregator processes in one consumer group
+(``ebbtide run --role aggregate``), a decider merging their partials (:class:`PartialsFeed`),
+checked against one engine fed every event."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from controller.aggregate import Aggregator, PartialsFeed, ensure_aggregates_topic
+from controller.app import Controller, load_policy_files
+from controller.settings import load_settings
+from controller.sim.runtime import SimRuntime
+from policies.decisions import decision_to_dict
+from policies.engine import Engine, ServiceStatus
+from policies.loader import load_policy_text
+from policies.model import Policy
+from policies.snapshot import Snapshot, SnapshotBuilder
+from streams.broker import EmbeddedBroker
+from streams.connection import KafkaConfig, ensure_topics
+from streams.consumer import ConsumerSettings
+from streams.events import Event, EventDecoder, InferenceLatency, encode_event
+from streams.producer import KafkaProducer
+
+SERVICES = 8
+PARTITIONS = 4
+ROOT = Path(__file__).resolve().parents[2]
+POLICY = "\n".join(
+    [
+        "apiVersion: ebbtide.io/v1alpha1",
+        "kind: Policy",
+        "metadata: {name: shards}",
+        "spec:",
+        "  pools:",
+        "    whole: {nodeSelector: {ebbtide.io/pool: whole}, kind: whole}",
+        "  services:",
+        *(
+            f"    chat{i}: {{namespace: serving, pool: whole, replicas: {{min: 1, max: 8}}, "
+            "scale: {maxStep: 2}, "
+            "slo: {percentile: 99, objectiveMs: 100, window: 30s, resolution: 1s, "
+            "breachAfter: 3s, minSamples: 10}}"
+            for i in range(SERVICES)
+        ),
+        "  training: {selector: {ebbtide.io/class: training}}",
+        "",
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Names:
+    """Topics and group of one test, apart from other tests on the shared broker."""
+
+    tag: str
+
+    @property
+    def latency(self) -> str:
+        return f"lat-{self.tag}"
+
+    @property
+    def gpu(self) -> str:
+        return f"gpu-{self.tag}"
+
+    @property
+    def aggregates(self) -> str:
+        return f"agg-{self.tag}"
+
+    @property
+    def group(self) -> str:
+        return f"aggregators-{self.tag}"
+
+
+@pytest.fixture
+async def names(kafka_config: KafkaConfig) -> Names:
+    names = Names(uuid.uuid4().hex[:8])
+    await ensure_topics(kafka_config, [names.latency, names.gpu], partitions=PARTITIONS)
+    await ensure_aggregates_topic(kafka_config, names.aggregates)
+    return names
+
+
+def policy(breach_after: str = "3s") -> Policy:
+    """The aggregators' policy; a decider may wait longer before a breach (aggregators do not
+    read ``breachAfter``)."""
+    return load_policy_text(
+        POLICY.replace("breachAfter: 3s", f"breachAfter: {breach_after}"), "shards.yaml"
+    )
+
+
+def snapshot() -> Snapshot:
+    b = SnapshotBuilder()
+    b.node("w0", gpus=32, labels={"ebbtide.io/pool": "whole"})
+    for i in range(SERVICES):
+        b.workload("serving", f"chat{i}", replicas=1, nodes=["w0"])
+    return b.build()
+
+
+class AggregatorProcess:
+    """``ebbtide run --role aggregate`` in a child process; its log lines are kept."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.lines: list[dict[str, object]] = []
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.process.stderr is not None
+        async for raw in self.process.stderr:
+            with contextlib.suppress(ValueError):
+                self.lines.append(json.loads(raw))
+
+    def assigned(self) -> list[str]:
+        """The partitions of its latest assignment."""
+        got = [ln["partitions"] for ln in self.lines if ln.get("event") == "ingest.assigned"]
+        return list(got[-1]) if got else []  # type: ignore[call-overload]
+
+    async def close(self, sig: int = signal.SIGTERM) -> None:
+        if self.process.returncode is None:
+            self.process.send_signal(sig)
+        await asyncio.wait_for(self.process.wait(), 20)
+        await self._reader
+
+
+@pytest.fixture
+async def aggregators(
+    kafka_broker: EmbeddedBroker, names: Names, tmp_path: Path
+) -> AsyncIterator[Callable[[], asyncio.Future[AggregatorProcess]]]:
+    """Start aggregator processes of this test's group; all are stopped at the end."""
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    env = os.environ | {
+        "EBBTIDE_KAFKA__LATENCY_TOPIC": names.latency,
+        "EBBTIDE_KAFKA__GPU_TOPIC": names.gpu,
+        "EBBTIDE_KAFKA__DEADLETTER_TOPIC": f"dead-{names.tag}",
+        "EBBTIDE_SHARDS__AGGREGATES_TOPIC": names.aggregates,
+        "EBBTIDE_SHARDS__GROUP_ID": names.group,
+        "EBBTIDE_SHARDS__SESSION_TIMEOUT_S": "2",
+        "EBBTIDE_SHARDS__HEARTBEAT_S": "0.5",
+        "EBBTIDE_SHARDS__FLUSH_EVERY_S": "0.2",
+    }
+    started: list[AggregatorProcess] = []
+
+    async def start() -> AggregatorProcess:
+        process = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "controller", "run", "--role", "aggregate"),
+            *("--policy", str(tmp_path / "policy.yaml"), "--bootstrap", kafka_broker.bootstrap),
+            *("--metrics-address", "127.0.0.1:0"),
+            env=env,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        started.append(AggregatorProcess(process))
+        return started[-1]
+
+    yield lambda: asyncio.ensure_future(start())
+    for agg in started:
+        await agg.close(signal.SIGKILL)
+
+
+async def until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+class Decider:
+    """An engine fed by a :class:`PartialsFeed` of the test's aggregates topic."""
+
+    def __init__(self, config: KafkaConfig, names: Names, *, breach_after: str = "3s") -> None:
+        self.engine = Engine(policy(breach_after))
+        self.feed = PartialsFeed(
+            config, names.aggregates, self.engine, rewind_s=120.0, on_merged=lambda: None
+        )
+        self._task = asyncio.create_task(self.feed.run())
+
+    def covered(self, topic: str) -> int:
+        """Events of ``topic`` the merged flushes cover, counted from offset 0 without gaps."""
+        if self._task.done():
+            self._task.result()  # raises what stopped the feed
+        spans = self.feed.merger.covered()
+        return sum(end for (t, _), (first, end) in spans.items() if t == topic and first == 0)
+
+    async def close(self) -> None:
+        self.feed.stop()
+        await self._task
+
+
+def latency(service: int, ms: float) -> InferenceLatency:
+    return InferenceLatency(
+        ts=time.time(), service=f"chat{service}", namespace="serving", latency_ms=ms
+    )
+
+
+async def produce(
+    config: KafkaConfig, topic: str, events: list[Event], *, rounds: int, ms: Callable[[int], float]
+) -> None:
+    """``rounds`` rounds, 0.1 s apart, of 25 events per service, each service keyed by name."""
+    async with KafkaProducer(config, linger_ms=5) as producer:
+        for r in range(rounds):
+            for s in range(SERVICES):
+                for _ in range(25):
+                    event = latency(s, ms(r))
+                    events.append(event)
+                    await producer.send(topic, encode_event(event), key=f"serving/chat{s}".encode())
+            await producer.flush()
+            await asyncio.sleep(0.1)
+
+
+def state(engine: Engine, now: float) -> list[tuple[str, int, float | None]]:
+    return [(s.key, s.samples, s.quantile_ms) for s in engine.service_status(now)]
+
+
+@pytest.mark.slow
+async def test_a_killed_aggregator_loses_no_interval_and_counts_none_twice(
+    kafka_config: KafkaConfig,
+    names: Names,
+    aggregators: Callable[[], asyncio.Future[AggregatorProcess]],
+) -> None:
+    """Two aggregator processes split four partitions; one is killed (SIGKILL) mid-stream
+    while it owns partitions. Its partitions move to the survivor, the merged flushes cover
+    every offset of every partition without a gap, and the decider's windows hold exactly what
+    one engine fed every event holds: no interval lost, none counted twice."""
+    a, b = await aggregators(), await aggregators()
+    await until(lambda: bool(a.assigned()) and bool(b.assigned()), 30, "both to own partitions")
+    decider = Decider(kafka_config, names)
+    events: list[Event] = []
+    producing = asyncio.create_task(
+        produce(kafka_config, names.latency, events, rounds=30, ms=lambda r: 20.0 + r)
+    )
+    await until(lambda: len(events) > 1_500, 20, "events to flow")
+    owned = a.assigned()
+    a.process.kill()
+    await producing
+    await until(lambda: len(b.assigned()) == 2 * PARTITIONS, 20, "a rebalance")
+    await until(lambda: decider.covered(names.latency) == len(events), 30, "full coverage")
+    reference = Engine(policy())
+    reference.observe_many(events)
+    now = time.time()
+    assert owned, "the killed aggregator owned partitions"
+    assert state(decider.engine, now) == state(reference, now)
+    await decider.close()
+    await a.close(signal.SIGKILL)
+
+
+@pytest.mark.slow
+async def test_a_rebalance_during_a_breach_delays_the_decision_by_under_one_resolution(
+    kafka_config: KafkaConfig,
+    names: Names,
+    aggregators: Callable[[], asyncio.Future[AggregatorProcess]],
+) -> None:
+    """Services breach their SLO; a second aggregator joins mid-breach (before the 6 s
+    ``breachAfter`` is over), so the group rebalances. The decider still decides to scale
+    within one resolution (1 s) of when one engine fed the events directly decides."""
+    first = await aggregators()
+    await until(lambda: bool(first.assigned()), 30, "an assignment")
+    decider = Decider(kafka_config, names, breach_after="6s")
+    reference = Engine(policy(breach_after="6s"))
+    events: list[Event] = []
+    producing = asyncio.create_task(
+        produce(kafka_config, names.latency, events, rounds=80, ms=lambda r: 300.0)
+    )
+    join_at = time.time() + 0.5
+    joining: asyncio.Future[AggregatorProcess] | None = None
+    rebalanced = math.inf
+    snap = snapshot()
+    decided: dict[str, float] = {}
+    fed = 0
+    while not producing.done() and len(decided) < 2:
+        await asyncio.sleep(0.05)
+        now = time.time()
+        reference.observe_many(events[fed:])
+        fed = len(events)
+        for who, engine in (("reference", reference), ("decider", decider.engine)):
+            if who not in decided and engine.evaluate(now, snap):
+                decided[who] = now
+        if joining is None and now >= join_at:
+            joining = aggregators()
+        elif joining is not None and joining.done() and joining.result().assigned():
+            rebalanced = min(rebalanced, now)
+    await producing
+    assert set(decided) == {"reference", "decider"}
+    assert rebalanced < decided["decider"], "the group rebalanced before the decision"
+    assert decided["decider"] - decided["reference"] <= 1.0
+    await decider.close()
+
+
+@pytest.mark.slow
+async def test_a_new_decider_reads_the_partials_back_and_decides_as_the_old_one(
+    kafka_config: KafkaConfig, names: Names
+) -> None:
+    """Decider failover: an aggregator publishes a breach; a second decider that starts only
+    after the first is gone reads the aggregates back and holds the same windows, so at the
+    same instant it takes the same decisions."""
+    aggregator = Aggregator(
+        kafka_config,
+        policy(),
+        topic=names.aggregates,
+        consumer=ConsumerSettings(
+            group_id=names.group,
+            topics=(names.latency, names.gpu),
+            session_timeout_ms=2000,
+            heartbeat_interval_ms=500,
+            commit_interval_s=0.2,
+        ),
+        decoder=EventDecoder(
+            topics={"inference.latency": names.latency, "gpu.utilization": names.gpu}
+        ),
+    )
+    running = asyncio.create_task(aggregator.run())
+    events: list[Event] = []
+    await produce(kafka_config, names.latency, events, rounds=10, ms=lambda r: 300.0)
+    old = Decider(kafka_config, names)
+    await until(lambda: old.covered(names.latency) == len(events), 30, "the old decider")
+    await old.close()
+    aggregator.stop()
+    await running
+    new = Decider(kafka_config, names)
+    await until(lambda: new.feed.caught_up, 30, "the new decider to read back")
+    start, snap = time.time(), snapshot()
+    ticks = [start + 0.5 * i for i in range(10)]
+    got = [[decision_to_dict(d) for d in new.engine.evaluate(t, snap)] for t in ticks]
+    want = [[decision_to_dict(d) for d in old.engine.evaluate(t, snap)] for t in ticks]
+    assert any(got)
+    assert got == want
+    await new.close()
+
+
+@pytest.mark.slow
+async def test_a_controller_in_the_decide_role_merges_partials_and_stops_cleanly(
+    kafka_broker: EmbeddedBroker, names: Names
+) -> None:
+    """``--role decide`` wiring: the controller reads no events, gets ready once it has read
+    the aggregates back, takes an aggregator's partials into its engine, and shuts down."""
+    root = ROOT
+    settings = load_settings(
+        policies=[root / "tests" / "e2e" / "policy.yaml"],
+        cluster=f"sim:{root / 'examples' / 'scenario-small.yaml'}",
+        kafka={
+            "bootstrap": kafka_broker.bootstrap,
+            "latency_topic": names.latency,
+            "gpu_topic": names.gpu,
+            "deadletter_topic": f"dead-{names.tag}",
+            "decisions_topic": None,
+        },
+        http={"address": "127.0.0.1:0"},
+        shards={"role": "decide", "aggregates_topic": names.aggregates},
+    )
+    policy = load_policy_files(settings)
+    controller = Controller(
+        settings, SimRuntime.from_file(Path(settings.cluster[4:]), policy, settings), policy
+    )
+    running = asyncio.create_task(controller.run())
+    await until(lambda: controller.http.port != 0 and not controller._not_ready(), 30, "ready")
+    config = KafkaConfig(kafka_broker.bootstrap)
+    aggregator = Aggregator(
+        config,
+        policy,
+        topic=names.aggregates,
+        consumer=ConsumerSettings(
+            group_id=names.group,
+            topics=(names.latency, names.gpu),
+            session_timeout_ms=2000,
+            heartbeat_interval_ms=500,
+            commit_interval_s=0.2,
+        ),
+        decoder=EventDecoder(
+            topics={"inference.latency": names.latency, "gpu.utilization": names.gpu}
+        ),
+    )
+    aggregating = asyncio.create_task(aggregator.run())
+    async with KafkaProducer(config) as producer:
+        for _ in range(50):
+            event = InferenceLatency(
+                ts=time.time(), service="chat", namespace="serving", latency_ms=20.0
+            )
+            await producer.send(names.latency, encode_event(event), key=b"serving/chat")
+
+    def status() -> list[ServiceStatus]:
+        return controller.engine.service_status(time.time())
+
+    await until(
+        lambda: any(s.key == "serving/chat" and s.samples == 50 for s in status()),
+        30,
+        "the partials",
+    )
+    aggregator.stop()
+    await aggregating
+    controller.stop()
+    await asyncio.wait_for(running, 30)
+    assert controller.crashed == []
