@@ -97,6 +97,9 @@ class Scale:
     dry_run: bool = False
     id: str = ""
     """Identity in the decisions log; derived from action, target and time when not given."""
+    remove: tuple[str, ...] = ()
+    """Pods (``namespace/name``) a scale-down removes, chosen so whole nodes empty; empty: the
+    owner's controller picks (a StatefulSet always removes its highest ordinals)."""
 
     action: Literal["scale"] = field(default="scale", init=False)
 
@@ -219,6 +222,8 @@ def decision_to_dict(decision: Decision) -> dict[str, object]:
             role=decision.role,
             **{"from": decision.from_replicas, "to": decision.to_replicas},
         )
+        if decision.remove:
+            out["remove"] = list(decision.remove)
     elif isinstance(decision, Evict):
         out.update(node=decision.node, workload=decision.workload, grace_s=decision.grace_s)
     elif isinstance(decision, MigConvert):

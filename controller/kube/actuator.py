@@ -61,6 +61,7 @@ from controller.kube.translate import (
     gpu_requests,
 )
 from controller.kube.workloads import ADAPTERS, Adapter, Io, Patch
+from controller.kube.workloads.apps import mark_for_removal
 from controller.kube.workloads.autoscalers import Owners
 from controller.kube.workloads.checkpoint import NOTICE, Step, next_step, stamp, wasted_gpu_hours
 from controller.safety import Permit, SafetyGate, Target, Verdict
@@ -267,6 +268,7 @@ class KubeActuator:
                     return await self._verdict(d, verdict, ref)
                 io.tries, writing = 0, True
                 try:
+                    await mark_for_removal(io, adapter, d.remove)
                     patch = await adapter.write(io, obj, d.to_replicas, pods, version)
                 except Conflict:
                     writing = False
