@@ -10,7 +10,9 @@ Design:
   the ``alternatives`` it rejected and why (a cheaper victim that was protected, a budget that was
   spent). ``dry_run`` is set from the policy; actuators must write nothing for such decisions.
 * :func:`decision_to_dict` is the one JSON shape (``decisions.jsonl``, Kubernetes Events, case
-  files and ``policy test`` diffs all use it).
+  files and ``policy test`` diffs all use it). An eviction or a shrink names the workload it
+  takes a pod from (``disrupts``): read back from the decisions log after a restart, the
+  workload's replacement pods are still known as Ebbtide's own doing, not demand.
 """
 
 from __future__ import annotations
@@ -110,6 +112,11 @@ class Scale:
     def target(self) -> str:
         return self.workload
 
+    @property
+    def disrupts(self) -> str | None:
+        """The workload a shrink takes pods from (its replacements are no demand)."""
+        return self.workload if self.to_replicas < self.from_replicas else None
+
 
 @dataclass(frozen=True, slots=True)
 class Evict:
@@ -134,6 +141,11 @@ class Evict:
     @property
     def target(self) -> str:
         return self.pod
+
+    @property
+    def disrupts(self) -> str | None:
+        """The workload whose pod is evicted (it recreates one: no demand)."""
+        return self.workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +173,10 @@ class MigConvert:
     def cause(self) -> str | None:
         return None
 
+    @property
+    def disrupts(self) -> str | None:
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class MigRevert:
@@ -186,6 +202,10 @@ class MigRevert:
     def cause(self) -> str | None:
         return None
 
+    @property
+    def disrupts(self) -> str | None:
+        return None
+
 
 Decision = Scale | Evict | MigConvert | MigRevert
 
@@ -206,7 +226,8 @@ def _identify(decision: Decision) -> None:
 
 def decision_to_dict(decision: Decision) -> dict[str, object]:
     """The JSON shape of a decision: ``ts, action, target, rule, reason, inputs, thresholds,
-    alternatives, dry_run`` plus the action's own fields; ``id`` names it in the decisions log."""
+    alternatives, dry_run`` plus the action's own fields (``cause`` and ``disrupts`` when
+    set); ``id`` names it in the decisions log."""
     exp = decision.explanation
     out: dict[str, object] = {
         "id": decision.id,
@@ -232,6 +253,8 @@ def decision_to_dict(decision: Decision) -> dict[str, object]:
         out.update(profile=decision.profile)
     if decision.cause is not None:
         out["cause"] = decision.cause
+    if decision.disrupts is not None:
+        out["disrupts"] = decision.disrupts
     out["inputs"] = dict(exp.inputs)
     out["thresholds"] = dict(exp.thresholds)
     out["alternatives"] = [{"option": a.option, "why_not": a.why_not} for a in exp.alternatives]

@@ -73,7 +73,7 @@ from ddsketch.store import CollapsingLowestDenseStore
 
 from policies.budgets import BudgetState, Cooldowns, Ledger, LogRecord
 from policies.decisions import Decision, Evict, MigConvert, MigRevert
-from policies.inventory import Inventory
+from policies.inventory import Inventory, note_disrupted
 from policies.loader import Source, check_policy
 from policies.mig import IdleTracker, MigFlights
 from policies.model import Policy, ServiceSpec, format_loc
@@ -698,9 +698,14 @@ class Engine:
     def record(self, rec: LogRecord) -> None:
         """A decisions-log record, read back at start-up or from another replica live: an
         action that happened counts against its budget and its service's cooldown runs from
-        its time; one that did not gives both back. Reading a record twice changes nothing."""
+        its time; one that did not gives both back; the workload an eviction or shrink took a
+        pod from is marked, as when decided here. Reading a record twice changes nothing."""
         self._pools_seen = None  # the pool rules' budgets or cooldowns may have moved
-        if not self._ledger.record(rec) or rec.cause is None:
+        if not self._ledger.record(rec):
+            return
+        if rec.disrupts is not None and self._ledger.verdict(rec.id) != "not_done":
+            note_disrupted(self._disrupted, rec.disrupts, rec.at)  # replacements: no demand
+        if rec.cause is None:
             return
         if self._ledger.verdict(rec.id) != "not_done":
             self._cooldowns.mark(rec.cause, rec.at)
