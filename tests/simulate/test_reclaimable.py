@@ -27,6 +27,9 @@ class Quiet:
     def factor(self, t: float) -> float:
         return 0.002
 
+    def describe(self) -> str:
+        return "quiet: 0.2% of peak"
+
 
 @pytest.mark.slow
 def test_idle_inference_replicas_are_reported_reclaimable(
