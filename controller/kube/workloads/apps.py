@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from controller.kube.client import NotFound
+from controller.kube.client import KubeError
 from controller.kube.translate import DEPLOYMENT, STATEFULSET, Obj
 from controller.kube.workloads.base import Adapter, Io, Patch
 
@@ -42,7 +42,8 @@ STATEFULSETS = ScaleAdapter(STATEFULSET)
 async def mark_for_removal(io: Io, adapter: Adapter, pods: Sequence[str]) -> None:
     """Give the ``pods`` a shrink names (``namespace/name``) the lowest deletion cost right
     before a Deployment's ``/scale`` write, so its ReplicaSet removes those; other kinds cannot
-    be told. A pod already gone needs nothing."""
+    be told. A pod already gone needs nothing; one that cannot be marked does not hold the
+    scale-down back (only the choice of which pods go is lost)."""
     if adapter is not DEPLOYMENTS:
         return
     body = {"metadata": {"annotations": {DELETION_COST: _FIRST}}}
@@ -50,5 +51,5 @@ async def mark_for_removal(io: Io, adapter: Adapter, pods: Sequence[str]) -> Non
         namespace, _, name = key.partition("/")
         try:
             await io.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", body)
-        except NotFound:
+        except KubeError:
             continue
