@@ -817,7 +817,8 @@ class Engine:
         return max(60.0, 2 * self._util_window_s / UTIL_SLOTS)
 
     def _reclaimable(self, inv: Inventory, pool: str, now: float) -> int:
-        """Per node of ``pool``: GPUs held by pods, up to the whole GPUs idle for the window."""
+        """Per node of ``pool``: held GPUs that must be idle for the window. Which GPU a pod
+        holds is not known, so only idle GPUs beyond the node's free ones count."""
         idle: dict[str, int] = {}
         cutoff = now - self._util_window_s + self._stale_s  # observed the whole window
         for key, window in self._gpu_windows.items():
@@ -828,8 +829,9 @@ class Engine:
                 continue
             if mean < self._idle.threshold_pct:
                 idle[node] = idle.get(node, 0) + 1
+        free = inv.node_free
         return sum(
-            min(idle.get(n.name, 0), n.whole_gpus - inv.node_free.get(n.name, 0))
+            max(0, min(idle.get(n.name, 0) - free.get(n.name, 0), n.whole_gpus - free[n.name]))
             for n in inv.pool_nodes.get(pool, ())
         )
 

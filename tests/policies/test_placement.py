@@ -276,6 +276,24 @@ def test_idle_held_gpus_are_reported_reclaimable() -> None:
     assert 'ebbtide_reclaimable_gpus{pool="whole"} 3.0' in text
 
 
+def test_idle_free_gpus_beside_busy_held_ones_are_not_reclaimable() -> None:
+    """Regression: which GPU a pod holds is not known, so idle GPUs on a node were counted
+    against its held ones: two busy replicas beside two free (idle) GPUs showed 2 reclaimable.
+    Only idle GPUs beyond the free ones must be held: none here, one with three idle."""
+    b = SnapshotBuilder().node("w0", gpus=4, labels=WHOLE)
+    b.workload("serving", "chat", replicas=2, nodes=["w0"])  # 2 held, 2 free
+    snap = b.build()
+    engine = Engine(make_policy())
+    for busy, want in (((0, 1), 0), ((0,), 1)):
+        for s in range(0, 660, 30):
+            for g in range(4):
+                engine.observe(util(T0 + s, "w0", g, 80.0 if g in busy else 1.0))
+            engine.evaluate(T0 + s, snap)
+        status = {p.name: p for p in engine.pool_status(T0 + 630)}
+        assert status["whole"].reclaimable_gpus == want
+        engine = Engine(make_policy())
+
+
 @pytest.mark.parametrize(
     ("where", "gpus", "demand"),
     [
