@@ -270,11 +270,10 @@ def scale_down(
 def _removal(rnd: Round, workload: Workload, count: int) -> tuple[tuple[str, ...], str]:
     """The ``count`` pods a scale-down of ``workload`` removes, and why those (see the module
     docstring): none named for kinds whose controller cannot be told which."""
+    if workload.kind == "StatefulSet":
+        return (), "a StatefulSet removes its highest ordinals: it cannot be told which go"
     if workload.kind != "Deployment":
-        return (), (
-            f"the {workload.kind} controller picks the replicas removed (a StatefulSet its "
-            "highest ordinals: it cannot be told which)"
-        )
+        return (), f"the {workload.kind}'s controller picks which replicas go"
     inv = rnd.inv
     mine = inv.pods_by_workload.get(workload.key, ())
     waiting = sorted((p.node is not None, p.key) for p in mine if p.phase == "Pending")
