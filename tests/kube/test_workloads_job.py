@@ -11,7 +11,8 @@ from kubernetes_asyncio.client import ApiClient
 
 from controller.cluster import Outcome
 from controller.kube.translate import Priorities
-from controller.kube.workloads.job import JOBS, PREEMPTED
+from controller.kube.workloads.job import JOBS
+from controller.kube.workloads.kueue import PREEMPTED
 from support.kubeapi import KubeAPIServer
 from support.kubeapi_objects import make_pod
 from support.workload_kinds import (
@@ -65,9 +66,9 @@ def mark(kubeapi: KubeAPIServer) -> str | None:
 async def test_a_kueue_job_is_preempted_through_its_workload_once(
     kubeapi: KubeAPIServer, kube_client: ApiClient
 ) -> None:
-    """Evicting a pod of an admitted Job deactivates its Workload (spec.active=false) and marks
-    the Job; no Eviction is posted. A second eviction, by a restarted controller, finds the mark
-    and writes nothing."""
+    """Evicting a pod of an admitted Job marks the Job, then deactivates its Workload
+    (spec.active=false); no Eviction is posted. A second eviction, by a restarted controller,
+    finds the mark and the inactive Workload and writes nothing."""
     await admitted_job(kubeapi)
     (first,) = await kind_actuator(kube_client, ("Job",)).apply(
         [evict("ml/sample-job-x7k2p", "ml/sample-job")]
@@ -75,7 +76,7 @@ async def test_a_kueue_job_is_preempted_through_its_workload_once(
     assert first.outcome is Outcome.APPLIED, first.detail
     assert f"deactivated Kueue Workload {WORKLOAD}" in first.detail
     assert (active(kubeapi), mark(kubeapi)) == (False, WORKLOAD)
-    assert writes(kubeapi) == [("PATCH", f"{WORKLOADS}/{WORKLOAD}"), ("PATCH", JOB_PATH)]
+    assert writes(kubeapi) == [("PATCH", JOB_PATH), ("PATCH", f"{WORKLOADS}/{WORKLOAD}")]
     (again,) = await kind_actuator(kube_client, ("Job",)).apply(
         [evict("ml/sample-job-x7k2p", "ml/sample-job")]
     )
