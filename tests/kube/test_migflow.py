@@ -501,3 +501,38 @@ def node_lists(server: KubeAPIServer) -> list[Any]:
         for r in server.requests_matching(method="GET", path_regex=r"^/api/v1/nodes$")
         if not r.query.get("watch")
     ]
+
+
+async def test_the_flow_deadlines_come_from_the_settings(
+    kubeapi: KubeAPIServer,
+    kube_client: ApiClient,
+    mig_manager: MigManager,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """EBBTIDE_KUBE__MIG_DRAIN_TIMEOUT_S reaches the runtime's MIG flow: a drain a PDB holds is
+    rolled back once 0.5 s (not the default 10 minutes) have passed."""
+    await gpu_node(kubeapi)
+    await gpu_pod(kubeapi, "train-0", app="train")
+    await block_with_pdb(kubeapi)
+    monkeypatch.setenv("EBBTIDE_KUBE__MIG_DRAIN_TIMEOUT_S", "0.5")
+    monkeypatch.setenv("EBBTIDE_KUBE__MIG_REBOOT_TIMEOUT_S", "7")
+    lease = {"lease_namespace": "default", "lease_duration_s": 2, "renew_deadline_s": 1.5}
+    settings = Settings(
+        policies=[tmp_path / "p.yaml"], kube={**lease, "retry_period_s": 1}, dry_run=False
+    )
+    assert (settings.kube.mig_drain_timeout_s, settings.kube.mig_reboot_timeout_s) == (0.5, 7)
+    runtime = KubeRuntime(kube_client, settings, policy())
+    task = asyncio.create_task(runtime.run(), name="runtime")
+    try:
+        await kubeapi.until(lambda: runtime.is_leader() and runtime.state.synced)
+        [started] = await runtime.cluster.apply([convert()])
+        assert started.outcome is Outcome.IN_PROGRESS
+        await asyncio.sleep(0.6)
+        [late] = await runtime.tick(0.0)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        runtime.state.stop()
+    assert "not drained within 0.5s" in late.detail, late.detail
