@@ -63,7 +63,14 @@ from controller.kube.translate import (
 )
 from controller.kube.workloads import ADAPTERS, Adapter, Io, Patch, kueue
 from controller.kube.workloads.autoscalers import Owners
-from controller.kube.workloads.checkpoint import NOTICE, Step, next_step, stamp, wasted_gpu_hours
+from controller.kube.workloads.checkpoint import (
+    DEFAULT_DEADLINE_S,
+    NOTICE,
+    Step,
+    next_step,
+    stamp,
+    wasted_gpu_hours,
+)
 from controller.safety import Permit, SafetyGate, Target, Verdict
 from policies.decisions import Decision, Evict, MigConvert, MigRevert, Scale
 
@@ -357,7 +364,9 @@ class KubeActuator:
                 if (why := adapter.pod_refusal(workload, pod)) is not None:
                     return await self._done(d, Outcome.REFUSED, why, ref)
             now = self.gate.now()
-            step = next_step(meta.get("annotations") or {}, now=now)
+            step = next_step(
+                meta.get("annotations") or {}, now=now, deadline_s=self._checkpoint_deadline()
+            )
             if step.action != "evict":
                 return await self._handshake(d, pod, step, ref)
             grace = max(0, round(d.grace_s))
@@ -373,6 +382,11 @@ class KubeActuator:
             if result.outcome is not Outcome.APPLIED:
                 return result
             return replace(result, detail=f"{result.detail}; {note}", wasted_gpu_hours=wasted)
+
+    def _checkpoint_deadline(self) -> float:
+        """The policy's handshake deadline (a pod's own annotation still wins)."""
+        training = self.gate.policy.spec.training
+        return DEFAULT_DEADLINE_S if training is None else training.checkpoint.deadline
 
     async def _handshake(self, d: Evict, pod: Obj, step: Step, ref: ObjectRef) -> ActionResult:
         """The checkpoint handshake before an eviction: give the notice (once: it is kept on
