@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -463,11 +464,12 @@ async def test_dry_run_and_already_done_write_nothing_to_the_node(
     assert [r for r in kubeapi.requests if r.method == "PATCH"] == []
 
 
-async def test_ticks_find_flows_in_the_watch_cache_and_list_no_nodes(
-    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager, tmp_path: Path
-) -> None:
-    """The runtime's ticks find flows in the node informer's cache: while a PDB holds a drain,
-    every tick advances the flow (one eviction try) and none LISTs nodes."""
+@contextlib.asynccontextmanager
+async def held_drain(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, tmp_path: Path
+) -> AsyncIterator[KubeRuntime]:
+    """A leading runtime (settings from the environment) whose conversion of gpu-1 has started
+    and is held in its drain by a PDB on its one GPU pod; stopped on exit."""
     await gpu_node(kubeapi)
     await gpu_pod(kubeapi, "train-0", app="train")
     await block_with_pdb(kubeapi)
@@ -481,15 +483,24 @@ async def test_ticks_find_flows_in_the_watch_cache_and_list_no_nodes(
         await kubeapi.until(lambda: runtime.is_leader() and runtime.state.synced)
         [started] = await runtime.cluster.apply([convert()])
         assert started.outcome is Outcome.IN_PROGRESS
-        listed = len(node_lists(kubeapi))
-        for _ in range(5):
-            [tick] = await runtime.tick(0.0)
-            assert "1 GPU pods left" in tick.detail
+        yield runtime
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         runtime.state.stop()
+
+
+async def test_ticks_find_flows_in_the_watch_cache_and_list_no_nodes(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager, tmp_path: Path
+) -> None:
+    """The runtime's ticks find flows in the node informer's cache: while a PDB holds a drain,
+    every tick advances the flow (one eviction try) and none LISTs nodes."""
+    async with held_drain(kubeapi, kube_client, tmp_path) as runtime:
+        listed = len(node_lists(kubeapi))
+        for _ in range(5):
+            [tick] = await runtime.tick(0.0)
+            assert "1 GPU pods left" in tick.detail
     assert evictions(kubeapi) == [429] * 6
     assert len(node_lists(kubeapi)) == listed == 1
 
@@ -512,27 +523,8 @@ async def test_the_flow_deadlines_come_from_the_settings(
 ) -> None:
     """EBBTIDE_KUBE__MIG_DRAIN_TIMEOUT_S reaches the runtime's MIG flow: a drain a PDB holds is
     rolled back once 0.5 s (not the default 10 minutes) have passed."""
-    await gpu_node(kubeapi)
-    await gpu_pod(kubeapi, "train-0", app="train")
-    await block_with_pdb(kubeapi)
     monkeypatch.setenv("EBBTIDE_KUBE__MIG_DRAIN_TIMEOUT_S", "0.5")
-    monkeypatch.setenv("EBBTIDE_KUBE__MIG_REBOOT_TIMEOUT_S", "7")
-    lease = {"lease_namespace": "default", "lease_duration_s": 2, "renew_deadline_s": 1.5}
-    settings = Settings(
-        policies=[tmp_path / "p.yaml"], kube={**lease, "retry_period_s": 1}, dry_run=False
-    )
-    assert (settings.kube.mig_drain_timeout_s, settings.kube.mig_reboot_timeout_s) == (0.5, 7)
-    runtime = KubeRuntime(kube_client, settings, policy())
-    task = asyncio.create_task(runtime.run(), name="runtime")
-    try:
-        await kubeapi.until(lambda: runtime.is_leader() and runtime.state.synced)
-        [started] = await runtime.cluster.apply([convert()])
-        assert started.outcome is Outcome.IN_PROGRESS
+    async with held_drain(kubeapi, kube_client, tmp_path) as runtime:
         await asyncio.sleep(0.6)
         [late] = await runtime.tick(0.0)
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        runtime.state.stop()
     assert "not drained within 0.5s" in late.detail, late.detail

@@ -152,3 +152,50 @@ async def test_a_plain_job_is_resized_through_parallelism(
     assert stored is not None
     assert stored["spec"]["parallelism"] == 2
     assert writes(kubeapi) == [("PATCH", JOB_PATH)]
+
+
+async def test_a_crash_between_the_two_writes_leaves_the_job_ebbtides(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """The mark is written first: when the Workload's write fails (the controller died before
+    it), the Workload is still active, and a restarted controller finishes the preemption
+    (one more write) instead of calling it done; once Kueue suspends the Job, a grow resumes
+    it. Were the Workload written first, a crash would leave an unmarked suspended Job that
+    nothing resumes."""
+    await admitted_job(kubeapi)
+    kubeapi.faults.add(method="PATCH", path_regex="/workloads/", status=500, times=None)
+    (first,) = await kind_actuator(kube_client, ("Job",)).apply(
+        [evict("ml/sample-job-x7k2p", "ml/sample-job")]
+    )
+    assert first.outcome is Outcome.FAILED, first.detail
+    assert (active(kubeapi), mark(kubeapi)) == (
+        True,
+        WORKLOAD,
+    )
+    kubeapi.faults.clear()
+    restarted = kind_actuator(kube_client, ("Job",))
+    (again,) = await restarted.apply([evict("ml/sample-job-x7k2p", "ml/sample-job")])
+    assert again.outcome is Outcome.APPLIED, again.detail
+    assert not active(kubeapi)
+    (third,) = await restarted.apply([evict("ml/sample-job-x7k2p", "ml/sample-job")])
+    assert third.outcome is Outcome.ALREADY_DONE, third.detail
+    await kubeapi.patch("Job", "ml", "sample-job", {"spec": {"suspend": True}})  # Kueue's part
+    (grow,) = await kind_actuator(kube_client, ("Job",)).apply(
+        [scale("ml/sample-job", "Job", 0, 3)]
+    )
+    assert grow.outcome is Outcome.APPLIED, grow.detail
+    assert (active(kubeapi), mark(kubeapi)) == (True, None)
+
+
+async def test_when_the_mark_cannot_be_written_nothing_is_deactivated(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """A failed mark fails the preemption before the Workload is touched."""
+    await admitted_job(kubeapi)
+    kubeapi.faults.add(method="PATCH", path_regex="/jobs/sample-job", status=500, times=None)
+    (result,) = await kind_actuator(kube_client, ("Job",)).apply(
+        [evict("ml/sample-job-x7k2p", "ml/sample-job")]
+    )
+    assert result.outcome is Outcome.FAILED, result.detail
+    assert active(kubeapi)
+    assert not any(path.startswith(WORKLOADS) for _, path in writes(kubeapi))
