@@ -77,7 +77,7 @@ from policies.inventory import Inventory
 from policies.loader import Source, check_policy
 from policies.mig import IdleTracker, MigFlights
 from policies.model import Policy, ServiceSpec, format_loc
-from policies.rules import Round, grow_training, respond_to_breach, run_mig
+from policies.rules import Round, grow_training, respond_to_breach, run_mig, training_wants
 from policies.scaledown import Recommendations, scale_down
 from policies.slo import ExceedanceWindow, Level, SloState, State, steady_until, step
 from policies.snapshot import Snapshot
@@ -542,8 +542,11 @@ class Engine:
             disrupted=self._disrupted,
         )
         for svc in ruled:
-            if svc.slo.state == "breaching":
-                respond_to_breach(rnd, svc.key, svc.spec, svc.slo, svc.latency)
+            scale = svc.spec.scale
+            if svc.slo.state == "breaching" or (scale is not None and scale.leading is not None):
+                respond_to_breach(
+                    rnd, svc.key, svc.spec, svc.slo, svc.latency, requests=svc.samples
+                )
         for svc in ruled:
             down = svc.down
             settled = True
@@ -611,13 +614,15 @@ class Engine:
         with the same inputs: the first of training growth's timers (``growAfter`` from when a
         pool's GPUs went free, the pool's cooldown) and of a MIG node's hold to run out;
         ``-inf`` (every tick) while a timer the engine does not follow may run: the scale-step
-        budget is spent (growth waits for it), a MIG flight is under way, whole-card demand is
-        unmet (``revertAfter``), or utilization is below ``convertBelow`` (nodes' idle times)."""
+        budget is spent (growth waits for it), a MIG flight is under way, whole-card demand
+        (pending pods, elastic training below its maximum) is unmet (``revertAfter``), or
+        utilization is below ``convertBelow`` (nodes' idle times)."""
         spec = self._policy.spec
         until = math.inf
         if spec.mig is not None and spec.mig.enabled:
             mig = spec.mig
-            if self._flights.count({}) or inv.pending_whole_gpus > inv.free.get(mig.from_pool, 0):
+            demand = inv.pending_whole_gpus + training_wants(inv, mig.from_pool)
+            if self._flights.count({}) or demand > inv.free.get(mig.from_pool, 0):
                 return -math.inf
             if not busy_pools:
                 mean = self._pool_windows[mig.from_pool].mean(now)

@@ -14,11 +14,13 @@ Design:
   takes the one that covers most of the pending MIG demand (:func:`policies.miglayout.
   choose_layout`); what the first candidates of a tick cover is taken off the demand the next
   ones see, so two conversions do not both chase the same pending pods.
-* **Revert** MIG nodes of the MIG pool when pending pods have demanded more whole GPUs than the
-  whole-card pool has free for ``revertAfter``: as many nodes as cover the unmet demand, emptiest
-  first, within the same concurrency limit and budget. Only nodes a drain can empty are picked
-  (:mod:`policies.drain`: no inference, protected or ``do-not-disrupt`` GPU pod on them): a real
-  cluster rolls any other revert back, and it would be decided again every tick.
+* **Revert** MIG nodes of the MIG pool when pending pods, and elastic training below its
+  maximum (it shrank for a service in the morning and would grow back), have demanded more
+  whole GPUs than the whole-card pool has free for ``revertAfter``: as many nodes as cover the
+  unmet demand, emptiest first, within the same concurrency limit and budget. Only nodes a
+  drain can empty are picked (:mod:`policies.drain`: no inference, protected or
+  ``do-not-disrupt`` GPU pod on them): a real cluster rolls any other revert back, and it
+  would be decided again every tick.
 * Node idleness is tracked per GPU in O(1) per reading by :class:`IdleTracker` (first reading,
   last reading, last busy reading), so checking 10,000 GPUs is a dictionary walk, not a window
   merge. :class:`MigFlights` remembers conversions the engine decided until the snapshot shows
@@ -229,9 +231,11 @@ def plan_reverts(
     demand_since: float | None,
     slots: int,
     flights: MigFlights,
+    training_wants: int = 0,
 ) -> tuple[list[MigCandidate], int]:
-    """MIG nodes to revert now (at most ``slots``), and the unmet whole-GPU demand."""
-    unmet = inv.pending_whole_gpus - inv.free.get(spec.from_pool, 0)
+    """MIG nodes to revert now (at most ``slots``), and the unmet whole-GPU demand: pending
+    pods' whole GPUs plus ``training_wants`` (what elastic training would grow back into)."""
+    unmet = inv.pending_whole_gpus + training_wants - inv.free.get(spec.from_pool, 0)
     if unmet <= 0 or demand_since is None or now - demand_since < spec.revert_after:
         return [], max(0, unmet)
     drains: dict[str, DrainPlan] = {}

@@ -40,6 +40,7 @@ __all__ = [
     "CooldownsSpec",
     "Duration",
     "ElasticSpec",
+    "LeadingSpec",
     "Loc",
     "Metadata",
     "MigSpec",
@@ -284,6 +285,17 @@ class ScaleDownSpec(_Model):
         return self
 
 
+class LeadingSpec(_Model):
+    """A leading indicator next to the percentile: the request rate moves before the latency
+    window turns, so scale-up can start while the percentile is still within its objective."""
+
+    rate_per_replica: Annotated[float, Field(gt=0)]
+    """Requests/s one replica serves comfortably within the objective: whenever the request
+    rate over the SLO window wants more replicas than the service has, scale up to
+    ``ceil(rate / ratePerReplica)`` (bounded like a breach response), breaching or not; and
+    never scale down below it."""
+
+
 class ScaleSpec(_Model):
     kind: str = "Deployment"
     """Kind of the workload to scale through its /scale subresource."""
@@ -294,6 +306,26 @@ class ScaleSpec(_Model):
     down: ScaleDownSpec | None = None
     """Give capacity back when the service is comfortably within its objective; without it
     Ebbtide never scales the service down."""
+    leading: LeadingSpec | None = None
+    """Scale on the request rate too, ahead of the percentile; off when absent."""
+    ready_ends_cooldown: bool = False
+    """End the service's cooldown early once every replica runs and ``slo.breachAfter`` has
+    passed since the last action: a burst is met at the pace pods start, not one ``maxStep``
+    per fixed cooldown."""
+    shrink_first: bool = False
+    """Scale up only into GPUs free now: GPUs that shrinking or evicting training frees are
+    taken by the next step once they are free, so the scheduler never preempts training to
+    place Ebbtide's own new replicas while a shrink's grace period runs. Needs
+    ``readyEndsCooldown`` (the next step then comes as soon as the GPUs are free)."""
+
+    @model_validator(mode="after")
+    def _shrink_first(self) -> ScaleSpec:
+        if self.shrink_first and not self.ready_ends_cooldown:
+            raise ValueError(
+                "shrinkFirst needs readyEndsCooldown: the step into the freed GPUs would wait "
+                "a whole cooldown"
+            )
+        return self
 
 
 class ServiceSpec(_Model):

@@ -12,7 +12,14 @@ Design:
   nothing while ``p / objective`` is within ``1 + tolerance``, bounded by the service's replica
   bounds and ``maxStep``, and further by the GPUs that can be found (free, then freed by
   :func:`~policies.preemption.plan_capacity`). Without a scale target, the GPUs the service's
-  pending pods wait for are freed instead.
+  pending pods wait for are freed instead. A service with ``scale.leading`` also asks for what
+  its request rate needs, breaching or not (:mod:`policies.indicators`); with
+  ``scale.shrinkFirst`` it scales only into GPUs free now and frees the whole climb's GPUs at
+  once, so its new replicas never wait in the scheduler (and preempt training) for GPUs a
+  shrink is still releasing.
+* MIG: elastic training below its maximum is whole-card demand too, so a MIG node converted at
+  night comes back once services have taken training's GPUs in the morning; a node brought
+  back is idle only from then on.
 """
 
 from __future__ import annotations
@@ -31,16 +38,17 @@ from policies.decisions import (
     MigRevert,
     Scale,
 )
+from policies.indicators import leading_replicas, request_rate
 from policies.inventory import Inventory, TrainingView
 from policies.mig import IdleTracker, MigFlights, plan_conversions, plan_reverts
 from policies.model import MigSpec, Policy, ServiceSpec, VictimKey, format_duration
 from policies.placement import NVLINK_DOMAIN_LABEL, place, room, slots
 from policies.preemption import Fit, plan_capacity, victim_sort_key
 from policies.slo import SloState
-from policies.snapshot import MIG_DISABLED, Placement
+from policies.snapshot import MIG_DISABLED, Placement, Workload
 from policies.windows import LatencyWindow, UtilizationWindow
 
-__all__ = ["Round", "grow_training", "respond_to_breach", "run_mig"]
+__all__ = ["Round", "grow_training", "respond_to_breach", "run_mig", "training_wants"]
 
 #: Disruption times kept per workload (for telling replacement pods from demand).
 MAX_DISRUPTIONS = 4
@@ -100,26 +108,37 @@ class Round:
 
 
 def respond_to_breach(
-    rnd: Round, key: str, spec: ServiceSpec, slo: SloState, window: LatencyWindow
+    rnd: Round,
+    key: str,
+    spec: ServiceSpec,
+    slo: SloState,
+    window: LatencyWindow,
+    *,
+    requests: int = 0,
 ) -> None:
-    """Scale a breaching service up and free the GPUs that takes."""
+    """Scale a breaching service up, or one whose request rate (``requests`` over the SLO
+    window, :mod:`policies.indicators`) wants more replicas, and free the GPUs that takes."""
     now, pspec = rnd.now, rnd.policy.spec
+    breaching = slo.state == "breaching"
+    workload = rnd.inv.service_workload.get(key)
+    lead = leading_replicas(spec, requests, window, now)
+    if not breaching and (lead is None or workload is None or lead <= workload.replicas):
+        return
     cooldown = spec.cooldown if spec.cooldown is not None else pspec.cooldowns.service
-    if not rnd.cooldowns.ready(key, now, cooldown):
+    if not rnd.cooldowns.ready(key, now, cooldown) and not _served(rnd, key, spec, workload):
         return
     q = spec.slo.percentile / 100.0
     p = window.quantile(now, q)
-    if p is None:
+    if p is None and lead is None:
         return
     objective = spec.slo.objective_ms
-    ratio = p / objective
+    ratio = p / objective if p is not None else 0.0
     pool = spec.pool
-    workload = rnd.inv.service_workload.get(key)
     gpr = spec.gpus_per_replica
     inputs: dict[str, str | int | float | bool | None] = {
-        f"p{spec.slo.percentile:g}_ms": round(p, 2),
+        f"p{spec.slo.percentile:g}_ms": None if p is None else round(p, 2),
         "ratio": round(ratio, 3),
-        "breaching_since": slo.since,
+        "breaching_since": slo.since if breaching else None,
         "free_gpus": rnd.free(pool),
     }
     thresholds: dict[str, str | int | float | bool | None] = {
@@ -127,19 +146,29 @@ def respond_to_breach(
         "breach_after": format_duration(spec.slo.breach_after),
     }
     alternatives: list[Alternative] = []
-    current = desired = 0
+    current = desired = ahead = 0
+    led = False
     if spec.scale is not None:
         if workload is None or spec.replicas is None:
             return
         tolerance = spec.scale.tolerance
         thresholds["tolerance"] = f"{tolerance:.0%}"
-        if ratio <= 1.0 + tolerance:
-            return
         current = workload.replicas
+        desired = current
+        if breaching and ratio > 1.0 + tolerance:
+            desired = math.ceil(max(current, 1) * ratio)
+        if lead is not None and spec.scale.leading is not None:
+            inputs["request_rate"] = round(request_rate(spec, requests, window, now), 2)
+            inputs["leading_replicas"] = lead
+            thresholds["rate_per_replica"] = spec.scale.leading.rate_per_replica
+            led = lead > desired
+            desired = max(desired, lead)
+        if desired <= current:
+            return
         bounds = spec.replicas
         thresholds.update(min_replicas=bounds.min, max_replicas=bounds.max)
-        desired = max(bounds.min, math.ceil(max(current, 1) * ratio))
-        desired = min(desired, bounds.max)
+        desired = min(max(bounds.min, desired), bounds.max)
+        ahead = (desired - current) * gpr  # what the whole climb takes, past this step
         if spec.scale.max_step is not None:
             desired = min(desired, current + spec.scale.max_step)
             thresholds["max_step"] = spec.scale.max_step
@@ -149,11 +178,17 @@ def respond_to_breach(
             return
         needed = (desired - current) * gpr
         inputs.update(replicas=current, desired=desired)
+    elif not breaching:
+        return
     else:
         needed = rnd.inv.service_pending_gpus.get(key, 0)
         inputs["pending_gpus"] = needed
     free = rnd.free(pool)
-    shortfall = max(0, needed - free)
+    first = spec.scale is not None and spec.scale.shrink_first
+    soon = _being_freed(rnd.inv, pool) if first else 0
+    if first:
+        inputs["gpus_being_freed"] = soon
+    shortfall = max(0, needed - free - soon)
     left = rnd.inv.quota_left(workload.namespace) if workload is not None else None
     if spec.scale is not None and left is not None and gpr > 0 and needed > left:
         # replicas the quota refuses would only wait: never free (or evict) GPUs for them
@@ -163,14 +198,21 @@ def respond_to_breach(
         needed = (desired - current) * gpr
         if desired <= current:
             return
+    if first:
+        # freeing takes a grace period whatever its size: free the whole climb's GPUs now, so
+        # the later steps find them free instead of waiting a grace period each
+        climb = ahead if left is None else min(ahead, left)
+        shortfall = max(0, max(needed, climb) - free - soon)
     fit: Fit | None = None
     if workload is not None and gpr > 0:
         # each new (or pending) replica needs gpr GPUs on one node: count where it lands
         want = desired - current if spec.scale is not None else needed // gpr
+        if first:
+            want = max(want, climb // gpr)
         space = rnd.room(pool, workload.placement, gpus=gpr)
         fits_now = slots(space, gpr)
         inputs["replicas_fit_now"] = fits_now
-        shortfall = max(0, want - fits_now) * gpr
+        shortfall = max(0, (want - fits_now) * gpr - soon)
         nodes = rnd.inv.nodes
         fit = Fit(
             gpr,
@@ -204,23 +246,33 @@ def respond_to_breach(
     if spec.scale is not None:
         grow = desired - current
         if fit is not None:
-            gained = plan.by_node if plan is not None else {}
+            gained = plan.by_node if plan is not None and not first else {}
             grow = min(grow, slots({n: f + gained.get(n, 0) for n, f in fit.free.items()}, gpr))
         target = current + grow
-        if grow <= 0:
+        if grow <= 0 and freed == 0:
             return
         if target < desired:
-            alternatives.append(
-                Alternative(
-                    f"scale to {desired}",
-                    f"only {grow} more replicas of {gpr} GPUs fit, each on one node "
-                    f"({free + freed} GPUs free or freed in {pool})",
-                )
+            why = (
+                f"only {grow} more replicas of {gpr} GPUs fit, each on one node "
+                f"({free + freed} GPUs free or freed in {pool})"
             )
+            if first:
+                why = f"{free} GPUs are free now, {freed + soon} more once training lets go"
+            alternatives.append(Alternative(f"scale to {desired}", why))
     elif plan is None or freed == 0:
         return
     inputs["gpus_freed"] = freed
-    p_text = f"P{spec.slo.percentile:g} {p:.0f}ms > objective {objective:g}ms"
+    p_now = "no verdict yet" if p is None else f"P{spec.slo.percentile:g} {p:.0f}ms"
+    rule, cause_text = (
+        "slo-breach-scale-up",
+        f"{key} breaching ({p_now} > objective {objective:g}ms)",
+    )
+    how = f"desired ceil({current} * {ratio:.2f}) bounded = {desired}"
+    if led and spec.scale is not None and spec.scale.leading is not None:
+        rate, per = request_rate(spec, requests, window, now), spec.scale.leading.rate_per_replica
+        rule = "leading-scale-up"
+        cause_text = f"{key} request rate {rate:.1f}/s wants {lead} replicas ({p_now})"
+        how = f"desired ceil({rate:.1f} / {per:g}) bounded = {desired}"
     if plan is not None:
         grace = training.grace_period if training is not None else 30.0
         for s in plan.shrinks:
@@ -234,7 +286,7 @@ def respond_to_breach(
                     "training",
                     Explanation.of(
                         "free-gpus-shrink-training",
-                        f"{key} breaching ({p_text}); shrink {s.workload} "
+                        f"{cause_text}; shrink {s.workload} "
                         f"{s.from_replicas}→{s.to_replicas} to free {s.gpus_freed} GPUs in {pool}",
                         alternatives=tuple(alternatives),
                         inputs=inputs,
@@ -258,7 +310,7 @@ def respond_to_breach(
                     grace,
                     Explanation.of(
                         "free-gpus-evict-training",
-                        f"{key} breaching ({p_text}); shrinking was not enough: evict "
+                        f"{cause_text}; shrinking was not enough: evict "
                         f"{v.pod.key} (priority {v.pod.priority}, {why}) to free "
                         f"{v.gpus_freed} GPUs in {pool}",
                         alternatives=tuple(alternatives),
@@ -274,8 +326,9 @@ def respond_to_breach(
         landing = target - current if spec.scale is not None else fit.replicas
         rnd.claim(pool, fit.free, gpus=gpr, replicas=landing)
     else:
-        rnd.claimed[pool] = rnd.claimed.get(pool, 0) + max(0, min(needed, free))
-    if spec.scale is not None and workload is not None:
+        consumed = needed if spec.scale is None else (target - current) * gpr
+        rnd.claimed[pool] = rnd.claimed.get(pool, 0) + max(0, min(consumed, free))
+    if spec.scale is not None and workload is not None and target > current:
         rnd.emit(
             Scale(
                 now,
@@ -285,9 +338,8 @@ def respond_to_breach(
                 target,
                 "inference",
                 Explanation.of(
-                    "slo-breach-scale-up",
-                    f"{key} breaching ({p_text}): desired ceil({current} * {ratio:.2f}) bounded "
-                    f"= {desired}; scale {current}→{target}",
+                    rule,
+                    f"{cause_text}: {how}; scale {current}→{target}",
                     alternatives=tuple(alternatives),
                     inputs=inputs,
                     thresholds=thresholds,
@@ -298,6 +350,32 @@ def respond_to_breach(
         )
     rnd.cooldowns.mark(key, now)
     rnd.cooldowns.mark(f"pool:{pool}", now)
+
+
+def _being_freed(inv: Inventory, pool: str) -> int:
+    """GPUs in ``pool`` that training pods still hold beyond their workloads' replicas: a
+    shrink's pods in their grace period, free soon."""
+    total = 0
+    for view in inv.training.values():
+        in_pool = view.pool_gpus.get(pool, 0)
+        if in_pool:
+            w = view.workload
+            excess = sum(p.gpus for p in view.pods) - w.replicas * w.gpus_per_replica
+            total += min(in_pool, max(0, excess))
+    return total
+
+
+def _served(rnd: Round, key: str, spec: ServiceSpec, workload: Workload | None) -> bool:
+    """With ``scale.readyEndsCooldown``, the service's cooldown ends early: every replica of its
+    last scale-up is Running and has had ``breachAfter`` since the action to show in the
+    percentile, so a burst is met at the pace pods start, not one step per fixed cooldown."""
+    last = rnd.cooldowns.last(key)
+    if spec.scale is None or not spec.scale.ready_ends_cooldown:
+        return False
+    if workload is None or last is None or rnd.now - last < spec.slo.breach_after:
+        return False
+    pods = rnd.inv.pods_by_workload.get(workload.key, ())
+    return sum(1 for p in pods if p.phase == "Running" and p.node is not None) >= workload.replicas
 
 
 def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, float]) -> None:
@@ -424,6 +502,17 @@ def _value(view: TrainingView, order: Sequence[VictimKey]) -> tuple[float | str,
     )
 
 
+def training_wants(inv: Inventory, pool: str) -> int:
+    """Whole GPUs elastic training in ``pool`` would grow back into (up to its maximum): the
+    demand that brings MIG nodes back in the morning, once services have taken what it had."""
+    total = 0
+    for v in inv.training.values():
+        if v.pool_gpus.get(pool, 0) > 0 and v.protected is None:
+            w = v.workload
+            total += max(0, v.max_replicas - w.replicas) * w.gpus_per_replica
+    return total
+
+
 def run_mig(
     rnd: Round,
     *,
@@ -438,7 +527,8 @@ def run_mig(
     """Revert MIG nodes on sustained whole-card demand, else convert idle whole-card nodes."""
     now, inv = rnd.now, rnd.inv
     flights.settle(inv.nodes, now, mig.stuck_after)
-    unmet = inv.pending_whole_gpus - inv.free.get(mig.from_pool, 0)
+    wants = training_wants(inv, mig.from_pool)
+    unmet = inv.pending_whole_gpus + wants - inv.free.get(mig.from_pool, 0)
     if unmet > 0:
         if demand_since[0] is None:
             demand_since[0] = now
@@ -451,8 +541,15 @@ def run_mig(
     if slots <= 0:
         return
     reverts, unmet = plan_reverts(
-        now=now, spec=mig, inv=inv, demand_since=demand_since[0], slots=slots, flights=flights
+        now=now,
+        spec=mig,
+        inv=inv,
+        demand_since=demand_since[0],
+        slots=slots,
+        flights=flights,
+        training_wants=wants,
     )
+    waited = demand_since[0] or now
     for c in reverts:
         rnd.emit(
             MigRevert(
@@ -461,9 +558,10 @@ def run_mig(
                 c.profile,
                 Explanation.of(
                     "mig-revert",
-                    f"pods have waited {format_duration(now - (demand_since[0] or now))} for "
-                    f"{unmet} whole GPUs more than {mig.from_pool} has free; revert {c.node.name}",
-                    inputs=c.inputs,
+                    f"pods and training have waited {format_duration(now - waited)}"
+                    f" for {unmet} whole GPUs more than {mig.from_pool} has free; "
+                    f"revert {c.node.name}",
+                    inputs={**c.inputs, "training_wants_gpus": wants},
                     thresholds={
                         "revert_after": format_duration(mig.revert_after),
                         "max_concurrent": mig.max_concurrent,
@@ -473,6 +571,9 @@ def run_mig(
             )
         )
         flights.start(c.node.name, now, MIG_DISABLED)
+    if reverts:  # whole again: idle only from now on, not since before it was partitioned
+        back = {c.node.name for c in reverts}
+        idle.forget({n: None for n in inv.nodes if n not in back})
     if reverts or unmet > 0 or breaching:
         return
     oldest = pool_window.oldest(now)

@@ -39,6 +39,7 @@ import math
 from collections import deque
 
 from policies.decisions import Alternative, Explanation, Scalar, Scale
+from policies.indicators import leading_replicas, request_rate
 from policies.model import ServiceSpec, format_duration
 from policies.rules import Round
 from policies.slo import SloState
@@ -143,10 +144,14 @@ def scale_down(
     objective = spec.slo.objective_ms
     p: float | None = None
     recommended = current
+    lead: int | None = None
     # At (or below) replicas.min nothing lower can be recommended: no percentile to read.
     if slo.state == "ok" and slo.last_level in ("below", "between") and current > bounds.min:
         p = window.quantile(now, spec.slo.percentile / 100.0)
-        if p is not None and p < down.below * objective:
+        lead = leading_replicas(spec, samples, window, now, margin=scale.tolerance)
+        if p is not None and lead is not None and p < spec.slo.recover_below * objective:
+            recommended = min(current, max(bounds.min, lead))  # the capacity the rate needs
+        elif p is not None and p < down.below * objective:
             desired = max(bounds.min, math.ceil(max(current, 1) * p / objective))
             recommended = min(current, desired)
     history.add(now, recommended, window_s=down.stabilization)
@@ -210,6 +215,20 @@ def scale_down(
         "cooldown": format_duration(own_cooldown),
         "recover_after": format_duration(spec.slo.recover_after),
     }
+    why = (
+        f"{key} well within its objective (P{spec.slo.percentile:g} {p:.0f}ms < "
+        f"{down.below:.0%} of {objective:g}ms): desired ceil({current} * {ratio:.2f}) "
+        f"= {recommended}"
+    )
+    if lead is not None and scale.leading is not None:
+        rate = request_rate(spec, samples, window, now)
+        inputs["request_rate"] = round(rate, 2)
+        thresholds["rate_per_replica"] = scale.leading.rate_per_replica
+        why = (
+            f"{key} within its objective (P{spec.slo.percentile:g} {p:.0f}ms), request rate "
+            f"{rate:.1f}/s: desired ceil({rate:.1f} * {1 + scale.tolerance:g} / "
+            f"{scale.leading.rate_per_replica:g}) = {recommended}"
+        )
     rnd.emit(
         Scale(
             now,
@@ -220,9 +239,7 @@ def scale_down(
             "inference",
             Explanation.of(
                 RULE,
-                f"{key} well within its objective (P{spec.slo.percentile:g} {p:.0f}ms < "
-                f"{down.below:.0%} of {objective:g}ms): desired ceil({current} * {ratio:.2f}) "
-                f"= {recommended}, highest over {span} = {stabilized}; scale {current}→{target}",
+                f"{why}, highest over {span} = {stabilized}; scale {current}→{target}",
                 inputs=inputs,
                 thresholds=thresholds,
                 alternatives=tuple(alternatives),
