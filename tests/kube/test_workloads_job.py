@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from controller.cluster import Outcome
 from controller.kube.translate import Priorities
+from controller.kube.workloads import kueue
 from controller.kube.workloads.job import JOBS
 from controller.kube.workloads.kueue import PREEMPTED
 from support.kubeapi import KubeAPIServer
@@ -199,3 +201,47 @@ async def test_when_the_mark_cannot_be_written_nothing_is_deactivated(
     assert result.outcome is Outcome.FAILED, result.detail
     assert active(kubeapi)
     assert not any(path.startswith(WORKLOADS) for _, path in writes(kubeapi))
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "managed"),
+    [
+        ({"kueue.x-k8s.io/queue-name": "q"}, {}, True),
+        ({}, {"kueue.x-k8s.io/queue-name": "q"}, True),
+        ({"kueue.x-k8s.io/prebuilt-workload-name": "w"}, {}, True),
+        ({}, {PREEMPTED: "w"}, True),
+        ({"app": "x"}, {"example.com/kueue": "no"}, False),
+    ],
+    ids=["queue-label", "old-annotation", "prebuilt", "ebbtides-mark", "none"],
+)
+def test_kueues_own_labels_and_annotations_say_it_is_kueues(
+    labels: dict[str, str], annotations: dict[str, str], managed: bool
+) -> None:
+    """Any kueue.x-k8s.io/ label or annotation (or Ebbtide's mark) makes a job Kueue's: fixed
+    bounds and a Kueue refusal for a resize."""
+    job = manifest("kueue-job.yaml", "Job")
+    job["metadata"]["labels"] = labels
+    job["metadata"]["annotations"] = annotations
+    assert kueue.managed(job) is managed
+    w = JOBS.workload(job, Priorities())
+    assert ((w.min_replicas, w.max_replicas) == (3, 3)) is managed
+    assert ("Kueue" in (JOBS.refusal(job, 2) or "")) is managed
+
+
+async def test_a_prebuilt_workload_is_found_by_its_label(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """A Job naming its prebuilt Workload (and no owner reference on it) is stopped through
+    that Workload, read by name: no LIST of the namespace's Workloads."""
+    await admitted_job(kubeapi)
+    await kubeapi.patch(
+        "Job", "ml", "sample-job",
+        {"metadata": {"labels": {"kueue.x-k8s.io/prebuilt-workload-name": WORKLOAD}}},
+    )  # fmt: skip
+    await kubeapi.patch("Workload", "ml", WORKLOAD, {"metadata": {"ownerReferences": None}})
+    (result,) = await kind_actuator(kube_client, ("Job",)).apply(
+        [evict("ml/sample-job-x7k2p", "ml/sample-job")]
+    )
+    assert result.outcome is Outcome.APPLIED, result.detail
+    assert (active(kubeapi), mark(kubeapi)) == (False, WORKLOAD)
+    assert not any(r.method == "GET" and r.path == WORKLOADS for r in kubeapi.requests)

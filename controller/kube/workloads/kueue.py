@@ -1,13 +1,13 @@
 """Kueue, for every kind: stop and resume a Kueue-admitted workload through its Kueue Workload.
 
 Kueue holds quota for a workload it admitted (a Job, JobSet, RayCluster, PyTorchJob… carrying
-the queue label :data:`QUEUE`); evicting its pods or resizing it behind Kueue's back makes Kueue
+the queue label :data:`QUEUE`, or any other ``kueue.x-k8s.io/`` label or annotation); evicting its pods or resizing it behind Kueue's back makes Kueue
 suspend and requeue it with the quota still counted. So Ebbtide
 
 * preempts it by deactivating its Kueue Workload (``spec.active: false``): Kueue evicts it,
   suspends the job and releases the quota, as Kueue's own preemption does. The Workload's name
-  is not derivable from the job's, so it is found by its owner reference (uid, else kind and
-  name) among the namespace's Workloads;
+  is not derivable from the job's: it is the one :data:`PREBUILT` names, else the one whose
+  owner reference (uid, else kind and name) is the job among the namespace's Workloads;
 * resumes it, when the engine grows it back, with ``spec.active: true``: Kueue requeues and
   re-admits it.
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from controller.kube.workloads.base import Io
 
 __all__ = [
+    "PREBUILT",
     "PREEMPTED",
     "QUEUE",
     "RULE",
@@ -43,8 +44,11 @@ __all__ = [
     "stop",
 ]
 
+_PREFIX: Final = "kueue.x-k8s.io/"
 QUEUE: Final = "kueue.x-k8s.io/queue-name"
 """The label (an annotation in old Kueue releases) that hands a workload to Kueue."""
+PREBUILT: Final = "kueue.x-k8s.io/prebuilt-workload-name"
+"""The label naming the Kueue Workload made for the job beforehand."""
 PREEMPTED: Final = "ebbtide.io/preempted"
 """On a job Ebbtide stops: the Kueue Workload it deactivates."""
 WORKLOADS: Final = "/apis/kueue.x-k8s.io/v1beta1/namespaces/{namespace}/workloads"
@@ -58,11 +62,12 @@ def _meta(obj: Obj) -> Mapping[str, Any]:
 
 
 def managed(obj: Obj) -> bool:
-    """Kueue admits this object (the queue label, or the annotation old Kueue releases used),
-    or Ebbtide stopped it through Kueue."""
+    """Kueue admits this object: any ``kueue.x-k8s.io/`` label or annotation (the queue name,
+    the annotation old Kueue releases used, a prebuilt Workload's name), or Ebbtide stopped it
+    through Kueue."""
     m = _meta(obj)
-    labels, annotations = m.get("labels") or {}, m.get("annotations") or {}
-    return QUEUE in labels or QUEUE in annotations or marked(obj) is not None
+    keys = (*(m.get("labels") or {}), *(m.get("annotations") or {}))
+    return any(k.startswith(_PREFIX) for k in keys) or marked(obj) is not None
 
 
 def marked(obj: Obj) -> str | None:
@@ -85,10 +90,11 @@ def _workloads(obj: Obj) -> str:
 
 
 async def planned(io: Io, obj: Obj) -> Stop:
-    """Find the job's Workload (its mark's, else the one whose owner reference is the job) and
-    whether it is already stopped; raises LookupError when Kueue made none."""
+    """Find the job's Workload (its mark's or :data:`PREBUILT`'s, else the one whose owner
+    reference is the job) and whether it is already stopped (an inactive Workload); raises
+    LookupError when Kueue made none."""
     m = _meta(obj)
-    name = marked(obj)
+    name = marked(obj) or (m.get("labels") or {}).get(PREBUILT)
     if name is not None:
         workload = await io.request("GET", f"{_workloads(obj)}/{name}")
         return Stop(name, get_path(workload, "spec.active") is False)
