@@ -23,6 +23,7 @@ from support.workload_kinds import (
     TRAINING,
     evict,
     kind_actuator,
+    kueue_state,
     manifest,
     scale,
     writes,
@@ -54,15 +55,11 @@ async def admitted_job(kubeapi: KubeAPIServer) -> Obj:
 
 
 def active(kubeapi: KubeAPIServer) -> bool:
-    stored = kubeapi.get("Workload", "ml", WORKLOAD)
-    assert stored is not None
-    return bool(stored["spec"]["active"])
+    return kueue_state(kubeapi, WORKLOAD, "Job", "sample-job")[0]
 
 
 def mark(kubeapi: KubeAPIServer) -> str | None:
-    stored = kubeapi.get("Job", "ml", "sample-job")
-    assert stored is not None
-    return (stored["metadata"].get("annotations") or {}).get(PREEMPTED)
+    return kueue_state(kubeapi, WORKLOAD, "Job", "sample-job")[1]
 
 
 async def test_a_kueue_job_is_preempted_through_its_workload_once(

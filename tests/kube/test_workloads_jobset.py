@@ -15,7 +15,6 @@ from controller.kube.state import workload_kinds
 from controller.kube.translate import Priorities
 from controller.kube.workloads import ADAPTERS
 from controller.kube.workloads.jobset import JOBSETS
-from controller.kube.workloads.kueue import PREEMPTED
 from controller.settings import Settings
 from support.kubeapi import KubeAPIServer
 from support.kubeapi_objects import make_pod
@@ -26,6 +25,7 @@ from support.workload_kinds import (
     TRAINING,
     evict,
     kind_actuator,
+    kueue_state,
     manifest,
     scale,
     synced_state,
@@ -146,15 +146,11 @@ async def admitted_jobset(kubeapi: KubeAPIServer) -> Obj:
 
 
 def active(kubeapi: KubeAPIServer, name: str) -> bool:
-    stored = kubeapi.get("Workload", "ml", name)
-    assert stored is not None
-    return bool(stored["spec"]["active"])
+    return kueue_state(kubeapi, name, "JobSet", "pytorch")[0]
 
 
 def mark(kubeapi: KubeAPIServer) -> str | None:
-    stored = kubeapi.get("JobSet", "ml", "pytorch")
-    assert stored is not None
-    return (stored["metadata"].get("annotations") or {}).get(PREEMPTED)
+    return kueue_state(kubeapi, JOBSET_WORKLOAD, "JobSet", "pytorch")[1]
 
 
 async def test_a_kueue_jobset_pod_is_not_evicted_its_workload_is_deactivated(
