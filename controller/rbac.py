@@ -17,9 +17,11 @@ Verbs per resource, and who needs them:
 * each tracked workload kind (the ``kube.workload_kinds`` setting: Deployments, StatefulSets,
   PyTorchJobs by default; JobSets, RayClusters, Jobs on request) — get/list/watch, and its
   ``/scale`` subresource get/patch, or patch on the object for kinds without ``/scale``
-  (JobSet, RayCluster, Job); Jobs also list/patch Kueue ``workloads`` (preemption through
-  Kueue). :func:`cluster_rules` derives them from the setting; the chart renders the same
-  rules from the same value (``controller.workloadKinds``);
+  (JobSet, RayCluster, Job); Jobs also get/list/patch Kueue ``workloads`` (preemption through
+  Kueue), and so does any kind when Kueue support is on (``kueue=True``, the chart's
+  ``controller.kueue``: a Kueue-admitted JobSet, RayCluster or PyTorchJob is stopped through
+  its Workload too). :func:`cluster_rules` derives them from the setting; the chart renders the
+  same rules from the same values (``controller.workloadKinds``, ``controller.kueue``);
 * leases (in the controller's own namespace only: a Role) — get/create/update (leader election).
 """
 
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 
 from controller.kube.state import workload_kinds
 from controller.kube.translate import WorkloadKind
-from controller.kube.workloads import ADAPTERS, Adapter
+from controller.kube.workloads import ADAPTERS, Adapter, kueue
 from controller.settings import DEFAULT_WORKLOAD_KINDS
 
 __all__ = ["CLUSTER_RULES", "LEASE_RULES", "Rule", "allowed", "cluster_rules", "kind_rules"]
@@ -85,10 +87,16 @@ def kind_rules(kind: WorkloadKind) -> tuple[Rule, ...]:
     return (*rules, *extra)
 
 
-def cluster_rules(kinds: Iterable[WorkloadKind]) -> tuple[Rule, ...]:
+def cluster_rules(
+    kinds: Iterable[WorkloadKind], *, kueue_support: bool = False
+) -> tuple[Rule, ...]:
     """The ClusterRole for the tracked workload ``kinds``: the base rules, then each kind's
-    rules (:func:`kind_rules`), in the setting's order."""
-    return (*_BASE_RULES, *(rule for kind in kinds for rule in kind_rules(kind)))
+    rules (:func:`kind_rules`), in the setting's order; with ``kueue_support``, Kueue's
+    Workloads last unless a kind already brought them."""
+    rules = (*_BASE_RULES, *(rule for kind in kinds for rule in kind_rules(kind)))
+    group, resource, verbs = kueue.RULE
+    kueues = Rule(group, (resource,), verbs)
+    return (*rules, kueues) if kueue_support and kueues not in rules else rules
 
 
 #: The ClusterRole with the default setting: everything the controller reads and changes.

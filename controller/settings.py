@@ -131,6 +131,14 @@ class KubeSettings(_Group):
     """Workload kinds to watch and scale (JSON list in the environment). RBAC follows it: the
     chart renders its ClusterRole from the same value. A kind whose CRD is not installed is
     skipped, logged once, and picked up when it is."""
+    mig_drain_timeout_s: float = Field(600.0, gt=0)
+    """A MIG flow rolls back when the node's GPU pods are not gone this long after it started."""
+    mig_reconfigure_timeout_s: float = Field(900.0, gt=0)
+    """...when the MIG manager has not reported ``success`` this long after the label was set."""
+    mig_reboot_timeout_s: float = Field(1800.0, gt=0)
+    """A node the MIG manager reports ``rebooting`` gets at least this long before a rollback."""
+    mig_advertise_timeout_s: float = Field(300.0, gt=0)
+    """...and this long after ``success`` for the device plugin to advertise the layout."""
 
     @model_validator(mode="after")
     def _distinct_kinds(self) -> KubeSettings:

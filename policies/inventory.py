@@ -9,6 +9,9 @@ Design:
   whose selector it matches), whole GPUs allocatable/held/free per pool, pending whole-GPU
   demand, the training workloads with their elastic bounds, gang minimum, progress and whether
   they are protected, and each service's workload and pending GPUs.
+* A training workload another autoscaler sizes (an HPA, a KEDA ScaledObject: ``scaled_by``) is
+  fixed at its replicas unless the policy's ``training.owner`` is ``ebbtide``: no shrink or
+  grow is planned that the actuator would refuse (and refuse again after every hold-off).
 * Protection is decided here once: a training workload is protected when its namespace is
   protected or it carries ``ebbtide.io/do-not-disrupt``; inference pods (owned by a service's
   workload, or not selected as training) are never candidates at all. What a drain may evict
@@ -92,6 +95,10 @@ class TrainingView:
     """Its pods holding GPUs, sorted by name."""
     pool_gpus: Mapping[str, int]
     """GPUs its pods hold, per pool."""
+    scaled_by: str | None = None
+    """Another autoscaler sizes it and the policy does not give it to Ebbtide
+    (``training.owner``): never resized (its bounds are its replicas), still evictable — an
+    HPA does not fight an eviction."""
 
     @property
     def key(self) -> str:
@@ -210,6 +217,9 @@ class Inventory:
                 lo = _int_annotation(w.annotations, elastic.min_replicas_annotation)
             if hi is None:
                 hi = _int_annotation(w.annotations, elastic.max_replicas_annotation)
+            scaled_by = w.scaled_by if training.owner != "ebbtide" else None
+            if scaled_by is not None:  # another autoscaler's size: no resize is planned
+                lo = hi = w.replicas
             gang = w.gang_min
             if gang is None:
                 gang = _int_annotation(w.annotations, training.gang_minimum_annotation)
@@ -232,6 +242,7 @@ class Inventory:
                 protected=reason,
                 pods=tuple(sorted(pods, key=lambda p: p.name)),
                 pool_gpus=pool_gpus,
+                scaled_by=scaled_by,
             )
         # training pods without a known workload (bare pods, jobs not listed as workloads)
         for pod in snapshot.pods:

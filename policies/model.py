@@ -365,6 +365,13 @@ class ElasticSpec(_Model):
     """Replicas added to one workload per grow decision."""
 
 
+class CheckpointSpec(_Model):
+    deadline: Duration = 300.0
+    """How long a pod opted in to the checkpoint handshake (``ebbtide.io/checkpoint-handshake``)
+    is given, after the preemption notice, to acknowledge a checkpoint before it is evicted;
+    its own ``ebbtide.io/checkpoint-deadline-seconds`` annotation wins."""
+
+
 class TrainingSpec(_Model):
     selector: Annotated[_Labels, Field(min_length=1)]
     """Labels (all of them) that mark a workload and its pods as offline training."""
@@ -377,6 +384,8 @@ class TrainingSpec(_Model):
     progress)."""
     grace_period: Duration = 30.0
     """Termination grace period given to evicted pods."""
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    """The checkpoint handshake for these workloads' opted-in pods."""
     gang_minimum_annotation: str = "ebbtide.io/gang-minimum"
     """Annotation giving the fewest pods a gang-scheduled workload can run with."""
     progress_annotation: str = "ebbtide.io/progress"

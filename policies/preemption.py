@@ -176,6 +176,9 @@ def plan_capacity(
         if view.protected is not None:
             reject(f"shrink {view.key}", view.protected)
             continue
+        if view.scaled_by is not None:
+            reject(f"shrink {view.key}", f"{view.scaled_by} scales it (training.owner: others)")
+            continue
         if w.replicas <= floor or w.gpus_per_replica <= 0:
             continue
         if scale_budget <= 0:

@@ -269,6 +269,10 @@ class Workload:
     policy's gang annotation decides."""
     placement: Placement = ANYWHERE
     """Its pod template's placement: where another replica could land."""
+    scaled_by: str | None = None
+    """Another autoscaler that sizes it (``HorizontalPodAutoscaler ml/train``, ``KEDA
+    ScaledObject ml/train``): the engine plans no resize of it unless the policy's
+    ``training.owner`` is ``ebbtide``, so the actuator is never asked for a refused one."""
 
     @property
     def key(self) -> str:

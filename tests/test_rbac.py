@@ -69,3 +69,14 @@ def test_kinds_without_scale_patch_the_object_and_jobs_reach_kueue() -> None:
     assert allowed(rules, "kueue.x-k8s.io", "workloads", "patch")
     assert allowed(rules, "autoscaling", "horizontalpodautoscalers", "watch")
     assert not any(r.group in ("kueue.x-k8s.io", "ray.io") for r in CLUSTER_RULES)
+
+
+def test_kueue_support_reaches_workloads_for_any_kind_once() -> None:
+    """With Kueue support, JobSet and RayCluster alone get get/list/patch on Kueue Workloads
+    (found by owner reference, read back after a restart); with Job too, the rule is there once."""
+    kinds = workload_kinds(["JobSet", "RayCluster"])
+    assert not allowed(cluster_rules(kinds), "kueue.x-k8s.io", "workloads", "patch")
+    rules = cluster_rules(kinds, kueue_support=True)
+    assert all(allowed(rules, "kueue.x-k8s.io", "workloads", v) for v in ("get", "list", "patch"))
+    with_job = cluster_rules(workload_kinds(["Job", "JobSet"]), kueue_support=True)
+    assert sum(r.group == "kueue.x-k8s.io" for r in with_job) == 1

@@ -105,6 +105,8 @@ def node(labels: Any = WHOLE, annotations: Any = None) -> Target:
 
 DND_KEY = "ebbtide.io/do-not-disrupt"
 DND = {DND_KEY: "true"}
+KARPENTER_DND = {"karpenter.sh/do-not-disrupt": "true"}
+KARPENTER_OFF = {"karpenter.sh/do-not-disrupt": "false"}
 
 CASES: list[tuple[str, Decision, Target, str | None]] = [
     ("scale-training", scale(), workload(), None),
@@ -121,6 +123,8 @@ CASES: list[tuple[str, Decision, Target, str | None]] = [
     ("convert-whole-node", convert(), node(), None),
     ("convert-mig-node", convert(), node(MIG), "not in pool whole"),
     ("convert-do-not-disrupt-node", convert(), node(annotations=DND), "do-not-disrupt"),
+    ("convert-karpenter-node", convert(), node(annotations=KARPENTER_DND), "karpenter.sh/"),
+    ("convert-karpenter-false", convert(), node(annotations=KARPENTER_OFF), None),
     ("revert-mig-node", revert(), node(MIG), None),
     ("revert-whole-node", revert(), node(), "not in pool mig"),
 ]  # fmt: skip

@@ -14,15 +14,16 @@ protections, and only then written — leadership is checked again just before t
   apiserver refuses). The replicas are read first: at ``to`` already → ``ALREADY_DONE`` and no
   write; at ``from`` → write ``to``; anything else → ``REFUSED`` ("changed under us"). A 409
   re-reads and decides again. Refused before any write: a resize the owner's rules forbid (a
-  PyTorchJob without ``elasticPolicy``, a Kueue-admitted Job, bounds), and a workload an HPA or
-  KEDA ScaledObject scales unless the policy's ``training.owner`` is ``ebbtide``.
+  PyTorchJob without ``elasticPolicy``, any Kueue-admitted workload, bounds), and a workload an
+  HPA or KEDA ScaledObject scales unless the policy's ``training.owner`` is ``ebbtide``.
 * **Evict** posts a ``policy/v1`` Eviction, so PodDisruptionBudgets hold: a 429 from a PDB is
   ``BLOCKED`` (the engine picks another victim or waits) — never a delete behind the PDB's back.
   The pod is re-read first (gone or terminating → ``ALREADY_DONE``) and the Eviction carries a
   ``uid`` precondition and the decision's grace period, so a retry can never evict a pod that a
   StatefulSet re-created under the same name. A pod whose owner has rules about its pods is
-  handled the owner's way: a PyTorchJob's Master and an elastic job's worker-0 are refused, a
-  Kueue-admitted Job is preempted through its Kueue Workload instead. Opted-in pods go through
+  handled the owner's way: a Kueue-admitted workload of any kind is preempted through its Kueue
+  Workload instead (:mod:`controller.kube.workloads.kueue`), a PyTorchJob's Master and an
+  elastic job's worker-0 are refused. Opted-in pods go through
   the checkpoint handshake first (:mod:`controller.kube.workloads.checkpoint`), and every
   eviction reports the GPU-hours it wasted.
 * **MIG** convert and revert are resumable flows on the node: :mod:`controller.kube.migflow`.
@@ -60,10 +61,17 @@ from controller.kube.translate import (
     WorkloadKind,
     gpu_requests,
 )
-from controller.kube.workloads import ADAPTERS, Adapter, Io, Patch
+from controller.kube.workloads import ADAPTERS, Adapter, Io, Patch, kueue
 from controller.kube.workloads.apps import mark_for_removal
 from controller.kube.workloads.autoscalers import Owners
-from controller.kube.workloads.checkpoint import NOTICE, Step, next_step, stamp, wasted_gpu_hours
+from controller.kube.workloads.checkpoint import (
+    DEFAULT_DEADLINE_S,
+    NOTICE,
+    Step,
+    next_step,
+    stamp,
+    wasted_gpu_hours,
+)
 from controller.safety import Permit, SafetyGate, Target, Verdict
 from policies.decisions import Decision, Evict, MigConvert, MigRevert, Scale
 
@@ -296,7 +304,7 @@ class KubeActuator:
     async def _replicas(self, adapter: Adapter, obj: Obj) -> tuple[int, str]:
         """The replica count and the resourceVersion a write is conditional on: the Scale's
         for kinds written through ``/scale``, else the object's."""
-        if not adapter.via_scale:
+        if not adapter.via_scale or adapter.stopped(obj):
             return adapter.replicas(obj), str(_meta(obj).get("resourceVersion") or "")
         scale = await self._limits.get(self._api, adapter.path(obj, "scale"))
         replicas = int((scale.get("spec") or {}).get("replicas") or 0)
@@ -353,12 +361,14 @@ class KubeActuator:
                 return await self._done(d, Outcome.FAILED, f"cannot read its owner: {exc}", ref)
             if owner is not None:
                 adapter, workload = owner
-                if (why := adapter.pod_refusal(workload, pod)) is not None:
-                    return await self._done(d, Outcome.REFUSED, why, ref)
                 if adapter.preemption(workload) is not None:
                     return await self._preempt(d, adapter, workload, permit)
+                if (why := adapter.pod_refusal(workload, pod)) is not None:
+                    return await self._done(d, Outcome.REFUSED, why, ref)
             now = self.gate.now()
-            step = next_step(meta.get("annotations") or {}, now=now)
+            step = next_step(
+                meta.get("annotations") or {}, now=now, deadline_s=self._checkpoint_deadline()
+            )
             if step.action != "evict":
                 return await self._handshake(d, pod, step, ref)
             grace = max(0, round(d.grace_s))
@@ -374,6 +384,11 @@ class KubeActuator:
             if result.outcome is not Outcome.APPLIED:
                 return result
             return replace(result, detail=f"{result.detail}; {note}", wasted_gpu_hours=wasted)
+
+    def _checkpoint_deadline(self) -> float:
+        """The policy's handshake deadline (a pod's own annotation still wins)."""
+        training = self.gate.policy.spec.training
+        return DEFAULT_DEADLINE_S if training is None else training.checkpoint.deadline
 
     async def _handshake(self, d: Evict, pod: Obj, step: Step, ref: ObjectRef) -> ActionResult:
         """The checkpoint handshake before an eviction: give the notice (once: it is kept on
@@ -433,28 +448,27 @@ class KubeActuator:
         return await self._done(d, Outcome.FAILED, detail, ref)
 
     async def _owner(self, pod: Obj) -> tuple[Adapter, Obj] | None:
-        """The workload owning ``pod``, when its kind has rules about its pods (the Master of a
-        PyTorchJob, a Job that Kueue admitted); None otherwise or when it is gone."""
+        """The tracked workload owning ``pod`` (its owner may have rules about its pods, or be
+        Kueue's); None when it has none or it is gone. A pod label naming a workload (a JobSet,
+        a RayCluster) wins over an ownerReference to an intermediate object (the JobSet's Job)."""
         meta = _meta(pod)
         namespace = str(meta.get("namespace") or "default")
         labels: dict[str, str] = meta.get("labels") or {}
         refs = meta.get("ownerReferences") or []
-        for adapter in self._adapters.values():
-            kind = adapter.kind
-            if not adapter.checks_pods:
-                continue
-            name = next(
-                (
-                    r.get("name")
-                    for r in refs
-                    if r.get("kind") == kind.kind
-                    and str(r.get("apiVersion", "")).rpartition("/")[0] == kind.group
-                ),
-                labels.get(kind.pod_label) if kind.pod_label else None,
-            )
+        by_label = (
+            (a, labels.get(a.kind.pod_label)) for a in self._adapters.values() if a.kind.pod_label
+        )
+        by_ref = (
+            (a, r.get("name"))
+            for a in self._adapters.values()
+            for r in refs
+            if r.get("kind") == a.kind.kind
+            and str(r.get("apiVersion", "")).rpartition("/")[0] == a.kind.group
+        )
+        for adapter, name in (*by_label, *by_ref):
             if name:
                 try:
-                    return adapter, await self._read_workload(kind, namespace, str(name))
+                    return adapter, await self._read_workload(adapter.kind, namespace, str(name))
                 except NotFound:
                     return None
         return None
@@ -462,27 +476,31 @@ class KubeActuator:
     async def _preempt(
         self, d: Evict, adapter: Adapter, workload: Obj, permit: Permit
     ) -> ActionResult:
-        """Stop the pod's whole workload through its owner (Kueue) instead of evicting it."""
+        """Stop the pod's whole workload through Kueue instead of evicting it
+        (:mod:`controller.kube.workloads.kueue`: mark, then deactivate; restart-safe)."""
         meta = _meta(workload)
         kind = adapter.kind
         ref = ObjectRef(
             kind.kind, str(meta.get("name")), meta.get("namespace"), kind.api_version
         ).with_uid(meta.get("uid"))
-        if (done := adapter.preempted(workload)) is not None:
-            return await self._done(d, Outcome.ALREADY_DONE, done, ref)
-        dry_run = self.gate.dry_run_for(d)
-        if not dry_run and not (verdict := self.gate.check_write()).ok:
-            return await self._verdict(d, verdict, ref)
+        io = self._io()
         try:
-            detail = await adapter.preempt(self._io(), workload, dry_run=dry_run)
+            plan = await kueue.planned(io, workload)
+            if plan.done:
+                why = f"Kueue Workload {plan.workload} already deactivated: Kueue stops it"
+                return await self._done(d, Outcome.ALREADY_DONE, why, ref)
+            if self.gate.dry_run_for(d):
+                why = (
+                    f"would deactivate Kueue Workload {plan.workload} (instead of evicting {d.pod})"
+                )
+                return await self._done(d, Outcome.DRY_RUN, why, ref)
+            if not (verdict := self.gate.check_write()).ok:
+                return await self._verdict(d, verdict, ref)
+            detail = await kueue.stop(io, workload, adapter.path(workload), plan)
         except (KubeError, LookupError) as exc:
-            who = adapter.preemption(workload)
-            return await self._done(d, Outcome.FAILED, f"cannot preempt through {who}: {exc}", ref)
-        detail = f"{detail} (instead of evicting {d.pod})"
-        if dry_run:
-            return await self._done(d, Outcome.DRY_RUN, detail, ref)
+            return await self._done(d, Outcome.FAILED, f"cannot preempt through Kueue: {exc}", ref)
         permit.spend()
-        return await self._done(d, Outcome.APPLIED, detail, ref)
+        return await self._done(d, Outcome.APPLIED, f"{detail} (instead of evicting {d.pod})", ref)
 
     async def _read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from kubernetes_asyncio.client import ApiClient
 
 from controller.cluster import ActionResult, Cluster
-from controller.kube.actuator import KubeActuator
+from controller.kube.actuator import KubeActuator, MigFlowSettings
 from controller.kube.client import connect
 from controller.kube.leader import LeaderElector, LeaseSettings
 from controller.kube.state import ClusterStateSettings, KubeClusterState, workload_kinds
@@ -73,8 +73,19 @@ class KubeRuntime:
         self.state = KubeClusterState(
             api, ClusterStateSettings(node_selector=k.node_selector or None, workload_kinds=kinds)
         )
+        mig = MigFlowSettings(
+            drain_timeout_s=k.mig_drain_timeout_s,
+            reconfigure_timeout_s=k.mig_reconfigure_timeout_s,
+            reboot_timeout_s=k.mig_reboot_timeout_s,
+            advertise_timeout_s=k.mig_advertise_timeout_s,
+        )
         actuator = KubeActuator(
-            api, self.gate, nodes=self.state.nodes, workload_kinds=kinds, owners=self.state.owners
+            api,
+            self.gate,
+            nodes=self.state.nodes,
+            workload_kinds=kinds,
+            mig=mig,
+            owners=self.state.owners,
         )
         self._cluster = KubeCluster(self.state, actuator)
 

@@ -29,8 +29,9 @@ Design:
   :meth:`KubeClusterState.owners` the workloads HPAs and KEDA ScaledObjects scale.
 * Workloads are translated by their kind's adapter (:mod:`controller.kube.workloads`), which
   carries the owner's bounds (a PyTorchJob's ``elasticPolicy``) into the snapshot; a Volcano or
-  coscheduling PodGroup's ``minMember`` becomes its gang minimum (a PodGroup change
-  re-translates the workloads).
+  coscheduling PodGroup's ``minMember`` becomes its gang minimum, and the HPA or KEDA
+  ScaledObject that targets it its ``scaled_by`` (a PodGroup or autoscaler change re-translates
+  the workloads), so the engine plans no resize another autoscaler would fight.
 """
 
 from __future__ import annotations
@@ -225,6 +226,8 @@ class KubeClusterState:
             api, SCALED_OBJECTS, optional=True, rediscover_s=settings.rediscover_s, **scoped
         )
         self._owners: tuple[tuple[int, int], Owners] = ((-1, -1), {})
+        self._scaled: Owners = {}
+        """The index the workloads were last translated with."""
         self._podgroups = tuple(
             Informer(api, r, optional=True, rediscover_s=settings.rediscover_s, **scoped)
             for r in PODGROUPS
@@ -326,6 +329,11 @@ class KubeClusterState:
                 self._gangs = gang_index
                 for translations in self._workloads:
                     translations.invalidate()
+        scaled = self.owners()
+        if scaled is not self._scaled and scaled != self._scaled:  # part of the translation
+            self._scaled = scaled
+            for translations in self._workloads:
+                translations.invalidate()
         workloads_changed = any([w.refresh() for w in self._workloads])
         nodes_changed = self._nodes.refresh()
         pods_changed = self._pods.refresh()
@@ -400,7 +408,10 @@ class KubeClusterState:
         def translate(obj: Obj) -> Workload | None:
             w = adapter.workload(obj, self._priorities)
             gang = gang_minimum(self._gangs, w.kind, w.namespace, w.name)
-            return w if gang is None else replace(w, gang_min=gang)
+            scaled_by = self._scaled.get((w.kind, w.namespace, w.name))
+            if gang is None and scaled_by is None:
+                return w
+            return replace(w, gang_min=w.gang_min if gang is None else gang, scaled_by=scaled_by)
 
         return translate
 

@@ -64,16 +64,31 @@ def test_bindings_name_the_controller_account(rendered: dict[str, Rendered]) -> 
 
 
 @pytest.mark.parametrize(
-    "kinds",
-    [["Deployment"], ["StatefulSet", "PyTorchJob"], [], ["JobSet", "RayCluster", "Job"]],
-    ids=["deployments-only", "no-deployments", "none", "jobset-ray-kueue"],
+    ("kinds", "kueue"),
+    [
+        (["Deployment"], False),
+        (["StatefulSet", "PyTorchJob"], False),
+        ([], False),
+        (["JobSet", "RayCluster", "Job"], False),
+        (["JobSet", "RayCluster", "Job"], True),
+        (["JobSet", "RayCluster"], True),
+    ],
+    ids=[
+        "deployments-only",
+        "no-deployments",
+        "none",
+        "jobset-ray-job",
+        "jobset-ray-job-kueue",
+        "jobset-ray-kueue",
+    ],
 )
 def test_cluster_role_follows_the_workload_kinds_setting(
-    chart: Any, kinds: list[str], monkeypatch: pytest.MonkeyPatch
+    chart: Any, kinds: list[str], kueue: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """controller.workloadKinds reaches the controller as its kube.workload_kinds setting, and
-    the ClusterRole is exactly controller.rbac.cluster_rules for those kinds."""
-    out = render(chart, {"controller": {"workloadKinds": kinds}})
+    the ClusterRole is exactly controller.rbac.cluster_rules for those kinds and
+    controller.kueue."""
+    out = render(chart, {"controller": {"workloadKinds": kinds, "kueue": kueue}})
     docs = load_yaml_all(out["ebbtide/templates/rbac.yaml"])
     (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     container = load_yaml(out["ebbtide/templates/deployment.yaml"])["spec"]["template"]["spec"][
@@ -83,7 +98,7 @@ def test_cluster_role_follows_the_workload_kinds_setting(
     monkeypatch.setenv("EBBTIDE_KUBE__WORKLOAD_KINDS", env)
     setting = Settings(policies=[Path("p.yaml")]).kube.workload_kinds
     assert list(setting) == kinds
-    assert _as_rules(role) == list(cluster_rules(workload_kinds(setting)))
+    assert _as_rules(role) == list(cluster_rules(workload_kinds(setting), kueue_support=kueue))
 
 
 def test_default_policy_is_the_library_balanced_policy(rendered: dict[str, Rendered]) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from controller.settings import Settings, load_settings
 
-from .conftest import NAMESPACE, VALUE_SETS, Rendered
+from .conftest import NAMESPACE, VALUE_SETS, Rendered, load_yaml, render
 
 POD = "ebb-ebbtide-7d9f-abcde"
 
@@ -90,3 +90,18 @@ def test_sasl_tls_settings_point_at_the_mounted_files(
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     for path in (kafka.sasl_password_file, kafka.ssl_cafile, kafka.ssl_keyfile):
         assert str(path.parent) in mounts
+
+
+def test_mig_timeouts_reach_the_settings(chart: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """controller.migTimeoutsSeconds becomes kube.mig_*_timeout_s; keys left out keep the
+    chart's defaults."""
+    out = render(chart, {"controller": {"migTimeoutsSeconds": {"drain": 120, "reboot": 3600}}})
+    deployment = load_yaml(out["ebbtide/templates/deployment.yaml"])
+    kube = _load(deployment["spec"]["template"]["spec"]["containers"][0], monkeypatch).kube
+    timeouts = (
+        kube.mig_drain_timeout_s,
+        kube.mig_reconfigure_timeout_s,
+        kube.mig_reboot_timeout_s,
+        kube.mig_advertise_timeout_s,
+    )
+    assert timeouts == (120, 900, 3600, 300)

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -463,11 +464,12 @@ async def test_dry_run_and_already_done_write_nothing_to_the_node(
     assert [r for r in kubeapi.requests if r.method == "PATCH"] == []
 
 
-async def test_ticks_find_flows_in_the_watch_cache_and_list_no_nodes(
-    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager, tmp_path: Path
-) -> None:
-    """The runtime's ticks find flows in the node informer's cache: while a PDB holds a drain,
-    every tick advances the flow (one eviction try) and none LISTs nodes."""
+@contextlib.asynccontextmanager
+async def held_drain(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, tmp_path: Path
+) -> AsyncIterator[KubeRuntime]:
+    """A leading runtime (settings from the environment) whose conversion of gpu-1 has started
+    and is held in its drain by a PDB on its one GPU pod; stopped on exit."""
     await gpu_node(kubeapi)
     await gpu_pod(kubeapi, "train-0", app="train")
     await block_with_pdb(kubeapi)
@@ -481,15 +483,24 @@ async def test_ticks_find_flows_in_the_watch_cache_and_list_no_nodes(
         await kubeapi.until(lambda: runtime.is_leader() and runtime.state.synced)
         [started] = await runtime.cluster.apply([convert()])
         assert started.outcome is Outcome.IN_PROGRESS
-        listed = len(node_lists(kubeapi))
-        for _ in range(5):
-            [tick] = await runtime.tick(0.0)
-            assert "1 GPU pods left" in tick.detail
+        yield runtime
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         runtime.state.stop()
+
+
+async def test_ticks_find_flows_in_the_watch_cache_and_list_no_nodes(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, mig_manager: MigManager, tmp_path: Path
+) -> None:
+    """The runtime's ticks find flows in the node informer's cache: while a PDB holds a drain,
+    every tick advances the flow (one eviction try) and none LISTs nodes."""
+    async with held_drain(kubeapi, kube_client, tmp_path) as runtime:
+        listed = len(node_lists(kubeapi))
+        for _ in range(5):
+            [tick] = await runtime.tick(0.0)
+            assert "1 GPU pods left" in tick.detail
     assert evictions(kubeapi) == [429] * 6
     assert len(node_lists(kubeapi)) == listed == 1
 
@@ -501,3 +512,19 @@ def node_lists(server: KubeAPIServer) -> list[Any]:
         for r in server.requests_matching(method="GET", path_regex=r"^/api/v1/nodes$")
         if not r.query.get("watch")
     ]
+
+
+async def test_the_flow_deadlines_come_from_the_settings(
+    kubeapi: KubeAPIServer,
+    kube_client: ApiClient,
+    mig_manager: MigManager,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """EBBTIDE_KUBE__MIG_DRAIN_TIMEOUT_S reaches the runtime's MIG flow: a drain a PDB holds is
+    rolled back once 0.5 s (not the default 10 minutes) have passed."""
+    monkeypatch.setenv("EBBTIDE_KUBE__MIG_DRAIN_TIMEOUT_S", "0.5")
+    async with held_drain(kubeapi, kube_client, tmp_path) as runtime:
+        await asyncio.sleep(0.6)
+        [late] = await runtime.tick(0.0)
+    assert "not drained within 0.5s" in late.detail, late.detail

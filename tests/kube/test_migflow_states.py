@@ -224,9 +224,11 @@ async def test_an_unknown_config_fails_before_touching_the_node(
     ("before", "after"),
     [
         pytest.param({}, {}, id="unset-removed"),
+        # someone else's "true" on Karpenter's key protects the node: no flow starts at all
+        # (tests/test_safety.py); values that protect nothing are put back as they were
         pytest.param(
-            {KARPENTER: "true", AUTOSCALER: "false"},
-            {KARPENTER: "true", AUTOSCALER: "false"},
+            {KARPENTER: "false", AUTOSCALER: "false"},
+            {KARPENTER: "false", AUTOSCALER: "false"},
             id="someone-elses-restored",
         ),
     ],

@@ -18,7 +18,7 @@ from controller.kube.workloads.checkpoint import (
 )
 from support.kubeapi import KubeAPIServer
 from support.kubeapi_objects import make_pod
-from support.workload_kinds import TRAINING, evict, kind_actuator, writes
+from support.workload_kinds import TRAINING, evict, kind_actuator, training_policy, writes
 
 T0 = 1_900_000_000.0
 
@@ -101,3 +101,29 @@ async def test_dry_run_gives_no_notice(kubeapi: KubeAPIServer, kube_client: ApiC
     assert result.outcome is Outcome.DRY_RUN
     assert "preemption notice" in result.detail
     assert writes(kubeapi) == []
+
+
+@pytest.mark.parametrize(
+    ("annotations", "evicted"),
+    [({}, True), ({DEADLINE: "600"}, False)],
+    ids=["policy-deadline", "pod-annotation-wins"],
+)
+async def test_the_policy_sets_the_deadline_of_training_pods(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, annotations: dict[str, str], evicted: bool
+) -> None:
+    """training.checkpoint.deadline: 1m: a training pod noticed 61 s ago without an ack is
+    evicted (not at the default 300 s); a pod's own deadline annotation wins."""
+    now = [T0]
+    pod = make_pod("train-0", namespace="ml", labels=TRAINING, gpus=1)
+    pod["metadata"]["annotations"] = {HANDSHAKE: "true", NOTICE: stamp(T0 - 61), **annotations}
+    await kubeapi.create(pod)
+    act = kind_actuator(
+        kube_client,
+        ("Deployment",),
+        policy=training_policy(checkpoint={"deadline": "1m"}),
+        clock=lambda: now[0],
+    )
+    (result,) = await act.apply([evict("ml/train-0")])
+    assert (result.outcome is Outcome.APPLIED) is evicted, result.detail
+    if not evicted:
+        assert result.outcome is Outcome.BLOCKED

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from controller.cluster import Outcome
 from controller.kube.translate import Priorities
-from controller.kube.workloads.job import JOBS, PREEMPTED
+from controller.kube.workloads import kueue
+from controller.kube.workloads.job import JOBS
+from controller.kube.workloads.kueue import PREEMPTED
 from support.kubeapi import KubeAPIServer
 from support.kubeapi_objects import make_pod
 from support.workload_kinds import (
@@ -20,6 +23,7 @@ from support.workload_kinds import (
     TRAINING,
     evict,
     kind_actuator,
+    kueue_state,
     manifest,
     scale,
     writes,
@@ -51,23 +55,19 @@ async def admitted_job(kubeapi: KubeAPIServer) -> Obj:
 
 
 def active(kubeapi: KubeAPIServer) -> bool:
-    stored = kubeapi.get("Workload", "ml", WORKLOAD)
-    assert stored is not None
-    return bool(stored["spec"]["active"])
+    return kueue_state(kubeapi, WORKLOAD, "Job", "sample-job")[0]
 
 
 def mark(kubeapi: KubeAPIServer) -> str | None:
-    stored = kubeapi.get("Job", "ml", "sample-job")
-    assert stored is not None
-    return (stored["metadata"].get("annotations") or {}).get(PREEMPTED)
+    return kueue_state(kubeapi, WORKLOAD, "Job", "sample-job")[1]
 
 
 async def test_a_kueue_job_is_preempted_through_its_workload_once(
     kubeapi: KubeAPIServer, kube_client: ApiClient
 ) -> None:
-    """Evicting a pod of an admitted Job deactivates its Workload (spec.active=false) and marks
-    the Job; no Eviction is posted. A second eviction, by a restarted controller, finds the mark
-    and writes nothing."""
+    """Evicting a pod of an admitted Job marks the Job, then deactivates its Workload
+    (spec.active=false); no Eviction is posted. A second eviction, by a restarted controller,
+    finds the mark and the inactive Workload and writes nothing."""
     await admitted_job(kubeapi)
     (first,) = await kind_actuator(kube_client, ("Job",)).apply(
         [evict("ml/sample-job-x7k2p", "ml/sample-job")]
@@ -75,7 +75,7 @@ async def test_a_kueue_job_is_preempted_through_its_workload_once(
     assert first.outcome is Outcome.APPLIED, first.detail
     assert f"deactivated Kueue Workload {WORKLOAD}" in first.detail
     assert (active(kubeapi), mark(kubeapi)) == (False, WORKLOAD)
-    assert writes(kubeapi) == [("PATCH", f"{WORKLOADS}/{WORKLOAD}"), ("PATCH", JOB_PATH)]
+    assert writes(kubeapi) == [("PATCH", JOB_PATH), ("PATCH", f"{WORKLOADS}/{WORKLOAD}")]
     (again,) = await kind_actuator(kube_client, ("Job",)).apply(
         [evict("ml/sample-job-x7k2p", "ml/sample-job")]
     )
@@ -151,3 +151,94 @@ async def test_a_plain_job_is_resized_through_parallelism(
     assert stored is not None
     assert stored["spec"]["parallelism"] == 2
     assert writes(kubeapi) == [("PATCH", JOB_PATH)]
+
+
+async def test_a_crash_between_the_two_writes_leaves_the_job_ebbtides(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """The mark is written first: when the Workload's write fails (the controller died before
+    it), the Workload is still active, and a restarted controller finishes the preemption
+    (one more write) instead of calling it done; once Kueue suspends the Job, a grow resumes
+    it. Were the Workload written first, a crash would leave an unmarked suspended Job that
+    nothing resumes."""
+    await admitted_job(kubeapi)
+    kubeapi.faults.add(method="PATCH", path_regex="/workloads/", status=500, times=None)
+    (first,) = await kind_actuator(kube_client, ("Job",)).apply(
+        [evict("ml/sample-job-x7k2p", "ml/sample-job")]
+    )
+    assert first.outcome is Outcome.FAILED, first.detail
+    assert (active(kubeapi), mark(kubeapi)) == (
+        True,
+        WORKLOAD,
+    )
+    kubeapi.faults.clear()
+    restarted = kind_actuator(kube_client, ("Job",))
+    (again,) = await restarted.apply([evict("ml/sample-job-x7k2p", "ml/sample-job")])
+    assert again.outcome is Outcome.APPLIED, again.detail
+    assert not active(kubeapi)
+    (third,) = await restarted.apply([evict("ml/sample-job-x7k2p", "ml/sample-job")])
+    assert third.outcome is Outcome.ALREADY_DONE, third.detail
+    await kubeapi.patch("Job", "ml", "sample-job", {"spec": {"suspend": True}})  # Kueue's part
+    (grow,) = await kind_actuator(kube_client, ("Job",)).apply(
+        [scale("ml/sample-job", "Job", 0, 3)]
+    )
+    assert grow.outcome is Outcome.APPLIED, grow.detail
+    assert (active(kubeapi), mark(kubeapi)) == (True, None)
+
+
+async def test_when_the_mark_cannot_be_written_nothing_is_deactivated(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """A failed mark fails the preemption before the Workload is touched."""
+    await admitted_job(kubeapi)
+    kubeapi.faults.add(method="PATCH", path_regex="/jobs/sample-job", status=500, times=None)
+    (result,) = await kind_actuator(kube_client, ("Job",)).apply(
+        [evict("ml/sample-job-x7k2p", "ml/sample-job")]
+    )
+    assert result.outcome is Outcome.FAILED, result.detail
+    assert active(kubeapi)
+    assert not any(path.startswith(WORKLOADS) for _, path in writes(kubeapi))
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "managed"),
+    [
+        ({"kueue.x-k8s.io/queue-name": "q"}, {}, True),
+        ({}, {"kueue.x-k8s.io/queue-name": "q"}, True),
+        ({"kueue.x-k8s.io/prebuilt-workload-name": "w"}, {}, True),
+        ({}, {PREEMPTED: "w"}, True),
+        ({"app": "x"}, {"example.com/kueue": "no"}, False),
+    ],
+    ids=["queue-label", "old-annotation", "prebuilt", "ebbtides-mark", "none"],
+)
+def test_kueues_own_labels_and_annotations_say_it_is_kueues(
+    labels: dict[str, str], annotations: dict[str, str], managed: bool
+) -> None:
+    """Any kueue.x-k8s.io/ label or annotation (or Ebbtide's mark) makes a job Kueue's: fixed
+    bounds and a Kueue refusal for a resize."""
+    job = manifest("kueue-job.yaml", "Job")
+    job["metadata"]["labels"] = labels
+    job["metadata"]["annotations"] = annotations
+    assert kueue.managed(job) is managed
+    w = JOBS.workload(job, Priorities())
+    assert ((w.min_replicas, w.max_replicas) == (3, 3)) is managed
+    assert ("Kueue" in (JOBS.refusal(job, 2) or "")) is managed
+
+
+async def test_a_prebuilt_workload_is_found_by_its_label(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """A Job naming its prebuilt Workload (and no owner reference on it) is stopped through
+    that Workload, read by name: no LIST of the namespace's Workloads."""
+    await admitted_job(kubeapi)
+    await kubeapi.patch(
+        "Job", "ml", "sample-job",
+        {"metadata": {"labels": {"kueue.x-k8s.io/prebuilt-workload-name": WORKLOAD}}},
+    )  # fmt: skip
+    await kubeapi.patch("Workload", "ml", WORKLOAD, {"metadata": {"ownerReferences": None}})
+    (result,) = await kind_actuator(kube_client, ("Job",)).apply(
+        [evict("ml/sample-job-x7k2p", "ml/sample-job")]
+    )
+    assert result.outcome is Outcome.APPLIED, result.detail
+    assert (active(kubeapi), mark(kubeapi)) == (False, WORKLOAD)
+    assert not any(r.method == "GET" and r.path == WORKLOADS for r in kubeapi.requests)

@@ -42,6 +42,7 @@ __all__ = [
     "events",
     "evict",
     "kind_actuator",
+    "kueue_state",
     "manifest",
     "manifests",
     "scale",
@@ -169,6 +170,18 @@ def events(server: KubeAPIServer) -> list[tuple[str, str, str]]:
         (e["reason"], f"{e['involvedObject']['kind']}/{e['involvedObject']['name']}", e["message"])
         for e in server.objects("events")
     ]
+
+
+def kueue_state(
+    server: KubeAPIServer, workload: str, kind: str, name: str
+) -> tuple[bool, str | None]:
+    """(the Kueue Workload ``ml/<workload>`` is active, the ``kind`` ``ml/<name>``'s
+    ``ebbtide.io/preempted`` mark)."""
+    stored, job = server.get("Workload", "ml", workload), server.get(kind, "ml", name)
+    assert stored is not None
+    assert job is not None
+    mark = (job["metadata"].get("annotations") or {}).get("ebbtide.io/preempted")
+    return bool(stored["spec"]["active"]), mark
 
 
 def writes(server: KubeAPIServer) -> list[tuple[str, str]]:

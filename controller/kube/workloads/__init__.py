@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
+from controller.kube.workloads import kueue
 from controller.kube.workloads.apps import DEPLOYMENTS, STATEFULSETS
 from controller.kube.workloads.base import Adapter, Io, Patch
 from controller.kube.workloads.job import JOBS
@@ -21,7 +22,7 @@ from controller.kube.workloads.jobset import JOBSETS
 from controller.kube.workloads.pytorchjob import PYTORCHJOBS
 from controller.kube.workloads.raycluster import RAYCLUSTERS
 
-__all__ = ["ADAPTERS", "Adapter", "Io", "Patch"]
+__all__ = ["ADAPTERS", "Adapter", "Io", "Patch", "kueue"]
 
 ADAPTERS: Final[Mapping[str, Adapter]] = {
     a.kind.kind: a for a in (DEPLOYMENTS, STATEFULSETS, PYTORCHJOBS, JOBSETS, RAYCLUSTERS, JOBS)

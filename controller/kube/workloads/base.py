@@ -10,8 +10,11 @@ how to act on its kind *the way the owner expects*:
   (:meth:`~WorkloadAdapter.replicas`), why a resize is refused (:meth:`~WorkloadAdapter.
   refusal`), and the merge patch that resizes it (:meth:`~WorkloadAdapter.resize`). They are
   table-tested without a server.
-* **I/O parts** are few: :meth:`~WorkloadAdapter.preempt` for kinds whose pods must not be
-  evicted one by one (a Kueue-admitted Job is deactivated instead), through :class:`Io`.
+* **Kueue** is the same for every kind (:mod:`~controller.kube.workloads.kueue`): a workload
+  Kueue admitted is fixed while it runs, stopped through its Kueue Workload instead of having
+  its pods evicted (:meth:`~WorkloadAdapter.preemption`), and, once Kueue suspended it at
+  :attr:`~WorkloadAdapter.suspend_path`, shows 0 replicas and is resumed whole by a grow
+  (:meth:`~WorkloadAdapter.write`) when Ebbtide stopped it.
 
 The actuator keeps the parts every kind shares: the safety gate, the conditional write on the
 read ``resourceVersion``, retries, dry-run and the Event.
@@ -27,10 +30,10 @@ from kubernetes_asyncio import client
 
 from controller.kube.client import call
 from controller.kube.translate import Obj, Priorities, WorkloadKind, get_path, workload_from
+from controller.kube.workloads import kueue
 from policies.snapshot import Workload
 
 __all__ = [
-    "KUEUE_QUEUE",
     "MERGE_PATCH",
     "SCALE_GROUP",
     "Adapter",
@@ -39,14 +42,11 @@ __all__ = [
     "group_index",
     "in_group",
     "int_or_none",
-    "kueue_managed",
     "merge_patch_at",
     "meta",
 ]
 
 MERGE_PATCH: Final = "application/merge-patch+json"
-KUEUE_QUEUE: Final = "kueue.x-k8s.io/queue-name"
-"""The label (an annotation in old Kueue releases) that hands a workload to Kueue."""
 SCALE_GROUP: Final = "ebbtide.io/scale-group"
 """Names the JobSet replicated job or RayCluster worker group Ebbtide resizes (default: the
 first)."""
@@ -104,12 +104,6 @@ class Io:
         return out
 
 
-def kueue_managed(obj: Obj) -> bool:
-    """Kueue admits this object (the queue label, or the annotation old Kueue releases used)."""
-    m = meta(obj)
-    return KUEUE_QUEUE in (m.get("labels") or {}) or KUEUE_QUEUE in (m.get("annotations") or {})
-
-
 def meta(obj: Obj) -> Mapping[str, Any]:
     m = obj.get("metadata")
     return m if isinstance(m, Mapping) else {}
@@ -157,8 +151,8 @@ class Adapter:
 
     via_scale: bool = False
     """Read and write the replica count through the ``/scale`` subresource."""
-    checks_pods: bool = False
-    """Evicting one of its pods asks :meth:`pod_refusal` and :meth:`preemption` first."""
+    suspend_path: str = "spec.suspend"
+    """Where the kind is suspended (by Kueue, or whoever runs it): 0 replicas while set."""
     extra_rules: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
     """RBAC (group, resource, verbs) it needs beyond reading its kind and writing its size."""
 
@@ -169,9 +163,17 @@ class Adapter:
         """Where this object's replicas and pod template are (a group's index may vary)."""
         return self.kind
 
-    def replicas(self, obj: Obj) -> int:
+    def stopped(self, obj: Obj) -> bool:
+        """Suspended: none of its pods run, whatever its replica count says."""
+        return bool(get_path(obj, self.suspend_path))
+
+    def size(self, obj: Obj) -> int:
+        """The replica count it asks for (what it runs unless :meth:`stopped`)."""
         value = int_or_none(get_path(obj, self.located(obj).replicas_path))
         return 1 if value is None else value
+
+    def replicas(self, obj: Obj) -> int:
+        return 0 if self.stopped(obj) else self.size(obj)
 
     def bounds(self, obj: Obj) -> tuple[int, int] | None:
         """(min, max) replicas the owner allows; None: Ebbtide's annotations decide."""
@@ -182,25 +184,40 @@ class Adapter:
         return pod_gpus
 
     def workload(self, obj: Obj, priorities: Priorities) -> Workload:
-        """The snapshot workload, carrying the owner's bounds when it has them."""
+        """The snapshot workload, carrying the owner's bounds when it has them: a stopped one
+        may grow back whole only when Ebbtide stopped it, one Kueue runs is fixed."""
         w = workload_from(obj, self.located(obj), priorities=priorities)
         w = replace(
             w,
             replicas=self.replicas(obj),
             gpus_per_replica=self.gpus_per_replica(obj, w.gpus_per_replica),
         )
-        bounds = self.bounds(obj)
+        if self.stopped(obj):
+            top = self.size(obj) if kueue.marked(obj) else 0
+            return replace(w, min_replicas=0, max_replicas=top)
+        bounds = (w.replicas, w.replicas) if kueue.managed(obj) else self.bounds(obj)
         if bounds is not None:
             w = replace(w, min_replicas=bounds[0], max_replicas=bounds[1])
         return w
 
     def refusal(self, obj: Obj, to: int) -> str | None:
-        """Why the owner's rules forbid resizing to ``to`` replicas (None: allowed)."""
-        if kueue_managed(obj):
+        """Why resizing to ``to`` replicas is forbidden (None: allowed): a stopped workload is
+        only resumed, and only when Ebbtide stopped it; Kueue's is never resized; then the
+        owner's own rules (:meth:`owner_refusal`)."""
+        kind = self.kind.kind
+        if self.stopped(obj):
+            if kueue.marked(obj) is None:
+                return f"the {kind} was suspended by someone else: Ebbtide resumes only its own"
+            return None if to > 0 else f"the {kind} is already stopped"
+        if kueue.managed(obj):
             return (
-                f"Kueue manages the {self.kind.kind}: a resize behind Kueue's back makes it "
-                "suspend and requeue the workload"
+                f"Kueue manages the {kind}: a resize behind Kueue's back makes it suspend and "
+                "requeue it; it is preempted through its Kueue Workload instead"
             )
+        return self.owner_refusal(obj, to)
+
+    def owner_refusal(self, obj: Obj, to: int) -> str | None:
+        """Why the owner's rules forbid resizing to ``to`` replicas (None: allowed)."""
         bounds = self.bounds(obj)
         if bounds is not None and not bounds[0] <= to <= bounds[1]:
             lo, hi = bounds
@@ -227,7 +244,11 @@ class Adapter:
 
     async def write(self, io: Io, obj: Obj, to: int, pods: Sequence[Obj], version: str) -> Patch:
         """Write :meth:`resize`'s patch conditionally on ``version`` (a changed object is a 409,
-        never a lost update); returns the patch written."""
+        never a lost update), or resume a workload Ebbtide stopped through Kueue; returns the
+        patch written."""
+        if self.stopped(obj):
+            await kueue.resume(io, obj, self.path(obj), version)
+            return Patch({"spec": {"active": True}})
         patch = self.resize(obj, to, pods)
         body = dict(patch.body)
         body["metadata"] = {**(body.get("metadata") or {}), "resourceVersion": version}
@@ -237,15 +258,7 @@ class Adapter:
     def preemption(self, obj: Obj) -> str | None:
         """Who must be asked to stop this workload instead of evicting its pods (``"Kueue"``),
         or None: its pods are evicted through the Eviction API."""
-        return None
-
-    def preempted(self, obj: Obj) -> str | None:
-        """What shows it was already preempted (and is waiting for its owner to stop it)."""
-        return None
-
-    async def preempt(self, io: Io, obj: Obj, *, dry_run: bool) -> str:
-        """Stop the whole workload the owner's way; returns what was (or would be) done."""
-        raise NotImplementedError(f"{self.kind.kind} pods are evicted, not preempted")
+        return "Kueue" if kueue.managed(obj) else None
 
 
 def in_group(

@@ -9,7 +9,9 @@ it up where it was and never notifies or evicts twice:
 annotation                                 written by  meaning
 =========================================  ========  ==========================================
 ``ebbtide.io/checkpoint-handshake``        user      ``"true"``: ask before evicting
-``ebbtide.io/checkpoint-deadline-seconds`` user      how long to wait for the ack (default 300)
+``ebbtide.io/checkpoint-deadline-seconds`` user      how long to wait for the ack (default: the
+                                                     policy's ``training.checkpoint.deadline``,
+                                                     300 s)
 ``ebbtide.io/preemption-notice``           Ebbtide   RFC 3339 time the notice was given
 ``ebbtide.io/checkpoint-ack``              workload  RFC 3339 time of the checkpoint written
                                                      after the notice: evict now
@@ -73,26 +75,28 @@ def _epoch(value: str | None) -> float | None:
         return None
 
 
-def _deadline_s(annotations: Mapping[str, str]) -> float:
+def _deadline_s(annotations: Mapping[str, str], default_s: float) -> float:
     try:
-        return max(0.0, float(annotations.get(DEADLINE, DEFAULT_DEADLINE_S)))
+        return max(0.0, float(annotations.get(DEADLINE, default_s)))
     except ValueError:
-        return DEFAULT_DEADLINE_S
+        return default_s
 
 
-def next_step(annotations: Mapping[str, str], *, now: float) -> Step:
-    """The handshake's next step for a pod with ``annotations`` at ``now``. Pure."""
+def next_step(
+    annotations: Mapping[str, str], *, now: float, deadline_s: float = DEFAULT_DEADLINE_S
+) -> Step:
+    """The handshake's next step for a pod with ``annotations`` at ``now``; ``deadline_s``
+    (the policy's) applies unless the pod's :data:`DEADLINE` annotation says otherwise. Pure."""
     if (annotations.get(HANDSHAKE) or "").strip().lower() != "true":
         return Step("evict")
+    wait_s = _deadline_s(annotations, deadline_s)
     noticed = _epoch(annotations.get(NOTICE))
     if noticed is None:
-        return Step(
-            "notify", f"preemption notice given; checkpoint within {_deadline_s(annotations):g}s"
-        )
+        return Step("notify", f"preemption notice given; checkpoint within {wait_s:g}s")
     acked = _epoch(annotations.get(ACK))
     if acked is not None and acked >= noticed:
         return Step("evict", f"checkpoint acknowledged at {annotations[ACK]}")
-    deadline = noticed + _deadline_s(annotations)
+    deadline = noticed + wait_s
     if now >= deadline:
         return Step("evict", f"no checkpoint acknowledged by the deadline {stamp(deadline)}")
     return Step("wait", f"waiting for a checkpoint acknowledgement until {stamp(deadline)}")

@@ -37,7 +37,7 @@ class PyTorchJobAdapter(Adapter):
     """See the module docstring."""
 
     via_scale = True
-    checks_pods = True
+    suspend_path = "spec.runPolicy.suspend"
 
     def bounds(self, obj: Obj) -> tuple[int, int]:
         replicas = self.replicas(obj)
@@ -49,7 +49,7 @@ class PyTorchJobAdapter(Adapter):
         lo = max(1, replicas if lo is None else lo)
         return lo, max(lo, replicas if hi is None else hi)
 
-    def refusal(self, obj: Obj, to: int) -> str | None:
+    def owner_refusal(self, obj: Obj, to: int) -> str | None:
         elastic = _elastic(obj)
         if elastic is None:
             return "the PyTorchJob has no elasticPolicy: its world size is fixed"
@@ -58,7 +58,7 @@ class PyTorchJobAdapter(Adapter):
                 "the PyTorchJob's elasticPolicy.metrics is set: the training operator's "
                 "HorizontalPodAutoscaler owns its size"
             )
-        return super().refusal(obj, to)
+        return super().owner_refusal(obj, to)
 
     def resize(self, obj: Obj, to: int, pods: Sequence[Obj]) -> Patch:
         return Patch({"spec": {"replicas": to}}, sub="scale")

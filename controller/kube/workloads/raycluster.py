@@ -53,10 +53,10 @@ class RayClusterAdapter(Adapter):
         lo = replicas if lo is None else lo
         return lo, max(lo, replicas if hi is None else hi)
 
-    def refusal(self, obj: Obj, to: int) -> str | None:
+    def owner_refusal(self, obj: Obj, to: int) -> str | None:
         if get_path(obj, "spec.enableInTreeAutoscaling"):
             return "the RayCluster has enableInTreeAutoscaling: the Ray autoscaler owns its size"
-        return super().refusal(obj, to)
+        return super().owner_refusal(obj, to)
 
     def pod_selector(self, obj: Obj) -> str:
         name = meta(obj).get("name", "")
