@@ -178,6 +178,9 @@ class LogRecord:
     cause: str | None
     outcome: str
     """``intent`` (written before the action), or the actuator's outcome."""
+    disrupts: str | None = None
+    """The workload an eviction or a shrink took a pod from
+    (:attr:`~policies.decisions.Evict.disrupts`)."""
 
     @staticmethod
     def of(raw: Mapping[str, object]) -> LogRecord:
@@ -188,13 +191,14 @@ class LogRecord:
             action, target, outcome = str(raw["action"]), str(raw["target"]), str(raw["outcome"])
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a decisions-log record: {exc!r}") from exc
-        cause = raw.get("cause")
+        cause, disrupts = raw.get("cause"), raw.get("disrupts")
         return LogRecord(
             id=str(raw.get("id") or decision_id(action, target, at)),
             at=at,
             action=action,
             cause=None if cause is None else str(cause),
             outcome=outcome,
+            disrupts=None if disrupts is None else str(disrupts),
         )
 
 

@@ -35,7 +35,7 @@ from policies.decisions import Decision, decision_to_dict
 from policies.engine import Engine
 from policies.loader import PolicyError, Source, validate_document
 from policies.model import Duration, Policy, PositiveDuration, _Model, format_duration
-from policies.snapshot import PodPhase, Snapshot, SnapshotBuilder
+from policies.snapshot import ANYWHERE, Placement, PodPhase, Snapshot, SnapshotBuilder
 from streams.events import Event, GpuUtilization, InferenceLatency
 
 __all__ = ["CaseFile", "CaseResult", "load_cases", "run_case", "run_cases"]
@@ -86,7 +86,7 @@ class PodSpec(_Model):
     annotations: dict[str, str] = Field(default_factory=dict)
     created: Duration = 0.0
 
-    def add_to(self, b: SnapshotBuilder, *, start: float) -> None:
+    def add_to(self, b: SnapshotBuilder, *, start: float, placement: Placement = ANYWHERE) -> None:
         """Add this pod to ``b``; ``created`` counts from ``start``."""
         b.pod(
             self.namespace,
@@ -101,6 +101,7 @@ class PodSpec(_Model):
             labels=self.labels,
             annotations=self.annotations,
             created=start + self.created,
+            placement=placement,
         )
 
 

@@ -10,7 +10,9 @@ Design:
   the ``alternatives`` it rejected and why (a cheaper victim that was protected, a budget that was
   spent). ``dry_run`` is set from the policy; actuators must write nothing for such decisions.
 * :func:`decision_to_dict` is the one JSON shape (``decisions.jsonl``, Kubernetes Events, case
-  files and ``policy test`` diffs all use it).
+  files and ``policy test`` diffs all use it). An eviction or a shrink names the workload it
+  takes a pod from (``disrupts``): read back from the decisions log after a restart, the
+  workload's replacement pods are still known as Ebbtide's own doing, not demand.
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ class Scale:
     dry_run: bool = False
     id: str = ""
     """Identity in the decisions log; derived from action, target and time when not given."""
+    remove: tuple[str, ...] = ()
+    """Pods (``namespace/name``) a scale-down removes, chosen so whole nodes empty; empty: the
+    owner's controller picks (a StatefulSet always removes its highest ordinals)."""
 
     action: Literal["scale"] = field(default="scale", init=False)
 
@@ -106,6 +111,11 @@ class Scale:
     @property
     def target(self) -> str:
         return self.workload
+
+    @property
+    def disrupts(self) -> str | None:
+        """The workload a shrink takes pods from (its replacements are no demand)."""
+        return self.workload if self.to_replicas < self.from_replicas else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +141,11 @@ class Evict:
     @property
     def target(self) -> str:
         return self.pod
+
+    @property
+    def disrupts(self) -> str | None:
+        """The workload whose pod is evicted (it recreates one: no demand)."""
+        return self.workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +173,10 @@ class MigConvert:
     def cause(self) -> str | None:
         return None
 
+    @property
+    def disrupts(self) -> str | None:
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class MigRevert:
@@ -183,6 +202,10 @@ class MigRevert:
     def cause(self) -> str | None:
         return None
 
+    @property
+    def disrupts(self) -> str | None:
+        return None
+
 
 Decision = Scale | Evict | MigConvert | MigRevert
 
@@ -203,7 +226,8 @@ def _identify(decision: Decision) -> None:
 
 def decision_to_dict(decision: Decision) -> dict[str, object]:
     """The JSON shape of a decision: ``ts, action, target, rule, reason, inputs, thresholds,
-    alternatives, dry_run`` plus the action's own fields; ``id`` names it in the decisions log."""
+    alternatives, dry_run`` plus the action's own fields (``cause`` and ``disrupts`` when
+    set); ``id`` names it in the decisions log."""
     exp = decision.explanation
     out: dict[str, object] = {
         "id": decision.id,
@@ -219,6 +243,8 @@ def decision_to_dict(decision: Decision) -> dict[str, object]:
             role=decision.role,
             **{"from": decision.from_replicas, "to": decision.to_replicas},
         )
+        if decision.remove:
+            out["remove"] = list(decision.remove)
     elif isinstance(decision, Evict):
         out.update(node=decision.node, workload=decision.workload, grace_s=decision.grace_s)
     elif isinstance(decision, MigConvert):
@@ -227,6 +253,8 @@ def decision_to_dict(decision: Decision) -> dict[str, object]:
         out.update(profile=decision.profile)
     if decision.cause is not None:
         out["cause"] = decision.cause
+    if decision.disrupts is not None:
+        out["disrupts"] = decision.disrupts
     out["inputs"] = dict(exp.inputs)
     out["thresholds"] = dict(exp.thresholds)
     out["alternatives"] = [{"option": a.option, "why_not": a.why_not} for a in exp.alternatives]

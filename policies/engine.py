@@ -73,7 +73,7 @@ from ddsketch.store import CollapsingLowestDenseStore
 
 from policies.budgets import BudgetState, Cooldowns, Ledger, LogRecord
 from policies.decisions import Decision, Evict, MigConvert, MigRevert
-from policies.inventory import Inventory
+from policies.inventory import Inventory, note_disrupted
 from policies.loader import Source, check_policy
 from policies.mig import IdleTracker, MigFlights
 from policies.model import Policy, ServiceSpec, format_loc
@@ -698,9 +698,14 @@ class Engine:
     def record(self, rec: LogRecord) -> None:
         """A decisions-log record, read back at start-up or from another replica live: an
         action that happened counts against its budget and its service's cooldown runs from
-        its time; one that did not gives both back. Reading a record twice changes nothing."""
+        its time; one that did not gives both back; the workload an eviction or shrink took a
+        pod from is marked, as when decided here. Reading a record twice changes nothing."""
         self._pools_seen = None  # the pool rules' budgets or cooldowns may have moved
-        if not self._ledger.record(rec) or rec.cause is None:
+        if not self._ledger.record(rec):
+            return
+        if rec.disrupts is not None and self._ledger.verdict(rec.id) != "not_done":
+            note_disrupted(self._disrupted, rec.disrupts, rec.at)  # replacements: no demand
+        if rec.cause is None:
             return
         if self._ledger.verdict(rec.id) != "not_done":
             self._cooldowns.mark(rec.cause, rec.at)
@@ -812,7 +817,8 @@ class Engine:
         return max(60.0, 2 * self._util_window_s / UTIL_SLOTS)
 
     def _reclaimable(self, inv: Inventory, pool: str, now: float) -> int:
-        """Per node of ``pool``: GPUs held by pods, up to the whole GPUs idle for the window."""
+        """Per node of ``pool``: held GPUs that must be idle for the window. Which GPU a pod
+        holds is not known, so only idle GPUs beyond the node's free ones count."""
         idle: dict[str, int] = {}
         cutoff = now - self._util_window_s + self._stale_s  # observed the whole window
         for key, window in self._gpu_windows.items():
@@ -823,8 +829,9 @@ class Engine:
                 continue
             if mean < self._idle.threshold_pct:
                 idle[node] = idle.get(node, 0) + 1
+        free = inv.node_free
         return sum(
-            min(idle.get(n.name, 0), n.whole_gpus - inv.node_free.get(n.name, 0))
+            max(0, min(idle.get(n.name, 0) - free.get(n.name, 0), n.whole_gpus - free[n.name]))
             for n in inv.pool_nodes.get(pool, ())
         )
 

@@ -39,10 +39,27 @@ from policies.model import DO_NOT_DISRUPT, Policy
 from policies.placement import could_land
 from policies.snapshot import GpuQuota, Node, Placement, Pod, Snapshot, Taint, Workload
 
-__all__ = ["RECREATE_WINDOW_S", "Inventory", "TrainingView", "matches"]
+__all__ = [
+    "MAX_DISRUPTIONS",
+    "RECREATE_WINDOW_S",
+    "Inventory",
+    "TrainingView",
+    "matches",
+    "note_disrupted",
+]
 
 #: A pod a workload creates this long after Ebbtide evicted from or shrank it is a replacement.
 RECREATE_WINDOW_S = 300.0
+#: Times kept per disrupted workload (bounded memory).
+MAX_DISRUPTIONS = 4
+
+
+def note_disrupted(disrupted: dict[str, tuple[float, ...]], workload: str, at: float) -> None:
+    """Ebbtide evicted from or shrank ``workload`` at ``at`` (decided now, or read back from the
+    decisions log, in any order and maybe twice): keep its latest times."""
+    times = disrupted.get(workload, ())
+    if at not in times:
+        disrupted[workload] = tuple(sorted((*times, at))[-MAX_DISRUPTIONS:])
 
 
 def matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:

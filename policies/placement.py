@@ -18,6 +18,9 @@ Design:
   (the most important pod it takes), then the fewest GPUs evicted, then a node left entirely
   empty before one left with holes, then one whose NVLink domain (``nvidia.com/gpu.clique``)
   has the most GPUs free already, then by name.
+* :func:`give_back` is the other direction: which replicas a scale-down removes so the GPUs it
+  frees empty whole nodes (and gather in one NVLink domain) rather than leave a hole on each;
+  only an empty node can be converted to MIG or taken whole by a large replica.
 * :func:`could_land` asks whether any node could ever take a pending pod once a MIG flow moved
   it into a pool (the pool's labels and taints): a pod no node could take is no demand.
 """
@@ -32,6 +35,7 @@ __all__ = [
     "NVLINK_DOMAIN_LABEL",
     "admits",
     "could_land",
+    "give_back",
     "node_order",
     "place",
     "room",
@@ -156,3 +160,41 @@ def place(free: Mapping[str, int], gpus: int, replicas: int) -> dict[str, int]:
         left[name] -= gpus
         taken[name] = taken.get(name, 0) + gpus
     return taken
+
+
+def give_back(
+    ours: Mapping[str, Sequence[str]],
+    others: Mapping[str, int],
+    free: Mapping[str, int],
+    count: int,
+    *,
+    gpus: int = 1,
+    domains: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The ``count`` replicas (of ``ours``: per node, the workload's pods there) to remove so
+    nodes empty, in removal order. Node by node: fewest other GPU pods first (``others``), then
+    one whose pods all fit in what is left to remove before one that would keep a hole, then
+    the fewest of ours (so more nodes empty), then the most GPUs already free in its NVLink
+    domain (``domains``, ``free``: free GPUs per node), then by name; GPUs freed count as free
+    for the nodes that follow (``gpus`` per pod), so holes gather in one domain."""
+    domains = domains or {}
+    domain_free: dict[str, int] = {}
+    for name, have in free.items():
+        if name in domains:
+            domain_free[domains[name]] = domain_free.get(domains[name], 0) + have
+    left = {name: sorted(pods) for name, pods in ours.items() if pods}
+    chosen: list[str] = []
+
+    def rank(name: str, need: int) -> tuple[int, bool, int, int, str]:
+        n = len(left[name])
+        beside = domain_free.get(domains[name], 0) if name in domains else 0
+        return (others.get(name, 0), n > need, n, -beside, name)
+
+    while len(chosen) < count and left:
+        need = count - len(chosen)
+        best = min(left, key=lambda name: rank(name, need))
+        taken = left.pop(best)[:need]
+        chosen.extend(taken)
+        if best in domains:
+            domain_free[domains[best]] = domain_free.get(domains[best], 0) + len(taken) * gpus
+    return chosen

@@ -39,7 +39,7 @@ from policies.decisions import (
     Scale,
 )
 from policies.indicators import leading_replicas, request_rate
-from policies.inventory import Inventory, TrainingView
+from policies.inventory import Inventory, TrainingView, note_disrupted
 from policies.mig import IdleTracker, MigFlights, plan_conversions, plan_reverts
 from policies.model import MigSpec, Policy, ServiceSpec, VictimKey, format_duration
 from policies.placement import NVLINK_DOMAIN_LABEL, place, room, slots
@@ -49,9 +49,6 @@ from policies.snapshot import MIG_DISABLED, Placement, Workload
 from policies.windows import LatencyWindow, UtilizationWindow
 
 __all__ = ["Round", "grow_training", "respond_to_breach", "run_mig", "training_wants"]
-
-#: Disruption times kept per workload (for telling replacement pods from demand).
-MAX_DISRUPTIONS = 4
 
 
 @dataclass(slots=True)
@@ -82,13 +79,8 @@ class Round:
         """Record ``decision`` and spend its budget (raises if the rule forgot to check)."""
         self.budgets.for_action(decision.action).spend(self.now, key=decision.id)
         self.decisions.append(decision)
-        shrank = isinstance(decision, Scale) and decision.to_replicas < decision.from_replicas
-        if decision.dry_run or not (shrank or isinstance(decision, Evict)):
-            return
-        taken_from = decision.workload if isinstance(decision, Scale | Evict) else None
-        if taken_from is not None:
-            times = self.disrupted.get(taken_from, ())
-            self.disrupted[taken_from] = (*times[-(MAX_DISRUPTIONS - 1) :], self.now)
+        if not decision.dry_run and decision.disrupts is not None:
+            note_disrupted(self.disrupted, decision.disrupts, self.now)
 
     def free(self, pool: str) -> int:
         return max(0, self.inv.free.get(pool, 0) - self.claimed.get(pool, 0))

@@ -31,6 +31,14 @@ Design (the Kubernetes HPA's scale-down, decided from the latency stream):
   (:meth:`~policies.engine.Engine.record`), marks the cooldown of every decision's cause, so
   marking it here too keeps the engine, a restarted replica and replay in agreement. The GPUs
   it frees show up in later snapshots, where training growth and MIG conversion find them.
+* **Which replicas go.** Left to the ReplicaSet controller, the newest pods go wherever they
+  run, so a night's freed GPUs end up one per node and no node empties for MIG conversion or a
+  large replica. A Deployment's scale-down names the pods to remove (``Scale.remove``): pods
+  not yet running first (the ReplicaSet removes those first anyway), then the running ones
+  :func:`policies.placement.give_back` picks so whole nodes (and NVLink domains) empty. The
+  Kubernetes actuator marks them with a low ``controller.kubernetes.io/pod-deletion-cost``
+  before the ``/scale`` write; the simulated cluster removes exactly them. A StatefulSet
+  cannot be told: it removes its highest ordinals, and the explanation says so.
 """
 
 from __future__ import annotations
@@ -41,8 +49,10 @@ from collections import deque
 from policies.decisions import Alternative, Explanation, Scalar, Scale
 from policies.indicators import leading_replicas, request_rate
 from policies.model import ServiceSpec, format_duration
+from policies.placement import NVLINK_DOMAIN_LABEL, give_back
 from policies.rules import Round
 from policies.slo import SloState
+from policies.snapshot import Workload
 from policies.windows import LatencyWindow
 
 __all__ = ["RULE", "Recommendations", "scale_down", "step_limit"]
@@ -229,6 +239,9 @@ def scale_down(
             f"{rate:.1f}/s: desired ceil({rate:.1f} * {1 + scale.tolerance:g} / "
             f"{scale.leading.rate_per_replica:g}) = {recommended}"
         )
+    remove, which = _removal(rnd, workload, current - target)
+    if remove:
+        inputs["remove"] = ", ".join(remove)
     rnd.emit(
         Scale(
             now,
@@ -239,15 +252,58 @@ def scale_down(
             "inference",
             Explanation.of(
                 RULE,
-                f"{why}, highest over {span} = {stabilized}; scale {current}→{target}",
+                f"{why}, highest over {span} = {stabilized}; scale {current}→{target}; {which}",
                 inputs=inputs,
                 thresholds=thresholds,
                 alternatives=tuple(alternatives),
             ),
             cause=key,
             dry_run=rnd.dry_run,
+            remove=remove,
         )
     )
     history.last_down = now
     rnd.cooldowns.mark(key, now)
     return False
+
+
+def _removal(rnd: Round, workload: Workload, count: int) -> tuple[tuple[str, ...], str]:
+    """The ``count`` pods a scale-down of ``workload`` removes, and why those (see the module
+    docstring): none named for kinds whose controller cannot be told which."""
+    if workload.kind == "StatefulSet":
+        return (), "a StatefulSet removes its highest ordinals: it cannot be told which go"
+    if workload.kind != "Deployment":
+        return (), f"the {workload.kind}'s controller picks which replicas go"
+    inv = rnd.inv
+    mine = inv.pods_by_workload.get(workload.key, ())
+    waiting = sorted((p.node is not None, p.key) for p in mine if p.phase == "Pending")
+    chosen = [key for _, key in waiting[:count]]
+    ours: dict[str, list[str]] = {}
+    for p in mine:
+        if p.node is not None and p.phase in ("Running", "Unknown"):
+            ours.setdefault(p.node, []).append(p.key)
+    others = {
+        name: sum(
+            1
+            for p in inv.pods_by_node.get(name, ())
+            if p.workload != workload.key and (p.gpus or p.mig)
+        )
+        for name in ours
+    }
+    domains = {
+        n.name: n.labels[NVLINK_DOMAIN_LABEL]
+        for n in inv.nodes.values()
+        if NVLINK_DOMAIN_LABEL in n.labels
+    }
+    gpus = workload.gpus_per_replica
+    chosen += give_back(
+        ours, others, inv.node_free, count - len(chosen), gpus=gpus, domains=domains
+    )
+    gone = set(chosen)
+    emptied = sorted(
+        n for n, keys in ours.items() if not others[n] and all(k in gone for k in keys)
+    )
+    where = f"empties {', '.join(emptied)}" if emptied else "empties no node"
+    return tuple(chosen), (
+        f"removes {', '.join(chosen)} ({where}: nodes with the fewest other GPU pods first)"
+    )

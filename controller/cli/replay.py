@@ -35,7 +35,7 @@ from controller.replay.runner import (
 )
 from controller.sim import SimCluster, load_scenario
 from policies.model import Policy, format_duration
-from streams.recording import RecordingError
+from streams.recording import RecordingError, read_header
 
 __all__ = ["COMMANDS", "replay_command"]
 
@@ -185,9 +185,14 @@ def _clusters(
         errors = list(getattr(exc, "errors", ())) or [exc]
         raise one_line("invalid scenario", errors) from exc
 
+    # a simulate recording says whether its scheduler preempted: the same one places the same
+    preempting = bool((read_header(recording) or {}).get("scheduler_preemption"))
+
     def from_scenario(policy: Policy) -> tuple[tuple[str, ...], Callable[[float], ReplayCluster]]:
         def make(start: float) -> ReplayCluster:
-            return SimCluster.from_scenario(loaded, start=start, policy=policy)
+            sim = SimCluster.from_scenario(loaded, start=start, policy=policy)
+            sim.preemption = preempting
+            return sim
 
         return (), make
 

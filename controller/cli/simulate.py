@@ -229,6 +229,7 @@ def simulate(
         "policy": policy.metadata.name,
         "seed": seed,
         "load": bench.shape.describe(),
+        "scheduler_preemption": bench.preemption,
         "topics": ["ebbtide.inference.latency", "ebbtide.gpu.utilization"],
     }
     if attribution:

@@ -62,6 +62,7 @@ from controller.kube.translate import (
     gpu_requests,
 )
 from controller.kube.workloads import ADAPTERS, Adapter, Io, Patch, kueue
+from controller.kube.workloads.apps import mark_for_removal
 from controller.kube.workloads.autoscalers import Owners
 from controller.kube.workloads.checkpoint import (
     DEFAULT_DEADLINE_S,
@@ -275,6 +276,7 @@ class KubeActuator:
                     return await self._verdict(d, verdict, ref)
                 io.tries, writing = 0, True
                 try:
+                    await mark_for_removal(io, adapter, d.remove)
                     patch = await adapter.write(io, obj, d.to_replicas, pods, version)
                 except Conflict:
                     writing = False

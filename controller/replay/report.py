@@ -21,7 +21,8 @@ Figures (each ``{id, kind, title, data, layout}``; ``kind`` is what tests look f
   than :data:`LOG_SCALE_RATIO` times the objective (a 21 s peak would flatten a 300 ms line);
 * ``utilization`` — per pool, mean GPU utilization;
 * ``gpus-by-use`` — per pool, stacked GPUs that are inference / training / idle / MIG /
-  reconfiguring;
+  reconfiguring, and (a dashed line, not stacked) the GPUs held by pods but idle for the whole
+  utilization window: reclaimable by scaling in (sampled once per bucket);
 * ``actions`` — actions per bucket, stacked by type, on the same time axis;
 * ``decisions`` — each decision as a marker (one row per action type), its target, outcome and
   reason on hover; the page also lists them in a table.
@@ -78,6 +79,7 @@ _COLORS: Final = {
     "inference": "#1f77b4",
     "training": "#2ca02c",
     "idle": "#c7c7c7",
+    "reclaimable": "#e377c2",
     "mig": "#9467bd",
     "reconfiguring": "#ff7f0e",
     "evict": "#d62728",
@@ -209,6 +211,16 @@ def build_figures(result: ReplayResult) -> list[dict[str, Any]]:
                         "line": {"color": _COLORS[u]},
                     }
                     for u in USES
+                ]
+                + [
+                    {
+                        "type": "scatter",
+                        "mode": "lines",
+                        "name": "reclaimable (held, idle)",
+                        "x": x,
+                        "y": series.get(f"reclaim:{p}", []),
+                        "line": {"color": _COLORS["reclaimable"], "dash": "dash"},
+                    }
                 ],
                 "layout": _layout(f"GPUs by use: pool {p}", "GPUs", x_range),
             }
@@ -320,6 +332,7 @@ def render_report(result: ReplayResult) -> str:
             e(v["kind"]),
             "-" if v["mean_util_pct"] is None else f"{v['mean_util_pct']:.1f}%",
             f"{v['idle_gpu_seconds']:g}",
+            f"{v['reclaimable_gpu_hours']:g}",
         ]
         for name, v in s["pools"].items()
     ]
@@ -379,7 +392,7 @@ Events: {ev["total"]} total, {ev["accepted"]} accepted, {ev["rejected"]} rejecte
 <h2>Actions</h2>
 {_table(["action", "count", "outcomes"], action_rows)}
 <h2>Pools</h2>
-{_table(["pool", "kind", "mean utilization", "idle GPU-seconds"], pool_rows)}
+{_table(["pool", "kind", "mean utilization", "idle GPU-seconds", "reclaimable GPU-h"], pool_rows)}
 <h2>Inventory</h2>
 <ul>{notes or "<li>from the scenario</li>"}</ul>
 <h2>Over time</h2>
@@ -414,6 +427,7 @@ _COLUMNS: Final = (
     ("training_gpu_hours", "training GPU-h"),
     ("training_goodput_gpu_hours", "training goodput GPU-h"),
     ("mean_gpu_util_pct", "mean GPU util"),
+    ("reclaimable_gpu_hours", "reclaimable GPU-h"),
     ("actions", "actions"),
     ("preemptions", "preemptions"),
 )

@@ -56,7 +56,7 @@ import msgspec
 
 from controller.cluster import ActionResult, Cluster, Outcome, feed_back
 from controller.replay.source import SourceStats, read_event_batches
-from controller.replay.summary import USES, Summary
+from controller.replay.summary import USES, Summary, sample_reclaimable
 from controller.replay.timeline import Timeline
 from controller.sim import GpuUse
 from policies.decisions import decision_to_dict
@@ -356,6 +356,8 @@ class _Replay:
             if util is not None:
                 tl.add(self.util_channels[i], b, util)
             summary.pools[name].tick_util(util)
+        if sample:
+            sample_reclaimable(summary, tl, b, engine.pool_status(now))
         if summary.first_tick is None:
             summary.first_tick = now
         summary.last_tick = now
@@ -375,6 +377,7 @@ class _Replay:
             tl.channel(f"p:{key}", "max")
         for name in self.pool_names:
             tl.channel(f"util:{name}", "mean")
+            tl.channel(f"reclaim:{name}", "mean")
             for u in USES:
                 tl.channel(f"use:{name}:{u}", "mean")
 

@@ -33,9 +33,12 @@ Definitions (the README and ``summary.json`` use exactly these):
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from controller.replay.timeline import Timeline
+from policies.engine import PoolStatus
 from policies.model import Policy
 
 __all__ = [
@@ -47,6 +50,7 @@ __all__ = [
     "PoolAccount",
     "ServiceAccount",
     "Summary",
+    "sample_reclaimable",
 ]
 
 MAX_BREACHES: Final = 1000
@@ -136,6 +140,9 @@ class PoolAccount:
     util_sum: float = 0.0
     ticks: int = 0
     use_sum: Counter[str] = field(default_factory=Counter)
+    reclaimable_gpu_s: float = 0.0
+    """GPUs held but idle (:attr:`policies.engine.PoolStatus.reclaimable_gpus`), integrated
+    from one sample per timeline bucket (:func:`sample_reclaimable`)."""
 
     def tick(self, util_pct: float | None, uses: dict[str, int]) -> None:
         self.tick_util(util_pct)
@@ -158,11 +165,27 @@ class PoolAccount:
             "kind": self.kind,
             "mean_util_pct": _round(self.util_sum / self.util_ticks if self.util_ticks else None),
             "idle_gpu_seconds": self.use_sum["idle"] * dt,
+            "reclaimable_gpu_hours": round(self.reclaimable_gpu_s / 3600.0, 3),
             "gpu_seconds": {use: self.use_sum[use] * dt for use in USES},
             "mean_gpus": {
                 use: _round(self.use_sum[use] / self.ticks if self.ticks else None) for use in USES
             },
         }
+
+
+def sample_reclaimable(
+    summary: Summary, timeline: Timeline, bucket: int, statuses: Iterable[PoolStatus]
+) -> None:
+    """Record each pool's reclaimable GPUs on a sample tick (:meth:`Timeline.is_sample_tick`):
+    the ``reclaim:<pool>`` series, and GPU-seconds as if the value held for the bucket's ticks.
+    Once a bucket, not every tick: the engine's :meth:`~policies.engine.Engine.pool_status`
+    reads every GPU's utilization window, costly at 10,000 GPUs."""
+    seconds = timeline.stride * summary.dt
+    for status in statuses:
+        account = summary.pools.get(status.name)
+        if account is not None:
+            timeline.add(f"reclaim:{status.name}", bucket, float(status.reclaimable_gpus))
+            account.reclaimable_gpu_s += status.reclaimable_gpus * seconds
 
 
 def _round(value: float | None) -> float | None:

@@ -19,20 +19,21 @@ Design:
   ``IN_PROGRESS``; dry-run: ``DRY_RUN``, nothing changes).
 * **Effects** (delays from :class:`SimDelays`): *Evict* marks the pod terminating; it keeps its
   GPUs until the decision's ``grace_s`` ends. A pod owned by a workload is replaced (after
-  ``scale_up_create_s``) because the workload still wants its replicas: evicting without
-  shrinking only moves the pod. *Scale* sets replicas; missing pods appear after
-  ``scale_up_create_s``, extra ones are removed at once (unscheduled first, then newest) with the
-  default grace. *MigConvert/MigRevert* (the node's ``mig_flow`` set while under way) drain by the
-  one rule a real cluster follows (:mod:`policies.drain`, :attr:`SimCluster.drain`): when a GPU
-  pod on the node may not be evicted (inference, protected namespace, ``do-not-disrupt``, not
-  training) the flow fails before changing anything (``FAILED``, a ``mig_failed`` effect), as the
-  Kubernetes flow rolls back before evicting anything. Otherwise they cordon the node
-  (``mig.config.state: pending``), evict its GPU pods with the default grace (pods without GPUs
-  stay), then set ``nvidia.com/mig.config`` and reconfigure for ``mig_reconfigure_s``; with
-  probability ``mig_failure_probability`` that fails and the node rolls back to its previous
-  layout (``state: failed``), else its GPUs become MIG slices (or whole cards) and it is
-  relabelled into the target pool using the pool's ``nodeSelector``. Either way it is uncordoned
-  unless it was cordoned before.
+  ``scale_up_create_s``) because the workload still wants its replicas: evicting without shrinking
+  only moves the pod. *Scale* sets replicas; missing pods appear after ``scale_up_create_s``,
+  extra ones are removed at once with the default grace in the ReplicaSet's order: unscheduled
+  first, then not running, then the decision's ``remove`` (the pods a real cluster's
+  ``pod-deletion-cost`` marks), then newest. *MigConvert/MigRevert* (the node's ``mig_flow`` set
+  while under way) drain by the one rule a real cluster follows (:mod:`policies.drain`,
+  :attr:`SimCluster.drain`): when a GPU pod on the node may not be evicted (inference, protected
+  namespace, ``do-not-disrupt``, not training) the flow fails before changing anything
+  (``FAILED``, a ``mig_failed`` effect), as the Kubernetes flow rolls back before evicting
+  anything. Otherwise they cordon the node (``mig.config.state: pending``), evict its GPU pods
+  with the default grace (pods without GPUs stay), then set ``nvidia.com/mig.config`` and
+  reconfigure for ``mig_reconfigure_s``; with probability ``mig_failure_probability`` that fails
+  and the node rolls back to its previous layout (``state: failed``), else its GPUs become MIG
+  slices (or whole cards) and it is relabelled into the target pool using the pool's
+  ``nodeSelector``. Either way it is uncordoned unless it was cordoned before.
 * **Quota admission.** A namespace with a ``requests.nvidia.com/gpu`` quota in the starting
   snapshot gets no pod that would take its live pods' GPUs past ``hard``: a workload controller
   stays short of replicas (no effect is logged) and tries again when a pod of the namespace
@@ -317,7 +318,7 @@ class SimCluster:
         if d.to_replicas > wl.replicas:
             self._at(self._now + self.delays.scale_up_create_s, "reconcile", d.workload)
         else:
-            self._reconcile(d.workload)
+            self._reconcile(d.workload, frozenset(d.remove))
         return Outcome.APPLIED, f"scaled {wl.replicas} -> {d.to_replicas}"
 
     def _apply_evict(self, d: Evict) -> tuple[Outcome, str]:
@@ -430,7 +431,7 @@ class SimCluster:
         labels.update(target)
         return FrozenMap(labels)
 
-    def _reconcile(self, wkey: str) -> None:
+    def _reconcile(self, wkey: str, remove: frozenset[str] = frozenset()) -> None:
         wl = self._workloads.get(wkey)
         if wl is None:
             return
@@ -443,6 +444,7 @@ class SimCluster:
                 key=lambda r: (
                     r.pod.node is not None,
                     r.pod.phase == "Running",
+                    r.pod.key not in remove,
                     -r.order[1],
                     -r.order[2],
                 )

@@ -2,7 +2,8 @@
 
 A scenario is ``apiVersion: ebbtide.io/v1alpha1``, ``kind: Scenario``, ``metadata`` and a
 ``spec`` holding the seed, the :class:`~controller.sim.cluster.SimDelays`, pools, priority
-classes, nodes (or node groups with a ``count``), workloads and standalone pods. See
+classes, nodes (or node groups with a ``count``, with taints), workloads and standalone pods
+(with tolerations and a node selector) and namespaces' GPU quotas. See
 ``docs/scenarios.md`` for the format with a complete example.
 
 Design:
@@ -35,7 +36,7 @@ from policies.casetest import NodeSpec, PodSpec, WorkloadSpec
 from policies.drain import DrainRule
 from policies.loader import PolicyError, Source, validate_document
 from policies.model import API_VERSION, Duration, Loc, Metadata, Percent, PoolSpec, _Model
-from policies.snapshot import FrozenMap, Snapshot, SnapshotBuilder
+from policies.snapshot import FrozenMap, Placement, Snapshot, SnapshotBuilder, Taint, Toleration
 
 if TYPE_CHECKING:
     from policies.model import Policy
@@ -44,12 +45,15 @@ __all__ = [
     "KIND",
     "DelaysSpec",
     "ElasticBounds",
+    "QuotaSpec",
     "Scenario",
     "ScenarioLoadError",
     "ScenarioNode",
     "ScenarioPod",
     "ScenarioSpec",
     "ScenarioWorkload",
+    "TaintSpec",
+    "TolerationSpec",
     "build_cluster",
     "check_scenario",
     "load_scenario",
@@ -87,12 +91,54 @@ class DelaysSpec(_Model):
         )
 
 
+_Effect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class TaintSpec(_Model):
+    """A node taint (``spec.taints[]``); ``NoSchedule`` and ``NoExecute`` keep pods off."""
+
+    key: Annotated[str, Field(min_length=1)]
+    value: str = ""
+    effect: _Effect = "NoSchedule"
+
+    def to_taint(self) -> Taint:
+        return Taint(self.key, self.value, self.effect)
+
+
+class TolerationSpec(_Model):
+    """A pod toleration, matched as Kubernetes does (:class:`~policies.snapshot.Toleration`)."""
+
+    key: str = ""
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str = ""
+    effect: _Effect | Literal[""] = ""
+
+    @model_validator(mode="after")
+    def _valid(self) -> TolerationSpec:
+        # the API server's own rules: an empty key matches every taint only with Exists
+        if not self.key and self.operator != "Exists":
+            raise ValueError("a toleration without a key needs operator: Exists")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("an Exists toleration takes no value")
+        return self
+
+    def to_toleration(self) -> Toleration:
+        return Toleration(self.key, self.operator, self.value, self.effect)
+
+
+class QuotaSpec(_Model):
+    """A namespace's ``requests.nvidia.com/gpu`` ResourceQuota; its use is the live pods'."""
+
+    hard: _Count
+
+
 class ScenarioNode(NodeSpec):
     """A node, or ``count`` identical nodes whose ``name`` contains ``{i}`` (0, 1, …)."""
 
     gpus: _Count = 8
     count: Annotated[int, Field(ge=1)] | None = None
     """Make this many nodes, numbering ``{i}`` in the name from 0."""
+    taints: list[TaintSpec] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _group(self) -> ScenarioNode:
@@ -134,6 +180,8 @@ class ScenarioWorkload(WorkloadSpec):
     """Run the pods only on nodes of this pool (its nodeSelector)."""
     node_selector: dict[str, str] = Field(default_factory=dict)
     """More labels the pods' nodes must carry."""
+    tolerations: list[TolerationSpec] = Field(default_factory=list)
+    """Taints the pods tolerate."""
     mig: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
     """MIG instances per replica by profile (``1g.10gb: 1``); replaces gpusPerReplica."""
     elastic: ElasticBounds | None = None
@@ -155,6 +203,7 @@ class ScenarioPod(PodSpec):
     pool: str | None = None
     """Run the pod only on nodes of this pool."""
     node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[TolerationSpec] = Field(default_factory=list)
 
 
 class ScenarioSpec(_Model):
@@ -172,6 +221,8 @@ class ScenarioSpec(_Model):
     nodes: list[ScenarioNode] = Field(default_factory=list)
     workloads: list[ScenarioWorkload] = Field(default_factory=list)
     pods: list[ScenarioPod] = Field(default_factory=list)
+    quotas: dict[str, QuotaSpec] = Field(default_factory=dict)
+    """GPU quotas by namespace: the simulated cluster admits no pod past ``hard``."""
 
     @model_validator(mode="after")
     def _references(self) -> ScenarioSpec:
@@ -309,6 +360,7 @@ def build_cluster(
                 cordoned=n.cordoned,
                 mig_config=n.mig_config,
                 mig_state=n.mig_state,
+                taints=[t.to_taint() for t in n.taints],
             )
     templates: dict[str, PodTemplate] = {}
     for w in spec.workloads:
@@ -319,6 +371,7 @@ def build_cluster(
             if w.elastic.gang_minimum is not None:
                 annotations[names[2]] = str(w.elastic.gang_minimum)
         key = f"{w.namespace}/{w.name}"
+        where = _placement(w)
         tpl = PodTemplate(
             FrozenMap(w.mig), node_selector(w.pool, w.node_selector), FrozenMap(w.pod_annotations)
         )
@@ -328,6 +381,7 @@ def build_cluster(
             "priority": w.priority,
             "priority_class": w.priority_class,
             "created": start + w.created,
+            "placement": where,
         }
         b.workload(
             w.namespace,
@@ -351,8 +405,10 @@ def build_cluster(
             )
     selectors: dict[str, FrozenMap[str]] = {}
     for p in spec.pods:
-        p.add_to(b, start=start)
+        p.add_to(b, start=start, placement=_placement(p))
         selectors[f"{p.namespace}/{p.name}"] = node_selector(p.pool, p.node_selector)
+    for ns, q in sorted(spec.quotas.items()):
+        b.quota(ns, hard=q.hard)
     return SimCluster(
         b.build(),
         delays=spec.delays.to_delays(),
@@ -367,6 +423,12 @@ def build_cluster(
         drain=DrainRule.of(policy) if policy is not None else None,
         mig_configs=policy.spec.mig.configs if policy is not None and policy.spec.mig else None,
     )
+
+
+def _placement(item: ScenarioWorkload | ScenarioPod) -> Placement:
+    """Where the engine sees the pods may run: the item's own selector and tolerations (its
+    pool's selector stays the simulator's, as a MIG move relabels nodes between pools)."""
+    return Placement(item.node_selector, tuple(t.to_toleration() for t in item.tolerations))
 
 
 _ = API_VERSION  # the same apiVersion as policies (kept importable from here)

@@ -11,6 +11,9 @@ Definitions (``compare.json`` and the comparison report use exactly these):
 * ``training_gpu_hours``: whole GPUs held by training pods, integrated over the run;
   ``training_goodput_gpu_hours``: that minus ``training_lost_gpu_hours``, the work lost since
   the last checkpoint at each eviction, preemption or shrink (:mod:`.goodput`).
+* ``reclaimable_gpu_hours``: GPUs held by pods but idle for the whole utilization window (an
+  over-provisioned replica's: the engine's ``PoolStatus.reclaimable_gpus``, every pool),
+  integrated from one sample per report bucket.
 * ``mean_gpu_util_pct``: mean over ticks of the mean utilization of every physical GPU.
 * ``actions``: the controller's applied actions (scale, evict, MIG); ``preemptions``: pods the
   *scheduler* preempted (not an action of the controller; the same scheduler for every run but
@@ -78,6 +81,7 @@ class RunFigures:
     training_gpu_hours: float
     training_goodput_gpu_hours: float
     training_lost_gpu_hours: float
+    reclaimable_gpu_hours: float
     actions: int
     evictions: int
     preemptions: int
@@ -101,6 +105,7 @@ class RunFigures:
             "training_gpu_hours": round(self.training_gpu_hours, 3),
             "training_goodput_gpu_hours": round(self.training_goodput_gpu_hours, 3),
             "training_lost_gpu_hours": round(self.training_lost_gpu_hours, 3),
+            "reclaimable_gpu_hours": round(self.reclaimable_gpu_hours, 3),
             "actions": self.actions,
             "evictions": self.evictions,
             "preemptions": self.preemptions,

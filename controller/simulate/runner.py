@@ -58,7 +58,7 @@ from controller.replay.runner import (
     count_action,
     decision_line,
 )
-from controller.replay.summary import MODELLED, USES, Summary
+from controller.replay.summary import MODELLED, USES, Summary, sample_reclaimable
 from controller.replay.timeline import Timeline
 from controller.safety import SafetyGate
 from controller.sim import EPOCH, Scenario, SimCluster
@@ -263,6 +263,7 @@ class _Loop:
             self.timeline.channel(f"p:{key}", "max")
         for name, _ in pools:
             self.timeline.channel(f"util:{name}", "mean")
+            self.timeline.channel(f"reclaim:{name}", "mean")
             for u in USES:
                 self.timeline.channel(f"use:{name}:{u}", "mean")
 
@@ -398,6 +399,8 @@ class _Loop:
             for u, v in uses.items():
                 tl.add(f"use:{name}:{u}", bucket, v)
             summary.pools[name].tick(util, uses)
+        if sample:
+            sample_reclaimable(summary, tl, bucket, self.meter.pool_status(now))
         self.training_gpu_s += sum(u.training for u in usage.values()) * self.dt
         if self.goodput is not None:
             self.goodput.update()
@@ -471,6 +474,8 @@ class _Loop:
             training_gpu_hours=trained,
             training_goodput_gpu_hours=trained - lost,
             training_lost_gpu_hours=lost,
+            reclaimable_gpu_hours=sum(p.reclaimable_gpu_s for p in self.summary.pools.values())
+            / 3600.0,
             actions=actions,
             evictions=by["evict", applied],
             preemptions=self.sim.preemptions - self.preempted_before,

@@ -4,25 +4,29 @@ replacement pods that are no demand, and idle held GPUs reported as reclaimable.
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 from policy_fixtures import BASE, MIG, T0, TRAINING, WHOLE, make_policy, run, training, util
 from prometheus_client import generate_latest
 
 from controller.metrics import Metrics, StateSources
-from policies.decisions import Evict, MigRevert, Scale
+from policies.budgets import LogRecord
+from policies.decisions import Decision, Evict, MigRevert, Scale, decision_to_dict
 from policies.engine import Engine
 from policies.inventory import Inventory
 from policies.placement import admits, could_land, node_order, place, slots
 from policies.snapshot import (
     Node,
     Placement,
+    Snapshot,
     SnapshotBuilder,
     Taint,
     Toleration,
 )
 
 POLICY = make_policy()
+INTENT = {"outcome": "intent"}
 GPU_TAINT = Taint("nvidia.com/gpu", "present", "NoSchedule")
 H100 = {"nvidia.com/gpu.product": "H100"}
 
@@ -176,6 +180,10 @@ def test_grow_stays_within_namespace_quota_and_says_why() -> None:
 
 
 def test_replacement_of_an_evicted_pod_reverts_no_mig_node() -> None:
+    evicted_and_replaced()
+
+
+def evicted_and_replaced() -> tuple[list[Decision], float, Snapshot]:
     """Regression: a breach evicts a training pod; its Job recreates it, pending; that pod is
     Ebbtide's own doing, not demand, so the MIG node is not reverted minutes later (which would
     undo the eviction)."""
@@ -211,6 +219,27 @@ def test_replacement_of_an_evicted_pod_reverts_no_mig_node() -> None:
     assert Inventory(snap, make_policy()).pending_whole_gpus == len(evicted)  # counted before
     later = [d for s in range(30, 900, 30) for d in engine.evaluate(t + s, snap)]
     assert not [d for d in later if isinstance(d, MigRevert)]
+    return ds, t, snap
+
+
+def reverts_after_restart(ds: list[Decision], t: float, snap: Snapshot, *, log: bool) -> bool:
+    """A replica restarted between the evictions and the replacements' creation: it reads the
+    decisions log's intent records back (``log``) or starts from nothing."""
+    engine = Engine(make_policy())
+    for d in ds if log else ():
+        engine.record(LogRecord.of(json.loads(json.dumps(decision_to_dict(d) | INTENT))))
+    later = [d for s in range(30, 900, 30) for d in engine.evaluate(t + s, snap)]
+    return any(isinstance(d, MigRevert) for d in later)
+
+
+def test_after_a_restart_replacements_still_revert_no_mig_node() -> None:
+    """Regression: the evicted workloads were known only in engine memory, so after a restart
+    the replacement pods counted as demand again and the MIG node was reverted. The intent
+    record names the workload (``disrupts``) and start-up reads it back."""
+    ds, t, snap = evicted_and_replaced()
+    assert {decision_to_dict(d).get("disrupts") for d in ds if isinstance(d, Evict)} == {"ml/batch"}
+    assert reverts_after_restart(ds, t, snap, log=False)  # what the test is about
+    assert not reverts_after_restart(ds, t, snap, log=True)
 
 
 def test_pod_pending_for_other_reasons_is_still_demand() -> None:
@@ -245,6 +274,24 @@ def test_idle_held_gpus_are_reported_reclaimable() -> None:
     )
     text = generate_latest(Metrics(sources).registry).decode()
     assert 'ebbtide_reclaimable_gpus{pool="whole"} 3.0' in text
+
+
+def test_idle_free_gpus_beside_busy_held_ones_are_not_reclaimable() -> None:
+    """Regression: which GPU a pod holds is not known, so idle GPUs on a node were counted
+    against its held ones: two busy replicas beside two free (idle) GPUs showed 2 reclaimable.
+    Only idle GPUs beyond the free ones must be held: none here, one with three idle."""
+    b = SnapshotBuilder().node("w0", gpus=4, labels=WHOLE)
+    b.workload("serving", "chat", replicas=2, nodes=["w0"])  # 2 held, 2 free
+    snap = b.build()
+    engine = Engine(make_policy())
+    for busy, want in (((0, 1), 0), ((0,), 1)):
+        for s in range(0, 660, 30):
+            for g in range(4):
+                engine.observe(util(T0 + s, "w0", g, 80.0 if g in busy else 1.0))
+            engine.evaluate(T0 + s, snap)
+        status = {p.name: p for p in engine.pool_status(T0 + 630)}
+        assert status["whole"].reclaimable_gpus == want
+        engine = Engine(make_policy())
 
 
 @pytest.mark.parametrize(

@@ -94,8 +94,16 @@ def test_report_is_valid_offline_html_with_every_plot_and_its_data(tmp_path: Pat
     assert {t["name"]: t["y"] for t in util["data"]}["whole"] == series["util:whole"]  # type: ignore[attr-defined]
     (use,) = by_kind["gpus-by-use"]
     stacked = {t["name"]: t["y"] for t in use["data"]}  # type: ignore[attr-defined]
-    assert set(stacked) == {"inference", "training", "idle", "mig", "reconfiguring"}
+    assert set(stacked) == {
+        "inference",
+        "training",
+        "idle",
+        "mig",
+        "reconfiguring",
+        "reclaimable (held, idle)",
+    }
     assert stacked["inference"] == series["use:whole:inference"]
+    assert stacked["reclaimable (held, idle)"] == series["reclaim:whole"]  # sampled per bucket
     (actions,) = by_kind["actions"]
     bars = {t["name"]: t["y"] for t in actions["data"]}  # type: ignore[attr-defined]
     assert sum(bars["scale"]) == 1

@@ -7,6 +7,10 @@ from pathlib import Path
 import pytest
 
 from controller.sim import ScenarioLoadError, SimCluster, load_scenario, load_scenario_text
+from policies.inventory import Inventory
+from policies.loader import load_policy_text
+from policies.placement import room
+from policies.snapshot import GpuQuota, Taint, Toleration
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -152,3 +156,91 @@ def test_the_documented_example_is_valid() -> None:
     c = SimCluster.from_scenario(load_scenario_text(example, "docs/scenarios.md"))
     assert c.pending_pods() == ()
     assert c.gpus_by_use()["whole"].training == 40
+
+
+TAINTED = """\
+apiVersion: ebbtide.io/v1alpha1
+kind: Scenario
+metadata: {name: tainted}
+spec:
+  pools:
+    whole: {nodeSelector: {ebbtide.io/pool: whole}}
+  nodes:
+    - {name: w-0, gpus: 4, labels: {ebbtide.io/pool: whole},
+       taints: [{key: gpu, value: reserved, effect: NoSchedule}]}
+    - {name: w-1, gpus: 1, labels: {ebbtide.io/pool: whole}}
+  workloads:
+    - {namespace: ml, name: train, replicas: 1, gpusPerReplica: 2, pool: whole,
+       labels: {ebbtide.io/class: training}}
+  pods:
+    - {name: filler, gpus: 1, node: w-1}
+"""
+
+
+@pytest.mark.parametrize("tolerates", [False, True], ids=["taint-repels", "toleration-lands"])
+def test_a_taint_no_pod_tolerates_leaves_room_nobody_can_use(tolerates: bool) -> None:
+    """The pool has 4 GPUs free for a 2-GPU replica, all on the tainted w-0 (w-1 has one GPU):
+    nothing fits, and the engine sees the pending pod as no demand (no node could ever take
+    it); tolerating the taint it lands there."""
+    text = TAINTED
+    if tolerates:
+        text = text.replace("labels: {ebbtide.io/class: training}}", (
+            "labels: {ebbtide.io/class: training},\n"
+            "       tolerations: [{key: gpu, operator: Exists}]}"))  # fmt: skip
+    c = SimCluster.from_scenario(load_scenario_text(text, "t.yaml"))
+    snap = c.snapshot()
+    assert [n.taints for n in snap.nodes if n.name == "w-0"] == [(Taint("gpu", "reserved"),)]
+    [train] = [p for p in snap.pods if p.workload == "ml/train"]
+    policy = load_policy_text((REPO / "policies" / "library" / "balanced.yaml").read_text())
+    inv = Inventory(snap, policy)
+    if tolerates:
+        assert train.node == "w-0"
+        assert train.placement.tolerations == (Toleration("gpu", "Exists"),)
+    else:
+        assert train.node is None
+        assert inv.free["whole"] == 4  # pool counts say enough
+        assert room(inv.nodes.values(), inv.node_free, train.placement, gpus=2) == {}
+        assert inv.unplaceable == [train]
+
+
+def test_a_namespace_quota_holds_pods_back() -> None:
+    """quotas: ml may hold 2 GPUs: the third replica is not created, and the snapshot shows
+    the quota with its use."""
+    text = TAINTED.replace("replicas: 1, gpusPerReplica: 2", "replicas: 3, gpusPerReplica: 1")
+    text = text.replace("taints: [{key: gpu, value: reserved, effect: NoSchedule}]", "taints: []")
+    text += "  quotas: {ml: {hard: 2}}\n"
+    snap = SimCluster.from_scenario(load_scenario_text(text, "q.yaml")).snapshot()
+    assert len([p for p in snap.pods if p.workload == "ml/train"]) == 2
+    assert snap.quotas == (GpuQuota("ml", 2, 2),)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        pytest.param(
+            "effect: NoSchedule",
+            "effect: NoSchedul",
+            "t.yaml:9:53: spec.nodes[0].taints[0].effect: Input should be 'NoSchedule', "
+            "'PreferNoSchedule' or 'NoExecute'",
+            id="bad-effect",
+        ),
+        pytest.param(
+            "labels: {ebbtide.io/class: training}}",
+            "labels: {ebbtide.io/class: training}, tolerations: [{value: x}]}",
+            "t.yaml:13:60: spec.workloads[0].tolerations[0]: "
+            "a toleration without a key needs operator: Exists",
+            id="toleration-without-key",
+        ),
+        pytest.param(
+            "  pods:\n",
+            "  quotas: {ml: {hard: -1}}\n  pods:\n",
+            "t.yaml:14:23: spec.quotas.ml.hard: Input should be greater than or equal to 0",
+            id="negative-quota",
+        ),
+    ],
+)
+def test_taints_tolerations_and_quotas_are_validated(old: str, new: str, expected: str) -> None:
+    assert old in TAINTED
+    with pytest.raises(ScenarioLoadError) as info:
+        load_scenario_text(TAINTED.replace(old, new, 1), "t.yaml")
+    assert [str(e) for e in info.value.errors] == [expected]

@@ -77,6 +77,7 @@ RUN_FIELDS = {
     "training_gpu_hours",
     "training_goodput_gpu_hours",
     "training_lost_gpu_hours",
+    "reclaimable_gpu_hours",
     "mean_gpu_util_pct",
     "actions",
     "evictions",
