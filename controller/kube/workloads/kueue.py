@@ -1,8 +1,9 @@
 """Kueue, for every kind: stop and resume a Kueue-admitted workload through its Kueue Workload.
 
 Kueue holds quota for a workload it admitted (a Job, JobSet, RayCluster, PyTorchJob… carrying
-the queue label :data:`QUEUE`, or any other ``kueue.x-k8s.io/`` label or annotation); evicting its pods or resizing it behind Kueue's back makes Kueue
-suspend and requeue it with the quota still counted. So Ebbtide
+the queue label :data:`QUEUE`, or any other ``kueue.x-k8s.io/`` label or annotation); evicting
+its pods or resizing it behind Kueue's back makes Kueue suspend and requeue it with the quota
+still counted. So Ebbtide
 
 * preempts it by deactivating its Kueue Workload (``spec.active: false``): Kueue evicts it,
   suspends the job and releases the quota, as Kueue's own preemption does. The Workload's name
