@@ -794,6 +794,7 @@ class Engine:
     def pool_status(self, now: float) -> list[PoolStatus]:
         """Per pool: nodes, whole GPUs, free GPUs (from the last snapshot) and utilization."""
         inv = self._inventory
+        idle = self._idle.idle_gpus(now, self._util_window_s, self._stale_s) if inv else {}
         out = []
         for name in sorted(self._policy.spec.pools):
             pool = self._policy.spec.pools[name]
@@ -806,7 +807,7 @@ class Engine:
                     capacity_gpus=inv.capacity.get(name, 0) if inv else 0,
                     free_gpus=inv.free.get(name, 0) if inv else 0,
                     util_pct=window.mean(now) if window is not None else None,
-                    reclaimable_gpus=self._reclaimable(inv, name, now) if inv else 0,
+                    reclaimable_gpus=_reclaimable(inv, name, idle) if inv else 0,
                 )
             )
         return out
@@ -815,25 +816,6 @@ class Engine:
     def _stale_s(self) -> float:
         """A GPU silent this long is not known idle (one missed reading is tolerated)."""
         return max(60.0, 2 * self._util_window_s / UTIL_SLOTS)
-
-    def _reclaimable(self, inv: Inventory, pool: str, now: float) -> int:
-        """Per node of ``pool``: held GPUs that must be idle for the window. Which GPU a pod
-        holds is not known, so only idle GPUs beyond the node's free ones count."""
-        idle: dict[str, int] = {}
-        cutoff = now - self._util_window_s + self._stale_s  # observed the whole window
-        for key, window in self._gpu_windows.items():
-            node, _, gpu = key.partition("/")
-            oldest = window.oldest(now)
-            mean = window.mean(now)
-            if "/" in gpu or oldest is None or oldest > cutoff or mean is None:
-                continue
-            if mean < self._idle.threshold_pct:
-                idle[node] = idle.get(node, 0) + 1
-        free = inv.node_free
-        return sum(
-            max(0, min(idle.get(n.name, 0) - free.get(n.name, 0), n.whole_gpus - free[n.name]))
-            for n in inv.pool_nodes.get(pool, ())
-        )
 
     def gpu_utilization(self, now: float) -> dict[str, float | None]:
         """Windowed mean utilization per GPU (``node/gpu``), sorted by key."""
@@ -923,3 +905,13 @@ class Engine:
         self._idle.add(node, gpu, last, 0.0)
         if busy is not None:
             self._idle.add(node, gpu, busy, math.inf)
+
+
+def _reclaimable(inv: Inventory, pool: str, idle: Mapping[str, int]) -> int:
+    """Per node of ``pool``: held GPUs idle for the window (``idle``, per node). Which GPU a
+    pod holds is not known, so only idle GPUs beyond the node's free ones count."""
+    free = inv.node_free
+    return sum(
+        max(0, min(idle.get(n.name, 0) - free.get(n.name, 0), n.whole_gpus - free[n.name]))
+        for n in inv.pool_nodes.get(pool, ())
+    )

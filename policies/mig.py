@@ -92,6 +92,22 @@ class IdleTracker:
             since = max(since, first, busy)
         return since
 
+    def idle_gpus(self, now: float, idle_s: float, stale_s: float) -> dict[str, int]:
+        """Per node: GPUs with no reading above the threshold for ``idle_s`` (observed that
+        long, not silent for ``stale_s``). One pass over what :meth:`add` keeps: no window is
+        read, so a report can ask every sample tick."""
+        out: dict[str, int] = {}
+        since = now - idle_s
+        for node, per_node in self._gpus.items():
+            n = sum(
+                1
+                for gpu, (first, last, busy) in per_node.items()
+                if "/" not in gpu and max(first, busy) <= since and now - last <= stale_s
+            )
+            if n:
+                out[node] = n
+        return out
+
     def forget(self, keep: Mapping[str, object]) -> None:
         """Drop nodes no longer in the cluster (bounded memory)."""
         for node in [n for n in self._gpus if n not in keep]:
