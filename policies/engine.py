@@ -41,8 +41,8 @@ Design:
   recoverAfter, staleAfter); a min-heap holds the next of these per service, worked out at the
   tick after it was ticked and only if no event made it due again. A service's rules
   run when its SLO was ticked since its rules last ran, or every tick while it is unsettled
-  (breaching, or a scale-down recommendation below its replicas, where cooldowns, budgets and
-  the stabilization window decide); a settled service's skipped ticks would each only have
+  (breaching below ``replicas.max``, or a scale-down recommendation below its replicas, where
+  cooldowns, budgets and the stabilization window decide); a settled service's skipped ticks would each only have
   recorded its current replicas as its recommendation, and :meth:`Recommendations.hold
   <policies.scaledown.Recommendations.hold>` records them in one call when it next runs. A new
   snapshot, a reload, or a gap between ticks longer than the shortest stabilization window ticks
@@ -214,6 +214,17 @@ class _Service:
         self.interval = new.resolution
 
 
+def _at_max(key: str, spec: ServiceSpec, inv: Inventory) -> bool:
+    """Whether a breaching service's response is settled: scaled by the percentile alone and
+    already at ``replicas.max``, it decides nothing until its SLO or the snapshot change (both
+    rule it again), whatever its cooldown."""
+    scale, bounds = spec.scale, spec.replicas
+    if scale is None or scale.leading is not None or bounds is None:
+        return False
+    workload = inv.service_workload.get(key)
+    return workload is not None and workload.replicas >= bounds.max
+
+
 class _Device:
     """What one GPU (or MIG instance) reading updates: its window, its pool's window (from the
     last snapshot), and whether (and as which GPU) the idle tracker follows it."""
@@ -297,6 +308,9 @@ class Engine:
         #: and until when they would go on so (see :meth:`_pools_steady_until`).
         self._pools_seen: tuple[Inventory, Policy, set[str]] | None = None
         self._pools_wake = -math.inf
+        #: Whether whole-card demand was unmet then (with the same snapshot: MIG converts
+        #: nothing, so the pool's mean need not be read).
+        self._pools_unmet = False
         #: Whether the whole-card pool's mean was at or above ``convertBelow`` (or unknown),
         #: for (events taken, the window's slot): neither changed, nor did the mean.
         self._mean_for = (-1, 0)
@@ -561,7 +575,7 @@ class Engine:
                     rnd, svc.key, svc.spec, svc.slo, svc.latency, down, samples=svc.samples
                 )
             svc.ruled_at = now
-            if settled and svc.slo.state != "breaching":
+            if settled and (svc.slo.state != "breaching" or _at_max(svc.key, svc.spec, inv)):
                 self._unsettled.discard(svc.index)
             else:
                 self._unsettled.add(svc.index)
@@ -600,7 +614,7 @@ class Engine:
         ):
             return False
         mig = self._policy.spec.mig
-        if mig is None or not mig.enabled or seen[2]:
+        if mig is None or not mig.enabled or seen[2] or self._pools_unmet:
             return True
         key = (self.observed, int(now // self._util_interval))  # what the mean depends on
         if key != self._mean_for:
@@ -615,16 +629,28 @@ class Engine:
         pool's GPUs went free, the pool's cooldown) and of a MIG node's hold to run out;
         ``-inf`` (every tick) while a timer the engine does not follow may run: the scale-step
         budget is spent (growth waits for it), a MIG flight is under way, whole-card demand
-        (pending pods, elastic training below its maximum) is unmet (``revertAfter``), or
-        utilization is below ``convertBelow`` (nodes' idle times)."""
+        (pending pods, elastic training below its maximum) has been unmet for ``revertAfter``
+        while a MIG node could be reverted (the MIG budget and slots), or utilization is below
+        ``convertBelow`` (nodes' idle times). Unmet demand converts nothing, so it also tells
+        :meth:`_pools_quiet` not to read the pool's mean."""
         spec = self._policy.spec
         until = math.inf
+        self._pools_unmet = False
         if spec.mig is not None and spec.mig.enabled:
             mig = spec.mig
-            demand = inv.pending_whole_gpus + training_wants(inv, mig.from_pool)
-            if self._flights.count({}) or demand > inv.free.get(mig.from_pool, 0):
+            if self._flights.count({}):
                 return -math.inf
-            if not busy_pools:
+            demand = inv.pending_whole_gpus + training_wants(inv, mig.from_pool)
+            if demand > inv.free.get(mig.from_pool, 0):
+                # No conversion while demand is unmet (the mean does not matter); a revert
+                # needs a MIG node to revert and revertAfter of unmet demand.
+                self._pools_unmet = True
+                if any(n.is_mig for n in inv.pool_nodes.get(mig.to_pool, ())):
+                    unmet_since = self._demand_since[0]
+                    if unmet_since is None or now - unmet_since >= mig.revert_after:
+                        return -math.inf  # the MIG budget and the slots may free up any time
+                    until = unmet_since + mig.revert_after
+            elif not busy_pools:
                 mean = self._pool_windows[mig.from_pool].mean(now)
                 if mean is not None and mean < mig.convert_below * 100.0:
                     return -math.inf
