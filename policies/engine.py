@@ -597,6 +597,38 @@ class Engine:
             self._pools_wake = self._pools_steady_until(now, inv, busy_pools)
         return rnd.decisions
 
+    def idle(self, now: float, snapshot: Snapshot) -> bool:
+        """Whether ``evaluate(now, snapshot)`` would be a quiet tick: the snapshot and policy
+        of the last evaluation, no SLO due (no event for a service since, no wake time come),
+        no service's rules to run and the pool rules quiet. If so, the tick is recorded as
+        ``evaluate`` would record it (it returned no decision and stepped nothing) and the
+        caller may skip the rest of its tick; if not, nothing changed and the caller
+        evaluates. Always ``False`` when not incremental."""
+        seen, last = self._seen, self._last_round
+        cached = self._inventory_for
+        if (
+            not self._incremental
+            or seen is None
+            or cached is None
+            or cached[0] is not snapshot
+            or cached[1] is not self._policy
+            or seen[0] is not self._inventory
+            or seen[1] is not self._policy
+            or self._policy.spec.kill_switch
+            or self._rules
+            or self._unsettled
+            or last is None
+            or now - last > self._gap_s
+        ):
+            return False
+        self._wake_due(now)
+        if self._due or not self._pools_quiet(now, (seen[0], seen[1], set(self._busy.values()))):
+            return False
+        self.advance(now)
+        self._stepped = []
+        self._last_round = now
+        return True
+
     def _pools_quiet(self, now: float, seen: tuple[Inventory, Policy, set[str]]) -> bool:
         """Whether the pool rules (training growth, MIG) would decide nothing and change
         nothing at ``now``: they did not the last time, with the same snapshot, policy and busy
@@ -692,6 +724,15 @@ class Engine:
             self._rules = set(range(len(self._ordered)))
             self._unsettled = set()
             return self._ordered
+        self._wake_due(now)
+        due = self._due
+        if due:
+            self._due = []
+        return due
+
+    def _wake_due(self, now: float) -> None:
+        """Add to ``_due`` the services whose wake time has come by ``now``, working out the
+        wake of those ticked at the last evaluation first."""
         due = self._due
         wakes = self._wakes
         for svc in self._settling:
@@ -705,6 +746,7 @@ class Engine:
                 due.append(svc)
             elif wake < math.inf:
                 heapq.heappush(wakes, (wake, svc.index))
+        self._settling = []
         ordered = self._ordered
         while wakes and wakes[0][0] <= now:
             wake, i = heapq.heappop(wakes)
@@ -712,9 +754,6 @@ class Engine:
             if svc.wake == wake and not svc.due:
                 svc.due = True
                 due.append(svc)
-        if due:
-            self._due = []
-        return due
 
     @property
     def ledger(self) -> Ledger:

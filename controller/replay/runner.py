@@ -47,7 +47,7 @@ import contextlib
 import gc
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final, Protocol
@@ -277,11 +277,40 @@ class _Replay:
 
     # -- the loop ---------------------------------------------------------------------------
 
+    def _quiet(self, now: float) -> bool:
+        """Run the tick at ``now`` the short way when nothing can change but the accounting: not
+        a sample tick, the simulated cluster unchanged by ``advance`` and the engine idle
+        (:meth:`~policies.engine.Engine.idle`: no SLO due, no rules to run). ``False`` (and
+        nothing done but the cluster's ``advance``, which the full tick repeats as a no-op)
+        otherwise."""
+        tl, cluster = self.timeline, self.cluster
+        assert tl is not None and cluster is not None
+        k = self.k
+        if k % tl.stride == 0:
+            return False  # a sample tick: GPUs by use are flushed, every service accounted
+        cluster.advance(now)
+        snap = cluster.snapshot()
+        if (
+            snap is not self.snap
+            or cluster.gpus_by_use() is not self.usage
+            or not self.engine.idle(now, snap)
+        ):
+            return False
+        b = tl.bucket(k)
+        for i in sorted(self.above):
+            self._account(i, now, b, sample=False)
+        self.uses_ticks += 1
+        self.uses_bucket = b
+        self._end_tick(now, b)
+        return True
+
     def _tick(self, now: float) -> None:
         if self.speed is not None:
             delay = self.wall0 + (now - self.t0) / self.speed - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
+        elif self.hook is None and self._quiet(now):
+            return
         cluster, engine, summary = self.cluster, self.engine, self.summary
         assert cluster is not None
         cluster.advance(now)
@@ -307,40 +336,13 @@ class _Replay:
             if snap is not self.snap:
                 self._refresh_pools(snap)
         sample = tl.is_sample_tick(self.k)
-        every = self.plot_every
-        k = self.k
-        if sample:
-            active: Iterable[int] = range(len(self.services))
-        else:  # the others' level is unchanged and not above: accounted in bulk, later
-            stepped = engine.stepped()
-            active = (
-                sorted({self.index[key] for key in stepped} | self.above)
-                if stepped
-                else sorted(self.above)
-            )
-        levels, since = self.levels, self.since
-        for i in active:
-            key, acc, q = self.services[i]
-            if since[i] < k:
-                acc.repeat(levels[i], k - since[i])
-            level = levels[i] = engine.slo_state(key).last_level
-            since[i] = k + 1
-            if level == "above":
-                self.above.add(i)
-            else:
-                self.above.discard(i)
-            p = None
-            read = sample and level != "none" and b % every == i % every
-            if level == "above":
-                slot = int(now // self.resolution[key])
-                if not acc.in_breach or self.peak_slot.get(key) != slot:
-                    self.peak_slot[key] = slot
-                    read = True
-            if read:
-                p = self._quantile(key, q, now)
-                if p is not None:
-                    tl.add(f"p:{key}", b, p)
-            acc.tick(now, level, p)
+        # The others' level is unchanged and not above: accounted in bulk, later.
+        active = {self.index[key] for key in engine.stepped()} | self.above
+        if sample:  # and those the plot samples in this bucket
+            every = self.plot_every
+            active.update(range(b % every, len(self.services), every))
+        for i in sorted(active):
+            self._account(i, now, b, sample=sample)
         usage = cluster.gpus_by_use()
         if usage is not self.usage:
             self._flush_uses()
@@ -350,6 +352,41 @@ class _Replay:
             ]
         self.uses_ticks += 1
         self.uses_bucket = b
+        self._end_tick(now, b)
+
+    def _account(self, i: int, now: float, b: int, *, sample: bool) -> None:
+        """Service ``i``'s SLO accounting at the tick ``now`` (in timeline bucket ``b``): its
+        unaccounted ticks since it last changed, this tick's level, and a windowed percentile
+        when the plot samples it or its breach enters a new window slot."""
+        key, acc, q = self.services[i]
+        k, levels, since = self.k, self.levels, self.since
+        if since[i] < k:
+            acc.repeat(levels[i], k - since[i])
+        level = levels[i] = self.engine.slo_state(key).last_level
+        since[i] = k + 1
+        if level == "above":
+            self.above.add(i)
+        else:
+            self.above.discard(i)
+        p = None
+        every = self.plot_every
+        read = sample and level != "none" and b % every == i % every
+        if level == "above":
+            slot = int(now // self.resolution[key])
+            if not acc.in_breach or self.peak_slot.get(key) != slot:
+                self.peak_slot[key] = slot
+                read = True
+        if read:
+            p = self._quantile(key, q, now)
+            if p is not None:
+                assert self.timeline is not None
+                self.timeline.add(f"p:{key}", b, p)
+        acc.tick(now, level, p)
+
+    def _end_tick(self, now: float, b: int) -> None:
+        """Every tick's end: the pools' utilization, the tick counted, the clock moved on."""
+        tl, summary = self.timeline, self.summary
+        assert tl is not None
         for i, name in enumerate(self.pool_names):
             n = self.util_n[i]
             util = self.util_sum[i] / n if n else None
