@@ -27,10 +27,14 @@ Design:
   series are downsampled to a fixed number of points, and breaches listed are capped.
 * **The hot loop** does per event: a type check, a comparison with the next tick, the engine's
   ``observe`` and, for utilization, one dict lookup and two float updates (a pool's running sum
-  of its devices' last utilization). Per-tick work follows what changed: the services whose
-  SLO the engine stepped (:meth:`~policies.engine.Engine.stepped`) or that are above their
-  objective; the others' unchanged ticks are accounted in bulk when they next change or at the
-  end (:meth:`~controller.replay.summary.ServiceAccount.repeat`), and GPUs by use once per
+  of its devices' last utilization). Per-tick work follows what changed. A tick the engine
+  says is idle (:meth:`~policies.engine.Engine.idle`: no SLO due, no rules to run, the pool
+  rules quiet) while the simulated cluster's ``advance`` changed nothing, and that is not the
+  first of a timeline bucket, is only accounted: no ``evaluate``, no snapshot. Services are
+  accounted when the engine stepped their SLO (:meth:`~policies.engine.Engine.stepped`), when
+  their breach's peak is due (once per window slot) or when the plot samples them; the others'
+  unchanged ticks are accounted in bulk when they next change or at the end
+  (:meth:`~controller.replay.summary.ServiceAccount.repeat`), and GPUs by use once per
   timeline bucket or cluster change; plus the pools' utilization, plus windowed
   percentiles (:meth:`~policies.engine.Engine.quantile`: a running sum of the window's older
   intervals plus the newest, tens of µs when many intervals changed since the last read), still
@@ -224,11 +228,13 @@ class _Replay:
         }
         self.peak_slot: dict[str, int] = {}
         #: Per service (in ``services`` order): its level, and the first tick not yet
-        #: accounted (every tick since at that level); the services above their objective.
+        #: accounted (every tick since at that level); the services above their objective,
+        #: each with when its breach's peak is read next (the next window slot's start, a
+        #: little early: accounting a service at any tick is right, only needless).
         self.index = {key: i for i, (key, _, _) in enumerate(self.services)}
         self.levels: list[str] = ["none"] * len(self.services)
         self.since = [0] * len(self.services)
-        self.above: set[int] = set()
+        self.above: dict[int, float] = {}
         self.util_channels = [f"util:{name}" for name in self.pool_names]
         #: The GPUs by use per pool (from ``usage``), and the ticks of bucket ``uses_bucket``
         #: not yet accounted with them (see :meth:`_flush_uses`).
@@ -297,7 +303,7 @@ class _Replay:
         ):
             return False
         b = tl.bucket(k)
-        for i in sorted(self.above):
+        for i in self._peaks_due(now):
             self._account(i, now, b, sample=False)
         self.uses_ticks += 1
         self.uses_bucket = b
@@ -336,8 +342,9 @@ class _Replay:
             if snap is not self.snap:
                 self._refresh_pools(snap)
         sample = tl.is_sample_tick(self.k)
-        # The others' level is unchanged and not above: accounted in bulk, later.
-        active = {self.index[key] for key in engine.stepped()} | self.above
+        # The others' level is unchanged (and a breach's peak not due): accounted in bulk, later.
+        active = {self.index[key] for key in engine.stepped()}
+        active.update(self._peaks_due(now))
         if sample:  # and those the plot samples in this bucket
             every = self.plot_every
             active.update(range(b % every, len(self.services), every))
@@ -364,24 +371,29 @@ class _Replay:
             acc.repeat(levels[i], k - since[i])
         level = levels[i] = self.engine.slo_state(key).last_level
         since[i] = k + 1
-        if level == "above":
-            self.above.add(i)
-        else:
-            self.above.discard(i)
         p = None
         every = self.plot_every
         read = sample and level != "none" and b % every == i % every
         if level == "above":
-            slot = int(now // self.resolution[key])
+            res = self.resolution[key]
+            slot = int(now // res)
+            at = (slot + 1) * res
+            self.above[i] = at - 1e-12 * abs(at)
             if not acc.in_breach or self.peak_slot.get(key) != slot:
                 self.peak_slot[key] = slot
                 read = True
+        else:
+            self.above.pop(i, None)
         if read:
             p = self._quantile(key, q, now)
             if p is not None:
                 assert self.timeline is not None
                 self.timeline.add(f"p:{key}", b, p)
         acc.tick(now, level, p)
+
+    def _peaks_due(self, now: float) -> list[int]:
+        """The services above their objective whose breach's peak is read at ``now``."""
+        return [i for i, at in self.above.items() if at <= now] if self.above else []
 
     def _end_tick(self, now: float, b: int) -> None:
         """Every tick's end: the pools' utilization, the tick counted, the clock moved on."""
