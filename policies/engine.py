@@ -42,9 +42,10 @@ Design:
   tick after it was ticked and only if no event made it due again. A service's rules
   run when its SLO was ticked since its rules last ran, or every tick while it is unsettled
   (breaching below ``replicas.max``, or a scale-down recommendation below its replicas, where
-  cooldowns, budgets and the stabilization window decide); a settled service's skipped ticks would each only have
-  recorded its current replicas as its recommendation, and :meth:`Recommendations.hold
-  <policies.scaledown.Recommendations.hold>` records them in one call when it next runs. A new
+  cooldowns, budgets and the stabilization window decide); a settled service's skipped ticks
+  would each only have recorded its current replicas as its recommendation, and
+  :meth:`Recommendations.hold <policies.scaledown.Recommendations.hold>` records them in one
+  call when it next runs. A new
   snapshot, a reload, or a gap between ticks longer than the shortest stabilization window ticks
   every service. The pool rules (training growth, MIG) are skipped while they provably decide
   nothing: they decided nothing last time, with the same snapshot, policy and busy pools, no

@@ -32,8 +32,11 @@ pinned) and, when the key falls inside the store's current range, increments the
 ``DenseStore.add`` does; a key just outside that range but inside the bins already allocated
 widens the range in place (:func:`_widen`: ddsketch would re-centre the bins, a list copy, for
 every new lowest key); any other key goes through ``store.add`` (growth, collapsing). The tests
-check that this yields exactly the quantiles ``DDSketch.add`` does. Histogram bounds are keyed once
-per distinct set of bounds, since a producer sends the same bounds every time.
+check that this yields exactly the quantiles ``DDSketch.add`` does. A batch whose values all key
+inside the bins laid out (the common case: a new interval is laid out as the last one) is keyed
+by C-level ``map`` calls and counted in one short loop (:func:`_add_inside`), about half the
+cost for a 40-value batch. Histogram bounds are keyed once per distinct set of bounds, since
+a producer sends the same bounds every time.
 
 Reads are cached on a signature of the live intervals (slot and count of each), so repeated reads
 between writes cost one pass over the ring, and a read after writes to the newest interval only
@@ -55,7 +58,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from itertools import pairwise
+from itertools import repeat as _repeat
 from operator import add as _add
+from operator import mul as _mul
 from operator import sub as _sub
 from typing import Final
 
@@ -105,6 +110,30 @@ def _widen(store: CollapsingLowestDenseStore, key: int) -> None:
         store.max_key = key
     store.bins[key - store.offset] += 1.0
     store.count += 1.0
+
+
+def _add_inside(store: CollapsingLowestDenseStore, values: Sequence[float], scale: float) -> bool:
+    """Add positive ``values`` (all keyable) to a store that has not collapsed when every key
+    falls inside the bins already allocated, the keys computed by C-level ``map`` rather than
+    a loop: the bins, count and key range come out as adding them one by one would (each key
+    inside the range, or widening it as :func:`_widen` does). ``False`` (nothing added) when a
+    key falls outside, or a value is NaN: the caller's loop decides."""
+    try:
+        keys = list(map(_ceil, map(_mul, map(_log, values, _repeat(2.0)), _repeat(scale))))
+    except ValueError:  # NaN
+        return False
+    first, last = min(keys), max(keys)
+    bins, off = store.bins, store.offset
+    if first < off or last >= off + len(bins):
+        return False
+    for key in keys:
+        bins[key - off] += 1.0
+    if store.count:
+        store.min_key, store.max_key = min(store.min_key, first), max(store.max_key, last)
+    else:
+        store.min_key, store.max_key = first, last
+    store.count += float(len(keys))
+    return True
 
 
 #: A slot number no real event time maps to: marks a ring cell that has never been written.
@@ -310,6 +339,16 @@ class LatencyWindow(_Ring):
             return False
         store = cell.store
         scale, lo, hi = self._scale, self._min_value, self._max_value
+        if not isinstance(values_ms, list | tuple):
+            values_ms = list(values_ms)
+        if (
+            values_ms
+            and not store.is_collapsed
+            and lo < min(values_ms)
+            and max(values_ms) <= hi
+            and _add_inside(store, values_ms, scale)
+        ):
+            return True
         log, ceil = _log, _ceil
         # The store's fields in locals, its count added once: counts are whole numbers, so the
         # sum is the same; both are refreshed around anything that reads or moves them.

@@ -290,7 +290,8 @@ class _Replay:
         nothing done but the cluster's ``advance``, which the full tick repeats as a no-op)
         otherwise."""
         tl, cluster = self.timeline, self.cluster
-        assert tl is not None and cluster is not None
+        assert tl is not None
+        assert cluster is not None
         k = self.k
         if k % tl.stride == 0:
             return False  # a sample tick: GPUs by use are flushed, every service accounted

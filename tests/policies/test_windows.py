@@ -411,6 +411,40 @@ def test_memory_bounded_under_millions_of_values() -> None:
     assert w.allocated_bins <= (10 + 2) * 256
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.floats(min_value=0.0, max_value=1e7, allow_nan=False), max_size=50),
+        min_size=1,
+        max_size=8,
+    ),
+    st.sampled_from([16, 2048]),
+)
+def test_add_many_is_add_one_by_one(batches: list[list[float]], bin_limit: int) -> None:
+    """A batch (the C-level path when its keys fit the bins laid out, the loop otherwise)
+    leaves every interval's bins, key range, count and zeros as adding its values one by one
+    does, across fresh intervals, widened ranges, growth and collapse."""
+    many, one = window(bin_limit=bin_limit), window(bin_limit=bin_limit)
+    for i, batch in enumerate(batches):
+        ts = T0 + 3.0 * (i // 2)  # two batches an interval, then a fresh one
+        assert many.add_many(ts, batch)
+        for v in batch:
+            assert one.add(ts, v)
+    for a, b in zip(many.held_intervals(), one.held_intervals(), strict=True):
+        assert (a[0], a[2], a[1].count, a[1].is_collapsed) == (
+            b[0],
+            b[2],
+            b[1].count,
+            b[1].is_collapsed,
+        )
+        if a[1].count:
+            assert (a[1].min_key, a[1].max_key) == (b[1].min_key, b[1].max_key)
+            keys = range(a[1].min_key, a[1].max_key + 1)
+            assert [a[1].bins[k - a[1].offset] for k in keys] == [
+                b[1].bins[k - b[1].offset] for k in keys
+            ]
+
+
 def test_ring_recycles_intervals() -> None:
     """A thousand intervals of writes hold no more than the ring's intervals."""
     w = window(window_s=5.0, bin_limit=128)
