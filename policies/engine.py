@@ -40,7 +40,8 @@ Design:
   or one of its SLO timers runs out (:func:`~policies.slo.steady_until`: breachAfter,
   recoverAfter, staleAfter); a min-heap holds the next of these per service, worked out at the
   tick after it was ticked and only if no event made it due again. A service's rules
-  run when its SLO was ticked since its rules last ran, or every tick while it is unsettled
+  run when its SLO was ticked since its rules last ran (unless the step changed nothing and
+  they would only hold: :func:`_holds_only`), or every tick while it is unsettled
   (breaching below ``replicas.max``, or a scale-down recommendation below its replicas, where
   cooldowns, budgets and the stabilization window decide); a settled service's skipped ticks
   would each only have recorded its current replicas as its recommendation, and
@@ -226,6 +227,28 @@ def _at_max(key: str, spec: ServiceSpec, inv: Inventory) -> bool:
     return workload is not None and workload.replicas >= bounds.max
 
 
+def _holds_only(svc: _Service, inv: Inventory) -> bool:
+    """Whether a settled service whose SLO step changed nothing would, ruled, only hold: no
+    breach response (not breaching, no leading indicator) and no percentile to recommend by
+    (no scale-down, no workload, or not ``ok`` below the recovery threshold above
+    ``replicas.min``), so its recommendation stays its replicas and
+    :meth:`Recommendations.hold <policies.scaledown.Recommendations.hold>` records it later."""
+    spec, slo = svc.spec, svc.slo
+    scale, bounds = spec.scale, spec.replicas
+    if svc.ruled_at is None or slo.state == "breaching":
+        return False
+    if scale is None or scale.down is None or bounds is None:
+        return scale is None or scale.leading is None
+    if scale.leading is not None:
+        return False
+    workload = inv.service_workload.get(svc.key)
+    return workload is None or not (
+        slo.state == "ok"
+        and slo.last_level in ("below", "between")
+        and workload.replicas > bounds.min
+    )
+
+
 class _Device:
     """What one GPU (or MIG instance) reading updates: its window, its pool's window (from the
     last snapshot), and whether (and as which GPU) the idle tracker follows it."""
@@ -299,8 +322,8 @@ class Engine:
         self._busy: dict[str, str] = {}
         #: What the last tick saw; a change ticks every service.
         self._seen: tuple[Inventory, Policy] | None = None
-        #: The services whose SLO the last evaluation stepped.
-        self._stepped: list[_Service] = []
+        #: The services whose SLO state the last evaluation changed.
+        self._changed: list[_Service] = []
         #: ``now`` of the last round that ran the rules.
         self._last_round: float | None = None
         #: The shortest scale-down stabilization window: a longer gap between rounds ticks all.
@@ -523,10 +546,12 @@ class Engine:
         self.advance(now)
         inv = self._index(snapshot)
         due = self._slo_due(now, inv)
-        self._stepped = due
+        changed = self._changed = []
+        full = not self._incremental or due is self._ordered
         for svc in due:
             level, n = svc.exceed.level(now, svc.q, svc.min_samples)
-            slo = svc.slo = step(svc.slo, level, now, svc.spec.slo)
+            before = svc.slo
+            slo = svc.slo = step(before, level, now, svc.spec.slo)
             svc.samples = n
             svc.due = False
             if slo.state == "breaching" or slo.state == "recovering":
@@ -534,7 +559,11 @@ class Engine:
             else:
                 self._busy.pop(svc.key, None)
             svc.ticked_at = now
-            self._rules.add(svc.index)
+            if slo is not before or full:
+                changed.append(svc)
+                self._rules.add(svc.index)
+            elif svc.index not in self._unsettled and not _holds_only(svc, inv):
+                self._rules.add(svc.index)
         self._settling = due
         spec = self._policy.spec
         if spec.kill_switch:
@@ -626,7 +655,7 @@ class Engine:
         if self._due or not self._pools_quiet(now, (seen[0], seen[1], set(self._busy.values()))):
             return False
         self.advance(now)
-        self._stepped = []
+        self._changed = []
         self._last_round = now
         return True
 
@@ -842,11 +871,11 @@ class Engine:
         svc = self._services[service_key]
         return svc.latency.quantile(now, svc.q)
 
-    def stepped(self) -> list[str]:
-        """The services (``namespace/service``) whose SLO the last :meth:`evaluate` stepped (in
-        no particular order): every other service's :meth:`slo_state` is the same object as
-        before it."""
-        return [svc.key for svc in self._stepped]
+    def changed(self) -> list[str]:
+        """The services (``namespace/service``) whose SLO state the last :meth:`evaluate`
+        changed (in no particular order; every service when it ticked everything): every other
+        service's :meth:`slo_state` is the same object as before it."""
+        return [svc.key for svc in self._changed]
 
     def slo_state(self, service_key: str) -> SloState:
         """The SLO state of ``namespace/service``."""

@@ -31,7 +31,7 @@ Design:
   says is idle (:meth:`~policies.engine.Engine.idle`: no SLO due, no rules to run, the pool
   rules quiet) while the simulated cluster's ``advance`` changed nothing, and that is not the
   first of a timeline bucket, is only accounted: no ``evaluate``, no snapshot. Services are
-  accounted when the engine stepped their SLO (:meth:`~policies.engine.Engine.stepped`), when
+  accounted when the engine changed their SLO state (:meth:`~policies.engine.Engine.changed`), when
   their breach's peak is due (once per window slot) or when the plot samples them; the others'
   unchanged ticks are accounted in bulk when they next change or at the end
   (:meth:`~controller.replay.summary.ServiceAccount.repeat`), and GPUs by use once per
@@ -344,7 +344,7 @@ class _Replay:
                 self._refresh_pools(snap)
         sample = tl.is_sample_tick(self.k)
         # The others' level is unchanged (and a breach's peak not due): accounted in bulk, later.
-        active = {self.index[key] for key in engine.stepped()}
+        active = {self.index[key] for key in engine.changed()}
         active.update(self._peaks_due(now))
         if sample:  # and those the plot samples in this bucket
             every = self.plot_every

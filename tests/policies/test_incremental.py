@@ -345,6 +345,19 @@ def test_a_breach_at_replicas_max_is_settled() -> None:
     assert ups[:2] == [(T0 + 60, True), (T0 + 90, True)]
 
 
+def test_a_settled_service_above_its_minimum_recommends_on_every_step() -> None:
+    """chat (3 replicas, minimum 1) settles at 70ms (below recoverBelow, not below 50%), then
+    its requests speed up: its SLO state stays the same object at every step, yet its rules
+    run (the percentile moves its recommendation), so it scales down once the 70ms
+    recommendations leave the 2m stabilization window, as ticking everything decides."""
+
+    def feed(t: float) -> list[Event]:
+        return [latency(t, 70.0 if t < T0 + 40 else 10.0)] * 20
+
+    both = quiet_run(policy(), snapshot(0), feed, 220)
+    assert T0 + 180 < both.first("slo-scale-down")[0] < T0 + 200
+
+
 def test_replay_of_a_sparse_recording_is_the_same_as_ticking_everything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
