@@ -177,6 +177,25 @@ def test_fast_path_matches_ddsketch_add(values: list[float], batch: bool) -> Non
 
 
 @settings(max_examples=150, deadline=None)
+@given(
+    events=st.lists(st.tuples(st.floats(min_value=0.0, max_value=299.99), LATENCIES), min_size=1)
+)
+def test_tail_read_across_few_intervals_matches_one_sketch(
+    events: list[tuple[float, float]],
+) -> None:
+    """A window of five 1-minute intervals (a tail percentile read by walking keys across
+    them) gives what one sketch of all its values gives, at both tails."""
+    w = window(window_s=300.0, interval_s=60.0)
+    ref = LogCollapsingLowestDenseDDSketch(ALPHA, 2048)
+    for dt, v in events:
+        assert w.add(T0 + dt, v)
+        ref.add(v)
+    for q in (0.0, 0.01, 0.1, 0.9, 0.95, 0.99, 0.999, 1.0):
+        want = ref.get_quantile_value(q)
+        assert w.quantile(T0 + 299.99, q) == (None if want is None else float(want)), q
+
+
+@settings(max_examples=150, deadline=None)
 @given(events=st.lists(st.tuples(st.floats(min_value=0.0, max_value=59.99), LATENCIES), min_size=1))
 def test_merged_intervals_match_one_sketch(events: list[tuple[float, float]]) -> None:
     """Merging per-interval stores on read gives what one sketch of all values gives."""
