@@ -136,6 +136,10 @@ def _add_inside(store: CollapsingLowestDenseStore, values: Sequence[float], scal
     return True
 
 
+#: Batches at least this long are keyed by C-level maps (:func:`_add_inside`); shorter ones
+#: cost less in the loop than in setting the maps up.
+_MAP_BATCH: Final = 8
+
 #: At most this many live intervals, a tail percentile is read by walking keys across them
 #: (:meth:`LatencyWindow._scan_quantile`) rather than from the running sum of the older ones.
 _SCAN_INTERVALS: Final = 8
@@ -346,7 +350,7 @@ class LatencyWindow(_Ring):
         if not isinstance(values_ms, list | tuple):
             values_ms = list(values_ms)
         if (
-            values_ms
+            len(values_ms) >= _MAP_BATCH
             and not store.is_collapsed
             and lo < min(values_ms)
             and max(values_ms) <= hi
