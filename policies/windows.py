@@ -541,20 +541,21 @@ class LatencyWindow(_Ring):
             return _NO_FAST
         if self._full is not None or self._cold_key:
             self._drop_merges()
-        if len(live) <= _SCAN_INTERVALS and not 0.1 < q < 0.9:
-            return self._scan_quantile(live, q, lo, hi)
-        *older, newest = live
-        self._sync(older, lo, hi)
-        zeros = float(self._agg_zeros + newest.zeros)
-        store = newest.store
-        total = self._agg_count + store.count
-        # As BaseDDSketch.get_quantile_value on the merged store (no negative values).
+        # As BaseDDSketch.get_quantile_value on the merged store (no negative values); counts
+        # are whole numbers, so these sums are exact.
+        zeros = float(sum(c.zeros for c in live))
+        total = float(sum(c.store.count for c in live))
         rank = q * (zeros + total - 1)
         if rank < zeros:
             return 0.0
         r = rank - zeros
         if not total:
             return None  # unreachable: a live interval holds a value
+        if len(live) <= _SCAN_INTERVALS and not 0.1 < q < 0.9:
+            return self._scan_quantile(live, q, r, total, (lo, hi))
+        *older, newest = live
+        self._sync(older, lo, hi)
+        store = newest.store
         bins, off = self._agg, self._agg_off
         if store.count:
             bins = bins[:]
@@ -584,21 +585,19 @@ class LatencyWindow(_Ring):
                 i += 1
         return float(self._mapping.value(i + off))
 
-    def _scan_quantile(self, live: list[_Interval], q: float, lo: float, hi: float) -> float | None:
-        """:meth:`_fast_quantile`'s answer without the running sum: the rank is found by
-        walking keys in from the near end (a tail percentile is a few keys from it), each key's
-        count summed over the few live intervals. Counts are whole numbers: the same key."""
-        zeros = float(sum(c.zeros for c in live))
-        stores = [(c.store.bins, c.store.offset, c.store.min_key, c.store.max_key) for c in live]
-        stores = [st for st, c in zip(stores, live, strict=True) if c.store.count]
-        total = float(sum(c.store.count for c in live))
-        rank = q * (zeros + total - 1)
-        if rank < zeros:
-            return 0.0
-        r = rank - zeros
-        if not total:
-            return None  # unreachable: a live interval holds a value
-        key, step = (int(hi), -1) if q >= 0.5 else (int(lo), 1)
+    def _scan_quantile(
+        self, live: list[_Interval], q: float, r: float, total: float, keys: tuple[float, float]
+    ) -> float:
+        """:meth:`_fast_quantile`'s answer (the key of rank ``r`` among ``total`` positive
+        values, within ``keys``) without the running sum: walking keys in from the near end (a
+        tail percentile is a few keys from it), each key's count summed over the few live
+        intervals. Counts are whole numbers: the same key."""
+        stores = [
+            (c.store.bins, c.store.offset, c.store.min_key, c.store.max_key)
+            for c in live
+            if c.store.count
+        ]
+        key, step = (int(keys[1]), -1) if q >= 0.5 else (int(keys[0]), 1)
         cum = total if q >= 0.5 else 0.0
         while True:
             n = 0.0
