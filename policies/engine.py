@@ -40,11 +40,13 @@ Design:
   or one of its SLO timers runs out (:func:`~policies.slo.steady_until`: breachAfter,
   recoverAfter, staleAfter); a min-heap holds the next of these per service, worked out at the
   tick after it was ticked and only if no event made it due again. A service's rules
-  run when its SLO was ticked since its rules last ran, or every tick while it is unsettled
-  (breaching, or a scale-down recommendation below its replicas, where cooldowns, budgets and
-  the stabilization window decide); a settled service's skipped ticks would each only have
-  recorded its current replicas as its recommendation, and :meth:`Recommendations.hold
-  <policies.scaledown.Recommendations.hold>` records them in one call when it next runs. A new
+  run when its SLO was ticked since its rules last ran (unless the step changed nothing and
+  they would only hold: :func:`_holds_only`), or every tick while it is unsettled
+  (breaching below ``replicas.max``, or a scale-down recommendation below its replicas, where
+  cooldowns, budgets and the stabilization window decide); a settled service's skipped ticks
+  would each only have recorded its current replicas as its recommendation, and
+  :meth:`Recommendations.hold <policies.scaledown.Recommendations.hold>` records them in one
+  call when it next runs. A new
   snapshot, a reload, or a gap between ticks longer than the shortest stabilization window ticks
   every service. The pool rules (training growth, MIG) are skipped while they provably decide
   nothing: they decided nothing last time, with the same snapshot, policy and busy pools, no
@@ -214,6 +216,39 @@ class _Service:
         self.interval = new.resolution
 
 
+def _at_max(key: str, spec: ServiceSpec, inv: Inventory) -> bool:
+    """Whether a breaching service's response is settled: scaled by the percentile alone and
+    already at ``replicas.max``, it decides nothing until its SLO or the snapshot change (both
+    rule it again), whatever its cooldown."""
+    scale, bounds = spec.scale, spec.replicas
+    if scale is None or scale.leading is not None or bounds is None:
+        return False
+    workload = inv.service_workload.get(key)
+    return workload is not None and workload.replicas >= bounds.max
+
+
+def _holds_only(svc: _Service, inv: Inventory) -> bool:
+    """Whether a settled service whose SLO step changed nothing would, ruled, only hold: no
+    breach response (not breaching, no leading indicator) and no percentile to recommend by
+    (no scale-down, no workload, or not ``ok`` below the recovery threshold above
+    ``replicas.min``), so its recommendation stays its replicas and
+    :meth:`Recommendations.hold <policies.scaledown.Recommendations.hold>` records it later."""
+    spec, slo = svc.spec, svc.slo
+    scale, bounds = spec.scale, spec.replicas
+    if svc.ruled_at is None or slo.state == "breaching":
+        return False
+    if scale is None or scale.down is None or bounds is None:
+        return scale is None or scale.leading is None
+    if scale.leading is not None:
+        return False
+    workload = inv.service_workload.get(svc.key)
+    return workload is None or not (
+        slo.state == "ok"
+        and slo.last_level in ("below", "between")
+        and workload.replicas > bounds.min
+    )
+
+
 class _Device:
     """What one GPU (or MIG instance) reading updates: its window, its pool's window (from the
     last snapshot), and whether (and as which GPU) the idle tracker follows it."""
@@ -287,8 +322,8 @@ class Engine:
         self._busy: dict[str, str] = {}
         #: What the last tick saw; a change ticks every service.
         self._seen: tuple[Inventory, Policy] | None = None
-        #: The services whose SLO the last evaluation stepped.
-        self._stepped: list[_Service] = []
+        #: The services whose SLO state the last evaluation changed.
+        self._changed: list[_Service] = []
         #: ``now`` of the last round that ran the rules.
         self._last_round: float | None = None
         #: The shortest scale-down stabilization window: a longer gap between rounds ticks all.
@@ -297,6 +332,9 @@ class Engine:
         #: and until when they would go on so (see :meth:`_pools_steady_until`).
         self._pools_seen: tuple[Inventory, Policy, set[str]] | None = None
         self._pools_wake = -math.inf
+        #: Whether whole-card demand was unmet then (with the same snapshot: MIG converts
+        #: nothing, so the pool's mean need not be read).
+        self._pools_unmet = False
         #: Whether the whole-card pool's mean was at or above ``convertBelow`` (or unknown),
         #: for (events taken, the window's slot): neither changed, nor did the mean.
         self._mean_for = (-1, 0)
@@ -508,10 +546,12 @@ class Engine:
         self.advance(now)
         inv = self._index(snapshot)
         due = self._slo_due(now, inv)
-        self._stepped = due
+        changed = self._changed = []
+        full = not self._incremental or due is self._ordered
         for svc in due:
             level, n = svc.exceed.level(now, svc.q, svc.min_samples)
-            slo = svc.slo = step(svc.slo, level, now, svc.spec.slo)
+            before = svc.slo
+            slo = svc.slo = step(before, level, now, svc.spec.slo)
             svc.samples = n
             svc.due = False
             if slo.state == "breaching" or slo.state == "recovering":
@@ -519,7 +559,11 @@ class Engine:
             else:
                 self._busy.pop(svc.key, None)
             svc.ticked_at = now
-            self._rules.add(svc.index)
+            if slo is not before or full:
+                changed.append(svc)
+                self._rules.add(svc.index)
+            elif svc.index not in self._unsettled and not _holds_only(svc, inv):
+                self._rules.add(svc.index)
         self._settling = due
         spec = self._policy.spec
         if spec.kill_switch:
@@ -561,7 +605,7 @@ class Engine:
                     rnd, svc.key, svc.spec, svc.slo, svc.latency, down, samples=svc.samples
                 )
             svc.ruled_at = now
-            if settled and svc.slo.state != "breaching":
+            if settled and (svc.slo.state != "breaching" or _at_max(svc.key, svc.spec, inv)):
                 self._unsettled.discard(svc.index)
             else:
                 self._unsettled.add(svc.index)
@@ -583,6 +627,38 @@ class Engine:
             self._pools_wake = self._pools_steady_until(now, inv, busy_pools)
         return rnd.decisions
 
+    def idle(self, now: float, snapshot: Snapshot) -> bool:
+        """Whether ``evaluate(now, snapshot)`` would be a quiet tick: the snapshot and policy
+        of the last evaluation, no SLO due (no event for a service since, no wake time come),
+        no service's rules to run and the pool rules quiet. If so, the tick is recorded as
+        ``evaluate`` would record it (it returned no decision and stepped nothing) and the
+        caller may skip the rest of its tick; if not, nothing changed and the caller
+        evaluates. Always ``False`` when not incremental."""
+        seen, last = self._seen, self._last_round
+        cached = self._inventory_for
+        if (
+            not self._incremental
+            or seen is None
+            or cached is None
+            or cached[0] is not snapshot
+            or cached[1] is not self._policy
+            or seen[0] is not self._inventory
+            or seen[1] is not self._policy
+            or self._policy.spec.kill_switch
+            or self._rules
+            or self._unsettled
+            or last is None
+            or now - last > self._gap_s
+        ):
+            return False
+        self._wake_due(now)
+        if self._due or not self._pools_quiet(now, (seen[0], seen[1], set(self._busy.values()))):
+            return False
+        self.advance(now)
+        self._changed = []
+        self._last_round = now
+        return True
+
     def _pools_quiet(self, now: float, seen: tuple[Inventory, Policy, set[str]]) -> bool:
         """Whether the pool rules (training growth, MIG) would decide nothing and change
         nothing at ``now``: they did not the last time, with the same snapshot, policy and busy
@@ -600,7 +676,7 @@ class Engine:
         ):
             return False
         mig = self._policy.spec.mig
-        if mig is None or not mig.enabled or seen[2]:
+        if mig is None or not mig.enabled or seen[2] or self._pools_unmet:
             return True
         key = (self.observed, int(now // self._util_interval))  # what the mean depends on
         if key != self._mean_for:
@@ -615,16 +691,28 @@ class Engine:
         pool's GPUs went free, the pool's cooldown) and of a MIG node's hold to run out;
         ``-inf`` (every tick) while a timer the engine does not follow may run: the scale-step
         budget is spent (growth waits for it), a MIG flight is under way, whole-card demand
-        (pending pods, elastic training below its maximum) is unmet (``revertAfter``), or
-        utilization is below ``convertBelow`` (nodes' idle times)."""
+        (pending pods, elastic training below its maximum) has been unmet for ``revertAfter``
+        while a MIG node could be reverted (the MIG budget and slots), or utilization is below
+        ``convertBelow`` (nodes' idle times). Unmet demand converts nothing, so it also tells
+        :meth:`_pools_quiet` not to read the pool's mean."""
         spec = self._policy.spec
         until = math.inf
+        self._pools_unmet = False
         if spec.mig is not None and spec.mig.enabled:
             mig = spec.mig
-            demand = inv.pending_whole_gpus + training_wants(inv, mig.from_pool)
-            if self._flights.count({}) or demand > inv.free.get(mig.from_pool, 0):
+            if self._flights.count({}):
                 return -math.inf
-            if not busy_pools:
+            demand = inv.pending_whole_gpus + training_wants(inv, mig.from_pool)
+            if demand > inv.free.get(mig.from_pool, 0):
+                # No conversion while demand is unmet (the mean does not matter); a revert
+                # needs a MIG node to revert and revertAfter of unmet demand.
+                self._pools_unmet = True
+                if any(n.is_mig for n in inv.pool_nodes.get(mig.to_pool, ())):
+                    unmet_since = self._demand_since[0]
+                    if unmet_since is None or now - unmet_since >= mig.revert_after:
+                        return -math.inf  # the MIG budget and the slots may free up any time
+                    until = unmet_since + mig.revert_after
+            elif not busy_pools:
                 mean = self._pool_windows[mig.from_pool].mean(now)
                 if mean is not None and mean < mig.convert_below * 100.0:
                     return -math.inf
@@ -666,6 +754,15 @@ class Engine:
             self._rules = set(range(len(self._ordered)))
             self._unsettled = set()
             return self._ordered
+        self._wake_due(now)
+        due = self._due
+        if due:
+            self._due = []
+        return due
+
+    def _wake_due(self, now: float) -> None:
+        """Add to ``_due`` the services whose wake time has come by ``now``, working out the
+        wake of those ticked at the last evaluation first."""
         due = self._due
         wakes = self._wakes
         for svc in self._settling:
@@ -679,6 +776,7 @@ class Engine:
                 due.append(svc)
             elif wake < math.inf:
                 heapq.heappush(wakes, (wake, svc.index))
+        self._settling = []
         ordered = self._ordered
         while wakes and wakes[0][0] <= now:
             wake, i = heapq.heappop(wakes)
@@ -686,9 +784,6 @@ class Engine:
             if svc.wake == wake and not svc.due:
                 svc.due = True
                 due.append(svc)
-        if due:
-            self._due = []
-        return due
 
     @property
     def ledger(self) -> Ledger:
@@ -781,11 +876,11 @@ class Engine:
         svc = self._services[service_key]
         return svc.latency.quantile(now, svc.q)
 
-    def stepped(self) -> list[str]:
-        """The services (``namespace/service``) whose SLO the last :meth:`evaluate` stepped (in
-        no particular order): every other service's :meth:`slo_state` is the same object as
-        before it."""
-        return [svc.key for svc in self._stepped]
+    def changed(self) -> list[str]:
+        """The services (``namespace/service``) whose SLO state the last :meth:`evaluate`
+        changed (in no particular order; every service when it ticked everything): every other
+        service's :meth:`slo_state` is the same object as before it."""
+        return [svc.key for svc in self._changed]
 
     def slo_state(self, service_key: str) -> SloState:
         """The SLO state of ``namespace/service``."""

@@ -116,6 +116,10 @@ def respond_to_breach(
     lead = leading_replicas(spec, requests, window, now)
     if not breaching and (lead is None or workload is None or lead <= workload.replicas):
         return
+    bounds = spec.replicas
+    at_max = workload is not None and bounds is not None and workload.replicas >= bounds.max
+    if lead is None and spec.scale is not None and at_max:
+        return  # nothing to add: no need to read the percentile
     cooldown = spec.cooldown if spec.cooldown is not None else pspec.cooldowns.service
     if not rnd.cooldowns.ready(key, now, cooldown) and not _served(rnd, key, spec, workload):
         return

@@ -242,12 +242,12 @@ class ExceedanceWindow:
         if i < 0:
             return
         hi, lo = self._hi, self._lo
-        n, a_lo, a_hi = len(values), 0, 0
-        for v in values:
-            if v > lo:
-                a_lo += 1
-                if v > hi:
-                    a_hi += 1
+        # v > lo and v > hi, counted by C-level maps (a comparison with NaN is False either way)
+        n, a_lo, a_hi = (
+            len(values),
+            sum(map(lo.__lt__, values)),
+            sum(map(max(hi, lo).__lt__, values)),
+        )
         self._n[i] += n
         self._above_lo[i] += a_lo
         self._above_hi[i] += a_hi

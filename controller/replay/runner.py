@@ -27,10 +27,14 @@ Design:
   series are downsampled to a fixed number of points, and breaches listed are capped.
 * **The hot loop** does per event: a type check, a comparison with the next tick, the engine's
   ``observe`` and, for utilization, one dict lookup and two float updates (a pool's running sum
-  of its devices' last utilization). Per-tick work follows what changed: the services whose
-  SLO the engine stepped (:meth:`~policies.engine.Engine.stepped`) or that are above their
-  objective; the others' unchanged ticks are accounted in bulk when they next change or at the
-  end (:meth:`~controller.replay.summary.ServiceAccount.repeat`), and GPUs by use once per
+  of its devices' last utilization). Per-tick work follows what changed. A tick the engine
+  says is idle (:meth:`~policies.engine.Engine.idle`: no SLO due, no rules to run, the pool
+  rules quiet) while the simulated cluster's ``advance`` changed nothing, and that is not the
+  first of a timeline bucket, is only accounted: no ``evaluate``, no snapshot. Services are
+  accounted when the engine changed their SLO state (:meth:`~policies.engine.Engine.changed`), when
+  their breach's peak is due (once per window slot) or when the plot samples them; the others'
+  unchanged ticks are accounted in bulk when they next change or at the end
+  (:meth:`~controller.replay.summary.ServiceAccount.repeat`), and GPUs by use once per
   timeline bucket or cluster change; plus the pools' utilization, plus windowed
   percentiles (:meth:`~policies.engine.Engine.quantile`: a running sum of the window's older
   intervals plus the newest, tens of µs when many intervals changed since the last read), still
@@ -47,7 +51,7 @@ import contextlib
 import gc
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final, Protocol
@@ -224,11 +228,13 @@ class _Replay:
         }
         self.peak_slot: dict[str, int] = {}
         #: Per service (in ``services`` order): its level, and the first tick not yet
-        #: accounted (every tick since at that level); the services above their objective.
+        #: accounted (every tick since at that level); the services above their objective,
+        #: each with when its breach's peak is read next (the next window slot's start, a
+        #: little early: accounting a service at any tick is right, only needless).
         self.index = {key: i for i, (key, _, _) in enumerate(self.services)}
         self.levels: list[str] = ["none"] * len(self.services)
         self.since = [0] * len(self.services)
-        self.above: set[int] = set()
+        self.above: dict[int, float] = {}
         self.util_channels = [f"util:{name}" for name in self.pool_names]
         #: The GPUs by use per pool (from ``usage``), and the ticks of bucket ``uses_bucket``
         #: not yet accounted with them (see :meth:`_flush_uses`).
@@ -277,11 +283,41 @@ class _Replay:
 
     # -- the loop ---------------------------------------------------------------------------
 
+    def _quiet(self, now: float) -> bool:
+        """Run the tick at ``now`` the short way when nothing can change but the accounting: not
+        a sample tick, the simulated cluster unchanged by ``advance`` and the engine idle
+        (:meth:`~policies.engine.Engine.idle`: no SLO due, no rules to run). ``False`` (and
+        nothing done but the cluster's ``advance``, which the full tick repeats as a no-op)
+        otherwise."""
+        tl, cluster = self.timeline, self.cluster
+        assert tl is not None
+        assert cluster is not None
+        k = self.k
+        if k % tl.stride == 0:
+            return False  # a sample tick: GPUs by use are flushed, every service accounted
+        cluster.advance(now)
+        snap = cluster.snapshot()
+        if (
+            snap is not self.snap
+            or cluster.gpus_by_use() is not self.usage
+            or not self.engine.idle(now, snap)
+        ):
+            return False
+        b = tl.bucket(k)
+        for i in self._peaks_due(now):
+            self._account(i, now, b, sample=False)
+        self.uses_ticks += 1
+        self.uses_bucket = b
+        self._end_tick(now, b)
+        return True
+
     def _tick(self, now: float) -> None:
         if self.speed is not None:
             delay = self.wall0 + (now - self.t0) / self.speed - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
+        elif self.hook is None and self._quiet(now):
+            return
         cluster, engine, summary = self.cluster, self.engine, self.summary
         assert cluster is not None
         cluster.advance(now)
@@ -307,40 +343,14 @@ class _Replay:
             if snap is not self.snap:
                 self._refresh_pools(snap)
         sample = tl.is_sample_tick(self.k)
-        every = self.plot_every
-        k = self.k
-        if sample:
-            active: Iterable[int] = range(len(self.services))
-        else:  # the others' level is unchanged and not above: accounted in bulk, later
-            stepped = engine.stepped()
-            active = (
-                sorted({self.index[key] for key in stepped} | self.above)
-                if stepped
-                else sorted(self.above)
-            )
-        levels, since = self.levels, self.since
-        for i in active:
-            key, acc, q = self.services[i]
-            if since[i] < k:
-                acc.repeat(levels[i], k - since[i])
-            level = levels[i] = engine.slo_state(key).last_level
-            since[i] = k + 1
-            if level == "above":
-                self.above.add(i)
-            else:
-                self.above.discard(i)
-            p = None
-            read = sample and level != "none" and b % every == i % every
-            if level == "above":
-                slot = int(now // self.resolution[key])
-                if not acc.in_breach or self.peak_slot.get(key) != slot:
-                    self.peak_slot[key] = slot
-                    read = True
-            if read:
-                p = self._quantile(key, q, now)
-                if p is not None:
-                    tl.add(f"p:{key}", b, p)
-            acc.tick(now, level, p)
+        # The others' level is unchanged (and a breach's peak not due): accounted in bulk, later.
+        active = {self.index[key] for key in engine.changed()}
+        active.update(self._peaks_due(now))
+        if sample:  # and those the plot samples in this bucket
+            every = self.plot_every
+            active.update(range(b % every, len(self.services), every))
+        for i in sorted(active):
+            self._account(i, now, b, sample=sample)
         usage = cluster.gpus_by_use()
         if usage is not self.usage:
             self._flush_uses()
@@ -350,6 +360,46 @@ class _Replay:
             ]
         self.uses_ticks += 1
         self.uses_bucket = b
+        self._end_tick(now, b)
+
+    def _account(self, i: int, now: float, b: int, *, sample: bool) -> None:
+        """Service ``i``'s SLO accounting at the tick ``now`` (in timeline bucket ``b``): its
+        unaccounted ticks since it last changed, this tick's level, and a windowed percentile
+        when the plot samples it or its breach enters a new window slot."""
+        key, acc, q = self.services[i]
+        k, levels, since = self.k, self.levels, self.since
+        if since[i] < k:
+            acc.repeat(levels[i], k - since[i])
+        level = levels[i] = self.engine.slo_state(key).last_level
+        since[i] = k + 1
+        p = None
+        every = self.plot_every
+        read = sample and level != "none" and b % every == i % every
+        if level == "above":
+            res = self.resolution[key]
+            slot = int(now // res)
+            at = (slot + 1) * res
+            self.above[i] = at - 1e-12 * abs(at)
+            if not acc.in_breach or self.peak_slot.get(key) != slot:
+                self.peak_slot[key] = slot
+                read = True
+        else:
+            self.above.pop(i, None)
+        if read:
+            p = self._quantile(key, q, now)
+            if p is not None:
+                assert self.timeline is not None
+                self.timeline.add(f"p:{key}", b, p)
+        acc.tick(now, level, p)
+
+    def _peaks_due(self, now: float) -> list[int]:
+        """The services above their objective whose breach's peak is read at ``now``."""
+        return [i for i, at in self.above.items() if at <= now] if self.above else []
+
+    def _end_tick(self, now: float, b: int) -> None:
+        """Every tick's end: the pools' utilization, the tick counted, the clock moved on."""
+        tl, summary = self.timeline, self.summary
+        assert tl is not None
         for i, name in enumerate(self.pool_names):
             n = self.util_n[i]
             util = self.util_sum[i] / n if n else None

@@ -95,11 +95,13 @@ class ServiceAccount:
             run.peak_ms = quantile_ms
 
     def repeat(self, level: str, ticks: int) -> None:
-        """``ticks`` more ticks at ``level`` (not above) after one :meth:`tick` at it, each
-        accounted as :meth:`tick` would: a replay accounts a quiet service's ticks at once."""
+        """``ticks`` more ticks at ``level`` after one :meth:`tick` at it, each accounted as
+        :meth:`tick` would without a percentile: a replay accounts a quiet service's ticks (and
+        a breach's between its peak reads) at once."""
         if level != "none":
             self.evaluated += ticks
-            self.within += ticks
+            if level != "above":
+                self.within += ticks
 
     def close(self, end: float) -> None:
         run = self._open

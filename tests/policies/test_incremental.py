@@ -293,6 +293,71 @@ def test_convert_after_converts_an_idle_node_on_a_quiet_tick() -> None:
     assert both.first("mig-convert") == (T0 + 608, True)
 
 
+def full_pool(*, mig_node: bool) -> Snapshot:
+    """One whole node full (chat 2, elastic training 6 of at most 10: it wants 4 more whole
+    GPUs), and a MIG node or not."""
+    b = SnapshotBuilder()
+    b.node("w0", gpus=8, labels=WHOLE)
+    if mig_node:
+        b.node("m0", gpus=8, labels=MIG, mig_config="all-1g.10gb")
+    b.workload("serving", "chat", replicas=2, nodes=["w0"])
+    training(b, "elastic", replicas=6, nodes=["w0"], min_replicas=2, max_replicas=10)
+    return b.build()
+
+
+def busy_gpus(t: float) -> list[Event]:
+    """w0's GPUs reporting busy every second (the pool's mean moves every tick)."""
+    return [util(t, "w0", g, 60.0 + (t % 7)) for g in range(8)]
+
+
+@pytest.mark.parametrize("mig_node", [False, True])
+def test_unmet_whole_card_demand_reverts_after_revert_after_on_a_quiet_tick(
+    mig_node: bool,
+) -> None:
+    """Training wants whole GPUs the pool has not got: nothing converts whatever the mean, and
+    a MIG node reverts once revertAfter (2m) of unmet demand has passed, on a tick without a
+    latency event, as ticking everything decides; without a MIG node nothing is decided. The
+    incremental engine skips the pool rules meanwhile."""
+    both = quiet_run(make_policy(services={}), full_pool(mig_node=mig_node), busy_gpus, 200)
+    if mig_node:
+        assert both.first("mig-revert") == (T0 + 121, False)
+    else:
+        assert both.decided == []
+
+
+def test_a_breach_at_replicas_max_is_settled() -> None:
+    """chat breaching at its maximum (4) decides nothing, scales at once when a new snapshot
+    lowers its replicas, and again when its cooldown ends on a quiet tick (unsettled below
+    the maximum), as ticking everything decides."""
+    svcs = services()
+    svcs["chat"] = dict(svcs["chat"], replicas={"min": 1, "max": 4})
+    both = Lockstep(make_policy(services=svcs))
+    at_max, below = snapshot(2), snapshot(1)  # chat at 4 (its max), then at 2
+    for k in range(1, 121):
+        both.observe([latency(T0 + k - 0.5, 900.0)] * 20 if k % 10 == 3 else [])
+        both.evaluate(T0 + k, at_max if k < 60 else below)
+    ups = [
+        (now, quiet)
+        for now, quiet, ds in both.decided
+        if any(d["rule"] == "slo-breach-scale-up" for d in ds)
+    ]
+    # none at the maximum; at 2 replicas again at once, and when the 30s cooldown ends
+    assert ups[:2] == [(T0 + 60, True), (T0 + 90, True)]
+
+
+def test_a_settled_service_above_its_minimum_recommends_on_every_step() -> None:
+    """chat (3 replicas, minimum 1) settles at 70ms (below recoverBelow, not below 50%), then
+    its requests speed up: its SLO state stays the same object at every step, yet its rules
+    run (the percentile moves its recommendation), so it scales down once the 70ms
+    recommendations leave the 2m stabilization window, as ticking everything decides."""
+
+    def feed(t: float) -> list[Event]:
+        return [latency(t, 70.0 if t < T0 + 40 else 10.0)] * 20
+
+    both = quiet_run(policy(), snapshot(0), feed, 220)
+    assert T0 + 180 < both.first("slo-scale-down")[0] < T0 + 200
+
+
 def test_replay_of_a_sparse_recording_is_the_same_as_ticking_everything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -177,6 +177,25 @@ def test_fast_path_matches_ddsketch_add(values: list[float], batch: bool) -> Non
 
 
 @settings(max_examples=150, deadline=None)
+@given(
+    events=st.lists(st.tuples(st.floats(min_value=0.0, max_value=299.99), LATENCIES), min_size=1)
+)
+def test_tail_read_across_few_intervals_matches_one_sketch(
+    events: list[tuple[float, float]],
+) -> None:
+    """A window of five 1-minute intervals (a tail percentile read by walking keys across
+    them) gives what one sketch of all its values gives, at both tails."""
+    w = window(window_s=300.0, interval_s=60.0)
+    ref = LogCollapsingLowestDenseDDSketch(ALPHA, 2048)
+    for dt, v in events:
+        assert w.add(T0 + dt, v)
+        ref.add(v)
+    for q in (0.0, 0.01, 0.1, 0.9, 0.95, 0.99, 0.999, 1.0):
+        want = ref.get_quantile_value(q)
+        assert w.quantile(T0 + 299.99, q) == (None if want is None else float(want)), q
+
+
+@settings(max_examples=150, deadline=None)
 @given(events=st.lists(st.tuples(st.floats(min_value=0.0, max_value=59.99), LATENCIES), min_size=1))
 def test_merged_intervals_match_one_sketch(events: list[tuple[float, float]]) -> None:
     """Merging per-interval stores on read gives what one sketch of all values gives."""
@@ -409,6 +428,40 @@ def test_memory_bounded_under_millions_of_values() -> None:
     assert got is not None
     assert rel_err(got, exact(in_window, 0.99)) <= ALPHA + EPS
     assert w.allocated_bins <= (10 + 2) * 256
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.floats(min_value=0.0, max_value=1e7, allow_nan=False), max_size=50),
+        min_size=1,
+        max_size=8,
+    ),
+    st.sampled_from([16, 2048]),
+)
+def test_add_many_is_add_one_by_one(batches: list[list[float]], bin_limit: int) -> None:
+    """A batch (the C-level path when its keys fit the bins laid out, the loop otherwise)
+    leaves every interval's bins, key range, count and zeros as adding its values one by one
+    does, across fresh intervals, widened ranges, growth and collapse."""
+    many, one = window(bin_limit=bin_limit), window(bin_limit=bin_limit)
+    for i, batch in enumerate(batches):
+        ts = T0 + 3.0 * (i // 2)  # two batches an interval, then a fresh one
+        assert many.add_many(ts, batch)
+        for v in batch:
+            assert one.add(ts, v)
+    for a, b in zip(many.held_intervals(), one.held_intervals(), strict=True):
+        assert (a[0], a[2], a[1].count, a[1].is_collapsed) == (
+            b[0],
+            b[2],
+            b[1].count,
+            b[1].is_collapsed,
+        )
+        if a[1].count:
+            assert (a[1].min_key, a[1].max_key) == (b[1].min_key, b[1].max_key)
+            keys = range(a[1].min_key, a[1].max_key + 1)
+            assert [a[1].bins[k - a[1].offset] for k in keys] == [
+                b[1].bins[k - b[1].offset] for k in keys
+            ]
 
 
 def test_ring_recycles_intervals() -> None:
