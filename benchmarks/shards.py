@@ -16,8 +16,15 @@ event of the recording and evaluated at the same instants (what one replica deci
 is the replay benchmark's, smaller: 400 GPUs (50 nodes of 8), 200 services with 4-request batch
 events, every tenth service 10x slower for 2 minutes every 20 minutes.
 
+CPU: over each run's timed span, the cores each process ran (``/proc/PID/task/*/schedstat``):
+the broker, the aggregators (and the cores' worth they were ready to run but waited for a CPU:
+what other processes on the machine took from them), this process; and the group's events per
+aggregator CPU-second, which does not depend on how busy the machine is. ``--profile DIR`` runs
+the aggregators under cProfile.
+
 The last line printed is a JSON object: ``{"events_per_s": {"1": x, "2": y}, "same_decisions":
-true|false, "ratio": y/x, "runs": {...}, "cpus": n}``.
+true|false, "ratio": y/x, "runs": {...}, "events_per_aggregator_cpu_s": {...}, "cpu_cores":
+{...}, "cpus": n}``.
 """
 
 from __future__ import annotations

@@ -4,10 +4,11 @@ Aggregators share one Kafka consumer group, so the event topics' partitions are 
 them by Kafka (and moved by Kafka when one joins, leaves or dies). Each keeps a
 :class:`~policies.partials.Fold` per owned partition; the consumer's checkpoint (every
 ``flush_every_s``, also while idle, on revocation and on stop) seals each fold into a
-:class:`~streams.aggregates.Flush`, publishes it to the compacted aggregates topic, waits for the
-broker's acknowledgement, and only then are the flushes' ``next`` offsets committed and new folds
-started there. The guarantees that follow (nothing lost, nothing counted twice over a
-rebalance) are spelled out in :mod:`streams.aggregates`.
+:class:`~streams.aggregates.Flush`, starts publishing it to the compacted aggregates topic and
+starts a new fold at its ``next`` offset; a flush's ``next`` is committed once the broker has
+acknowledged it (at the next checkpoint, or at once on revocation and stop). The guarantees that
+follow (nothing lost, nothing counted twice over a rebalance) are spelled out in
+:mod:`streams.aggregates`.
 
 A batch fetched before a revocation but handed over after it (the queue between fetching and
 folding) is dropped: its partitions were reset to their committed offsets and are fetched again.
