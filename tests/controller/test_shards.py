@@ -30,7 +30,7 @@ from policies.model import Policy
 from policies.snapshot import Snapshot, SnapshotBuilder
 from streams.broker import EmbeddedBroker
 from streams.connection import KafkaConfig, ensure_topics
-from streams.consumer import ConsumerSettings
+from streams.consumer import ConsumerSettings, TopicPartition
 from streams.events import Event, EventDecoder, InferenceLatency, encode_event
 from streams.producer import KafkaProducer
 
@@ -399,3 +399,59 @@ async def test_a_controller_in_the_decide_role_merges_partials_and_stops_cleanly
     controller.stop()
     await asyncio.wait_for(running, 30)
     assert controller.crashed == []
+
+
+def _children() -> set[int]:
+    return {
+        int(pid)
+        for task in Path("/proc/self/task").iterdir()
+        for pid in (task / "children").read_text().split()
+    }
+
+
+@pytest.mark.slow
+async def test_folding_goes_on_while_a_flush_waits_for_the_broker() -> None:
+    """A checkpoint seals, starts publishing and returns, so folding does not stop while the
+    broker takes a second of backlog's flushes (it used to wait for every acknowledgement);
+    what it returns to commit is only what the broker acknowledged."""
+    before = _children()
+    with EmbeddedBroker() as broker:
+        (pid,) = _children() - before  # this test's own broker: it is paused below
+        config, names = KafkaConfig(broker.bootstrap), Names(uuid.uuid4().hex[:8])
+        await ensure_topics(config, [names.latency, names.gpu], partitions=PARTITIONS)
+        await ensure_aggregates_topic(config, names.aggregates)
+        aggregator = Aggregator(
+            config,
+            policy(),
+            topic=names.aggregates,
+            consumer=ConsumerSettings(
+                group_id=names.group,
+                topics=(names.latency, names.gpu),
+                commit_interval_s=600.0,  # checkpoints only when this test asks
+            ),
+            decoder=EventDecoder(
+                topics={"inference.latency": names.latency, "gpu.utilization": names.gpu}
+            ),
+        )
+        running = asyncio.create_task(aggregator.run())
+        try:
+            await produce(config, names.latency, [], rounds=1, ms=lambda _: 50.0)
+            await until(lambda: aggregator.stats.folded == SERVICES * 25, 30, "every event folded")
+            partitions = [TopicPartition(names.latency, p) for p in range(PARTITIONS)]
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                durable = await asyncio.wait_for(aggregator._checkpoint(partitions), 2.0)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert durable == {}, "nothing was acknowledged yet"
+            assert aggregator.stats.flushes > 0, "the folds were sealed and are being published"
+
+            for _ in range(400):  # then the flushes are acknowledged, and their offsets returned
+                durable = await aggregator._checkpoint(partitions)
+                if sum(durable.values()) == SERVICES * 25:
+                    break
+                await asyncio.sleep(0.05)
+            assert sum(durable.values()) == SERVICES * 25
+        finally:
+            aggregator.stop()
+            await asyncio.wait_for(running, 30)
