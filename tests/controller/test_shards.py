@@ -217,6 +217,27 @@ async def produce(
             await asyncio.sleep(0.1)
 
 
+def in_process(
+    config: KafkaConfig, names: Names, commit_interval_s: float, rules: Policy | None = None
+) -> Aggregator:
+    """An aggregator of the test's group in this process (with :func:`policy` by default)."""
+    return Aggregator(
+        config,
+        rules or policy(),
+        topic=names.aggregates,
+        consumer=ConsumerSettings(
+            group_id=names.group,
+            topics=(names.latency, names.gpu),
+            session_timeout_ms=2000,
+            heartbeat_interval_ms=500,
+            commit_interval_s=commit_interval_s,
+        ),
+        decoder=EventDecoder(
+            topics={"inference.latency": names.latency, "gpu.utilization": names.gpu}
+        ),
+    )
+
+
 def state(engine: Engine, now: float) -> list[tuple[str, int, float | None]]:
     return [(s.key, s.samples, s.quantile_ms) for s in engine.service_status(now)]
 
@@ -302,21 +323,7 @@ async def test_a_new_decider_reads_the_partials_back_and_decides_as_the_old_one(
     """Decider failover: an aggregator publishes a breach; a second decider that starts only
     after the first is gone reads the aggregates back and holds the same windows, so at the
     same instant it takes the same decisions."""
-    aggregator = Aggregator(
-        kafka_config,
-        policy(),
-        topic=names.aggregates,
-        consumer=ConsumerSettings(
-            group_id=names.group,
-            topics=(names.latency, names.gpu),
-            session_timeout_ms=2000,
-            heartbeat_interval_ms=500,
-            commit_interval_s=0.2,
-        ),
-        decoder=EventDecoder(
-            topics={"inference.latency": names.latency, "gpu.utilization": names.gpu}
-        ),
-    )
+    aggregator = in_process(kafka_config, names, 0.2)
     running = asyncio.create_task(aggregator.run())
     events: list[Event] = []
     await produce(kafka_config, names.latency, events, rounds=10, ms=lambda r: 300.0)
@@ -363,21 +370,7 @@ async def test_a_controller_in_the_decide_role_merges_partials_and_stops_cleanly
     running = asyncio.create_task(controller.run())
     await until(lambda: controller.http.port != 0 and not controller._not_ready(), 30, "ready")
     config = KafkaConfig(kafka_broker.bootstrap)
-    aggregator = Aggregator(
-        config,
-        policy,
-        topic=names.aggregates,
-        consumer=ConsumerSettings(
-            group_id=names.group,
-            topics=(names.latency, names.gpu),
-            session_timeout_ms=2000,
-            heartbeat_interval_ms=500,
-            commit_interval_s=0.2,
-        ),
-        decoder=EventDecoder(
-            topics={"inference.latency": names.latency, "gpu.utilization": names.gpu}
-        ),
-    )
+    aggregator = in_process(config, names, 0.2, policy)
     aggregating = asyncio.create_task(aggregator.run())
     async with KafkaProducer(config) as producer:
         for _ in range(50):
@@ -420,19 +413,7 @@ async def test_folding_goes_on_while_a_flush_waits_for_the_broker() -> None:
         config, names = KafkaConfig(broker.bootstrap), Names(uuid.uuid4().hex[:8])
         await ensure_topics(config, [names.latency, names.gpu], partitions=PARTITIONS)
         await ensure_aggregates_topic(config, names.aggregates)
-        aggregator = Aggregator(
-            config,
-            policy(),
-            topic=names.aggregates,
-            consumer=ConsumerSettings(
-                group_id=names.group,
-                topics=(names.latency, names.gpu),
-                commit_interval_s=600.0,  # checkpoints only when this test asks
-            ),
-            decoder=EventDecoder(
-                topics={"inference.latency": names.latency, "gpu.utilization": names.gpu}
-            ),
-        )
+        aggregator = in_process(config, names, 600.0)  # checkpoints only when asked
         running = asyncio.create_task(aggregator.run())
         try:
             await produce(config, names.latency, [], rounds=1, ms=lambda _: 50.0)
