@@ -16,14 +16,22 @@ event of the recording and evaluated at the same instants (what one replica deci
 is the replay benchmark's, smaller: 400 GPUs (50 nodes of 8), 200 services with 4-request batch
 events, every tenth service 10x slower for 2 minutes every 20 minutes.
 
+CPU: over each run's timed span, the cores each process ran (``/proc/PID/task/*/schedstat``):
+the broker, the aggregators (and the cores' worth they were ready to run but waited for a CPU:
+what other processes on the machine took from them), this process; and the group's events per
+aggregator CPU-second, which does not depend on how busy the machine is. ``--profile DIR`` runs
+the aggregators under cProfile.
+
 The last line printed is a JSON object: ``{"events_per_s": {"1": x, "2": y}, "same_decisions":
-true|false, "ratio": y/x, "runs": {...}, "cpus": n}``.
+true|false, "ratio": y/x, "runs": {...}, "events_per_aggregator_cpu_s": {...}, "cpu_cores":
+{...}, "cpus": n}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -177,9 +185,36 @@ async def produce(config: KafkaConfig, topics: dict[str, str], count: int) -> No
             await producer.send(topics[kind], encode_event(event), key=key.encode())
 
 
+def children() -> dict[int, str]:
+    """This process's child processes: pid -> command name."""
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                out[int(pid)] = Path(f"/proc/{pid}/comm").read_text().strip()
+    return out
+
+
+def cpu_s(pid: int | str) -> tuple[float, float]:
+    """Seconds a process (all its threads) ran on a CPU so far, and seconds it was ready to run
+    but waited for one (``/proc/PID/task/*/schedstat``): the second is what other processes
+    on the machine cost it."""
+    ran = waited = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            run_ns, wait_ns, _ = (task / "schedstat").read_text().split()
+            ran, waited = ran + int(run_ns), waited + int(wait_ns)
+    return ran / 1e9, waited / 1e9
+
+
 async def run_group(
-    broker: EmbeddedBroker, topics: dict[str, str], policy_file: Path, replicas: int, total: int
-) -> tuple[float, list[Flush]]:
+    broker: EmbeddedBroker,
+    topics: dict[str, str],
+    policy_file: Path,
+    replicas: int,
+    total: int,
+    profile: Path | None = None,
+) -> tuple[float, list[Flush], dict[str, float]]:
     """Start ``replicas`` aggregators in a new group; the group's steady events/s and the
     flushes it published."""
     tag = uuid.uuid4().hex[:8]
@@ -215,10 +250,16 @@ async def run_group(
                 print(f"aggregator {k}: {text}", file=sys.stderr)
 
     processes = []
-    for _ in range(replicas):
+    for k in range(replicas):
+        profiled = (
+            ()
+            if profile is None
+            else ("-m", "cProfile", "-o", str(profile / f"{replicas}-{k}-{tag}.prof"))
+        )
         processes.append(
             await asyncio.create_subprocess_exec(
-                *(sys.executable, "-m", "controller", "run", "--role", "aggregate"),
+                *(sys.executable, *profiled, "-m", "controller"),
+                *("run", "--role", "aggregate"),
                 *("--policy", str(policy_file), "--bootstrap", broker.bootstrap),
                 *("--metrics-address", "127.0.0.1:0"),
                 env=env,
@@ -237,18 +278,30 @@ async def run_group(
                 ends[key] = max(ends.get(key, 0), f.next)
         return sum(ends.values())
 
+    pids = {"benchmark": "self"} | {f"aggregator-{k}": p.pid for k, p in enumerate(processes)}
+    pids["broker"] = next(pid for pid, name in children().items() if name.startswith("tansu"))
+    cpu: list[tuple[float, dict[str, tuple[float, float]]]] = []  # when, cpu_s per process
     deadline = time.monotonic() + 300
     while covered_by(time.monotonic()) < total:
         if time.monotonic() > deadline or any(p.returncode is not None for p in processes):
             raise RuntimeError(
                 f"group of {replicas} covered {covered_by(time.monotonic())} of {total} events"
             )
+        cpu.append((time.monotonic(), {name: cpu_s(pid) for name, pid in pids.items()}))
         await asyncio.sleep(0.05)
+    cpu.append((time.monotonic(), {name: cpu_s(pid) for name, pid in pids.items()}))
     done = min(at for at, _ in flushes if covered_by(at) >= total)
     stable = max(at for at, _ in assigned.values())
     if len(assigned) < replicas or any(n == 0 for _, n in assigned.values()):
         raise RuntimeError(f"not every member of {replicas} had partitions: {assigned}")
     rate = (total - covered_by(stable)) / (done - stable)
+    # CPU over the measured span, in cores: from the last sample before it to the first after.
+    t0, before = max((s for s in cpu if s[0] <= stable), default=cpu[0])
+    t1, after = min(s for s in cpu if s[0] >= done)
+    cores = {name: (after[name][0] - before[name][0]) / (t1 - t0) for name in pids}
+    cores["aggregators waiting for a CPU"] = sum(
+        after[name][1] - before[name][1] for name in pids if name.startswith("aggregator")
+    ) / (t1 - t0)
     for p in processes:
         p.terminate()
     for p in processes:
@@ -256,10 +309,12 @@ async def run_group(
     await asyncio.gather(*watchers)
     reading.cancel()
     await asyncio.gather(reading, return_exceptions=True)
-    return rate, [f for _, f in flushes]
+    return rate, [f for _, f in flushes], cores
 
 
-async def main(replicas: list[int], events: int, runs: int, partitions: int) -> dict[str, Any]:
+async def main(
+    replicas: list[int], events: int, runs: int, partitions: int, profile: Path | None
+) -> dict[str, Any]:
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
@@ -279,16 +334,24 @@ async def main(replicas: list[int], events: int, runs: int, partitions: int) -> 
             flush=True,
         )
         rates: dict[str, list[float]] = {str(n): [] for n in replicas}
+        cpus: dict[str, list[dict[str, float]]] = {str(n): [] for n in replicas}
         same = True
         for run in range(runs):
             for n in replicas:
-                rate, flushes = await run_group(broker, topics, policy_file, n, events)
+                rate, flushes, cores = await run_group(
+                    broker, topics, policy_file, n, events, profile
+                )
+                aggregators = sum(v for k, v in cores.items() if k.startswith("aggregator-"))
+                cpus[str(n)].append(
+                    cores | {"aggregators": aggregators, "events_per_cpu_s": rate / aggregators}
+                )
                 got = merged(flushes, len(want))
                 same = same and got == want
                 rates[str(n)].append(rate)
                 print(
                     f"run {run + 1}, {n} replica(s): {rate:,.0f} events/s, "
-                    f"{len(flushes)} flushes, same decisions: {got == want}",
+                    f"{len(flushes)} flushes, same decisions: {got == want}, CPU cores: "
+                    + ", ".join(f"{k} {v:.2f}" for k, v in sorted(cores.items())),
                     flush=True,
                 )
     medians = {n: statistics.median(r) for n, r in rates.items()}
@@ -296,6 +359,16 @@ async def main(replicas: list[int], events: int, runs: int, partitions: int) -> 
         "events_per_s": {n: round(v) for n, v in medians.items()},
         "same_decisions": same,
         "runs": {n: [round(v) for v in r] for n, r in rates.items()},
+        "events_per_aggregator_cpu_s": {
+            n: round(statistics.median(c["events_per_cpu_s"] for c in r)) for n, r in cpus.items()
+        },
+        "cpu_cores": {
+            n: {
+                k: round(statistics.median(c[k] for c in r), 2)
+                for k in ("broker", "aggregators", "aggregators waiting for a CPU", "benchmark")
+            }
+            for n, r in cpus.items()
+        },
         "events": events,
         "partitions": partitions,
         "cpus": os.cpu_count(),
@@ -313,6 +386,11 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--json", action="store_true", help="end with the JSON line only")
+    parser.add_argument(
+        "--profile", type=Path, help="run aggregators under cProfile, writing DIR/N-K-TAG.prof"
+    )
     args = parser.parse_args()
-    out = asyncio.run(main(args.replicas, args.events, args.runs, args.partitions))
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    out = asyncio.run(main(args.replicas, args.events, args.runs, args.partitions, args.profile))
     print(json.dumps(out) if args.json else json.dumps(out, indent=2))

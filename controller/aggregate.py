@@ -4,10 +4,11 @@ Aggregators share one Kafka consumer group, so the event topics' partitions are 
 them by Kafka (and moved by Kafka when one joins, leaves or dies). Each keeps a
 :class:`~policies.partials.Fold` per owned partition; the consumer's checkpoint (every
 ``flush_every_s``, also while idle, on revocation and on stop) seals each fold into a
-:class:`~streams.aggregates.Flush`, publishes it to the compacted aggregates topic, waits for the
-broker's acknowledgement, and only then are the flushes' ``next`` offsets committed and new folds
-started there. The guarantees that follow (nothing lost, nothing counted twice over a
-rebalance) are spelled out in :mod:`streams.aggregates`.
+:class:`~streams.aggregates.Flush`, starts publishing it to the compacted aggregates topic and
+starts a new fold at its ``next`` offset; a flush's ``next`` is committed once the broker has
+acknowledged it (at the next checkpoint, or at once on revocation and stop). The guarantees that
+follow (nothing lost, nothing counted twice over a rebalance) are spelled out in
+:mod:`streams.aggregates`.
 
 A batch fetched before a revocation but handed over after it (the queue between fetching and
 folding) is dropped: its partitions were reset to their committed offsets and are fetched again.
@@ -37,7 +38,7 @@ from streams.aggregates_reader import AggregatesReader
 from streams.connection import KafkaConfig, ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer, TopicPartition
 from streams.events import EventDecoder
-from streams.producer import DeadLetter, KafkaProducer
+from streams.producer import DeadLetter, KafkaProducer, ProduceError
 
 __all__ = [
     "Aggregator",
@@ -107,6 +108,12 @@ class Aggregator:
         self._clock = clock
         self._folds: dict[TopicPartition, tuple[int, Fold, int]] = {}
         """Per partition: (consumer generation, fold, offset after its last event)."""
+        self._sending: dict[TopicPartition, asyncio.Future[None]] = {}
+        """Per partition, the publishing of its flush in flight (at most one)."""
+        self._unsent: dict[TopicPartition, tuple[bytes, bytes, int]] = {}
+        """Per partition in flight: its flush encoded, its key and its ``next`` offset."""
+        self._durable: dict[TopicPartition, int] = {}
+        """Per partition, the offset up to which acknowledged flushes cover it."""
         self._producer: KafkaProducer | None = None
         self._stop = asyncio.Event()
         self.consumer: EventConsumer | None = None
@@ -151,10 +158,8 @@ class Aggregator:
         events = batch.events
         for tp, (start, end, first) in batch.spans.items():
             held = self._folds.get(tp)
-            if held is None or held[0] != generation:
-                fold = Fold(self._spec, topic=tp.topic, partition=tp.partition, first=first)
-            else:
-                fold = held[1]
+            fresh = held is None or held[0] != generation
+            fold = self._fold_at(tp, first) if fresh or held is None else held[1]
             fold.observe(events[start:end], now)
             self._folds[tp] = (generation, fold, batch.positions[tp])
             if fold.size() > MAX_FLUSH_BYTES:
@@ -164,28 +169,59 @@ class Aggregator:
     async def _checkpoint(
         self, partitions: Sequence[TopicPartition]
     ) -> Mapping[TopicPartition, int]:
-        """Publish the folds of ``partitions`` that hold anything new, wait for the broker's
-        acknowledgement, start new folds where they ended; returns the offsets now safe to
-        commit. A send that fails raises: nothing is committed and the folds keep growing, so
-        the next flush re-covers the same offsets under the same key."""
-        assert self._producer is not None
-        producer = self._producer
-        sealed = []
+        """Seal the folds of ``partitions`` that hold anything new, start publishing them and
+        start new folds where they ended; returns the offsets now safe to commit: those of
+        flushes the broker acknowledged.
+
+        Folding does not wait for the acknowledgement (a second of backlog's flushes takes the
+        broker ~0.1 s to take), except on revocation and stop, or when a fold outgrows
+        :data:`MAX_FLUSH_BYTES` while the previous flush of its partition is still in flight.
+        At most one flush per partition is in flight, so flushes of a partition reach the
+        topic in order, and a failed one is re-sent before any later one is sealed: nothing
+        after it is committed meanwhile, and it is the one that starts at the committed offset.
+        """
+        assert self.consumer is not None
+        final = self._stop.is_set()
         for tp in partitions:
             held = self._folds.get(tp)
+            last = final or held is None or held[0] != self.consumer.generation  # revoked
+            sending = self._sending.get(tp)
+            if sending is not None:
+                busy = not sending.done() and not last and held is not None
+                if busy and held is not None and held[1].size() <= MAX_FLUSH_BYTES:
+                    continue  # keep folding; sealed once this one is acknowledged
+                await self._acknowledged(tp)
             if held is not None and held[2] > held[1].first:
-                sealed.append((tp, held[0], held[1].seal(held[2])))
-        await asyncio.gather(
-            *(
-                producer.send_and_wait(self._topic, encode_flush(flush), key=flush.key)
-                for _, _, flush in sealed
-            )
-        )
-        for tp, generation, flush in sealed:
-            fold = Fold(self._spec, topic=tp.topic, partition=tp.partition, first=flush.next)
-            self._folds[tp] = (generation, fold, flush.next)
-        self.stats.flushes += len(sealed)
-        return {tp: held[2] for tp in partitions if (held := self._folds.get(tp)) is not None}
+                flush = held[1].seal(held[2])
+                self._folds[tp] = (held[0], self._fold_at(tp, flush.next), flush.next)
+                self._send(tp, encode_flush(flush), flush.key, flush.next)
+                self.stats.flushes += 1
+                if last:
+                    await self._acknowledged(tp)
+            elif held is not None and tp not in self._sending:
+                self._durable[tp] = held[2]
+        return {tp: self._durable[tp] for tp in partitions if tp in self._durable}
+
+    def _fold_at(self, tp: TopicPartition, first: int) -> Fold:
+        return Fold(self._spec, topic=tp.topic, partition=tp.partition, first=first)
+
+    def _send(self, tp: TopicPartition, value: bytes, key: bytes, next_offset: int) -> None:
+        assert self._producer is not None
+        task = asyncio.ensure_future(self._producer.send_and_wait(self._topic, value, key=key))
+        self._sending[tp] = task
+        self._unsent[tp] = (value, key, next_offset)
+
+    async def _acknowledged(self, tp: TopicPartition) -> None:
+        """Wait for the flush of ``tp`` in flight; re-send it (once, awaited) if it failed,
+        raising if that fails too: it stays in flight, to be re-sent at the next checkpoint."""
+        value, key, next_offset = self._unsent[tp]
+        try:
+            await self._sending[tp]
+        except ProduceError:
+            self._send(tp, value, key, next_offset)
+            await self._sending[tp]
+        del self._sending[tp], self._unsent[tp]
+        self._durable[tp] = next_offset
 
 
 async def run_aggregator(settings: Settings, policy: Policy) -> None:

@@ -3,9 +3,10 @@
 An aggregator owns some partitions of the event topics (Kafka's consumer group decides which).
 For each owned partition it folds events into per-interval partials and, about once a second,
 publishes a :class:`Flush`: everything folded from one contiguous range of that partition's
-offsets, ``[first, next)``. Only once the flush is acknowledged does it commit ``next``, and it
-starts the next flush there, so at most one published flush per partition is not yet covered by
-a commit, and it is the one that *starts* at the committed offset.
+offsets, ``[first, next)``, and folds on from ``next``. It commits ``next`` only once the flush
+is acknowledged, and publishes a partition's next flush only then, so the published flushes of
+a partition not yet covered by a commit are contiguous and the first *starts* at the committed
+offset (at most two: one acknowledged, its commit on the way, and the one after it).
 
 That is what makes a rebalance lose nothing and double-count nothing. The new owner resumes at
 the committed offset ``c``; its first flush also starts at ``c``. A decider that receives a flush

@@ -30,7 +30,7 @@ from policies.model import Policy
 from policies.snapshot import Snapshot, SnapshotBuilder
 from streams.broker import EmbeddedBroker
 from streams.connection import KafkaConfig, ensure_topics
-from streams.consumer import ConsumerSettings
+from streams.consumer import ConsumerSettings, TopicPartition
 from streams.events import Event, EventDecoder, InferenceLatency, encode_event
 from streams.producer import KafkaProducer
 
@@ -217,6 +217,27 @@ async def produce(
             await asyncio.sleep(0.1)
 
 
+def in_process(
+    config: KafkaConfig, names: Names, commit_interval_s: float, rules: Policy | None = None
+) -> Aggregator:
+    """An aggregator of the test's group in this process (with :func:`policy` by default)."""
+    return Aggregator(
+        config,
+        rules or policy(),
+        topic=names.aggregates,
+        consumer=ConsumerSettings(
+            group_id=names.group,
+            topics=(names.latency, names.gpu),
+            session_timeout_ms=2000,
+            heartbeat_interval_ms=500,
+            commit_interval_s=commit_interval_s,
+        ),
+        decoder=EventDecoder(
+            topics={"inference.latency": names.latency, "gpu.utilization": names.gpu}
+        ),
+    )
+
+
 def state(engine: Engine, now: float) -> list[tuple[str, int, float | None]]:
     return [(s.key, s.samples, s.quantile_ms) for s in engine.service_status(now)]
 
@@ -302,21 +323,7 @@ async def test_a_new_decider_reads_the_partials_back_and_decides_as_the_old_one(
     """Decider failover: an aggregator publishes a breach; a second decider that starts only
     after the first is gone reads the aggregates back and holds the same windows, so at the
     same instant it takes the same decisions."""
-    aggregator = Aggregator(
-        kafka_config,
-        policy(),
-        topic=names.aggregates,
-        consumer=ConsumerSettings(
-            group_id=names.group,
-            topics=(names.latency, names.gpu),
-            session_timeout_ms=2000,
-            heartbeat_interval_ms=500,
-            commit_interval_s=0.2,
-        ),
-        decoder=EventDecoder(
-            topics={"inference.latency": names.latency, "gpu.utilization": names.gpu}
-        ),
-    )
+    aggregator = in_process(kafka_config, names, 0.2)
     running = asyncio.create_task(aggregator.run())
     events: list[Event] = []
     await produce(kafka_config, names.latency, events, rounds=10, ms=lambda r: 300.0)
@@ -363,21 +370,7 @@ async def test_a_controller_in_the_decide_role_merges_partials_and_stops_cleanly
     running = asyncio.create_task(controller.run())
     await until(lambda: controller.http.port != 0 and not controller._not_ready(), 30, "ready")
     config = KafkaConfig(kafka_broker.bootstrap)
-    aggregator = Aggregator(
-        config,
-        policy,
-        topic=names.aggregates,
-        consumer=ConsumerSettings(
-            group_id=names.group,
-            topics=(names.latency, names.gpu),
-            session_timeout_ms=2000,
-            heartbeat_interval_ms=500,
-            commit_interval_s=0.2,
-        ),
-        decoder=EventDecoder(
-            topics={"inference.latency": names.latency, "gpu.utilization": names.gpu}
-        ),
-    )
+    aggregator = in_process(config, names, 0.2, policy)
     aggregating = asyncio.create_task(aggregator.run())
     async with KafkaProducer(config) as producer:
         for _ in range(50):
@@ -399,3 +392,47 @@ async def test_a_controller_in_the_decide_role_merges_partials_and_stops_cleanly
     controller.stop()
     await asyncio.wait_for(running, 30)
     assert controller.crashed == []
+
+
+def _children() -> set[int]:
+    return {
+        int(pid)
+        for task in Path("/proc/self/task").iterdir()
+        for pid in (task / "children").read_text().split()
+    }
+
+
+@pytest.mark.slow
+async def test_folding_goes_on_while_a_flush_waits_for_the_broker() -> None:
+    """A checkpoint seals, starts publishing and returns, so folding does not stop while the
+    broker takes a second of backlog's flushes (it used to wait for every acknowledgement);
+    what it returns to commit is only what the broker acknowledged."""
+    before = _children()
+    with EmbeddedBroker() as broker:
+        (pid,) = _children() - before  # this test's own broker: it is paused below
+        config, names = KafkaConfig(broker.bootstrap), Names(uuid.uuid4().hex[:8])
+        await ensure_topics(config, [names.latency, names.gpu], partitions=PARTITIONS)
+        await ensure_aggregates_topic(config, names.aggregates)
+        aggregator = in_process(config, names, 600.0)  # checkpoints only when asked
+        running = asyncio.create_task(aggregator.run())
+        try:
+            await produce(config, names.latency, [], rounds=1, ms=lambda _: 50.0)
+            await until(lambda: aggregator.stats.folded == SERVICES * 25, 30, "every event folded")
+            partitions = [TopicPartition(names.latency, p) for p in range(PARTITIONS)]
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                durable = await asyncio.wait_for(aggregator._checkpoint(partitions), 2.0)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert durable == {}, "nothing was acknowledged yet"
+            assert aggregator.stats.flushes > 0, "the folds were sealed and are being published"
+
+            for _ in range(400):  # then the flushes are acknowledged, and their offsets returned
+                durable = await aggregator._checkpoint(partitions)
+                if sum(durable.values()) == SERVICES * 25:
+                    break
+                await asyncio.sleep(0.05)
+            assert sum(durable.values()) == SERVICES * 25
+        finally:
+            aggregator.stop()
+            await asyncio.wait_for(running, 30)
