@@ -406,8 +406,8 @@ class _Replay:
             if util is not None:
                 tl.add(self.util_channels[i], b, util)
             summary.pools[name].tick_util(util)
-        if sample:
-            sample_reclaimable(summary, tl, b, engine.pool_status(now))
+        if tl.is_sample_tick(self.k):  # reclaimable GPUs: once per bucket, not every tick
+            sample_reclaimable(summary, tl, b, self.engine.pool_status(now))
         if summary.first_tick is None:
             summary.first_tick = now
         summary.last_tick = now
