@@ -6,8 +6,7 @@ import asyncio
 import copy
 import random
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
 
@@ -26,6 +25,7 @@ from policies.snapshot import Snapshot
 from support.kubeapi import KubeAPIServer, LoggedRequest
 from support.kubeapi_objects import make_node, make_pod
 from support.kubeapi_store import PYTORCHJOB as PYTORCHJOB_CRD
+from support.workload_kinds import synced_state
 
 Obj = dict[str, Any]
 FAST = Backoff(base_s=0.02, max_s=0.2)
@@ -105,21 +105,6 @@ async def eventually(check: Callable[[], bool], *, within: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-@asynccontextmanager
-async def running(
-    api: ApiClient, settings: ClusterStateSettings | None = None
-) -> AsyncIterator[KubeClusterState]:
-    """A started, synced KubeClusterState; stopped on exit."""
-    state = KubeClusterState(api, settings or ClusterStateSettings(backoff=FAST))
-    task = asyncio.create_task(state.run(), name="test cluster state")
-    try:
-        await asyncio.wait_for(state.wait_synced(), 5)
-        yield state
-    finally:
-        state.stop()
-        await asyncio.wait_for(task, 5)
-
-
 def pod_keys(snapshot: Snapshot) -> list[str]:
     return [p.key for p in snapshot.pods]
 
@@ -166,7 +151,7 @@ async def test_snapshot_shows_gpu_nodes_pods_and_workloads(
             )
         )
     await kubeapi.create(make_pod("lonely-cpu", namespace="ml"))
-    async with running(kube_client) as state:
+    async with synced_state(kube_client) as state:
         snapshot = state.snapshot()
     assert [n.name for n in snapshot.nodes] == ["gpu-1"]
     assert snapshot.nodes[0].labels["pool"] == "a100"
@@ -190,7 +175,7 @@ async def test_snapshot_identity_is_stable_until_something_shown_changes(
     snapshot cannot show (a status condition); a visible change gives a new object."""
     await kubeapi.create(make_node("n1", gpus=8))
     await kubeapi.create(make_pod("p", namespace="ml", node="n1", gpus=1))
-    async with running(kube_client) as state:
+    async with synced_state(kube_client) as state:
         first = state.snapshot()
         assert state.snapshot() is first
         pods = state.informers["pods"]
@@ -225,7 +210,7 @@ async def test_selectors_and_namespaces_limit_what_is_watched(
     settings = ClusterStateSettings(
         node_selector="pool=gpu", pod_selector="ebbtide=yes", namespaces=("ml",), backoff=FAST
     )
-    async with running(kube_client, settings) as state:
+    async with synced_state(kube_client, settings) as state:
         snapshot = state.snapshot()
         await kubeapi.patch("nodes", None, "other", {"metadata": {"labels": {"pool": "gpu"}}})
         await eventually(lambda: len(state.snapshot().nodes) == 2)
@@ -239,7 +224,7 @@ async def test_priority_class_change_reresolves_priorities(
 ) -> None:
     """A PriorityClass created after a pod that names it changes the pod's resolved priority."""
     await kubeapi.create(make_pod("p", namespace="ml", gpus=1, priority_class="late"))
-    async with running(kube_client) as state:
+    async with synced_state(kube_client) as state:
         assert [p.priority for p in state.snapshot().pods] == [0]
         await kubeapi.create(priority_class("late", 500))
         await eventually(lambda: [p.priority for p in state.snapshot().pods] == [500])
@@ -253,7 +238,7 @@ async def test_finished_pods_and_deleted_workloads_leave_the_snapshot(
     await kubeapi.create(make_pod("gpu", namespace="ml", node="n1", gpus=1))
     await kubeapi.create(deployment("web", replicas=1))
     await kubeapi.create(owned(make_pod("web-abc-1", namespace="ml"), "ReplicaSet", "web-abc"))
-    async with running(kube_client) as state:
+    async with synced_state(kube_client) as state:
         assert pod_keys(state.snapshot()) == ["ml/gpu", "ml/web-abc-1"]
         await kubeapi.patch(
             "pods", "ml", "gpu", {"status": {"phase": "Succeeded"}}, subresource="status"
@@ -274,7 +259,7 @@ async def test_a_kind_whose_crd_is_not_installed_is_skipped_then_rediscovered() 
             return server.requests_matching(path_regex=r"^/apis/kubeflow\.org/v1/pytorchjobs$")
 
         with capture_logs() as logs:
-            async with running(api, settings) as state:
+            async with synced_state(api, settings) as state:
                 assert state.snapshot().workloads == ()
                 assert not state.informers["pytorchjobs.kubeflow.org"].installed
                 await server.until(lambda: len(jobs()) >= 3)  # looked for again and again
@@ -336,7 +321,7 @@ async def test_quotas_taints_and_template_placement_reach_the_snapshot(
                 "spec": {"hard": {"requests.nvidia.com/gpu": hard}},
             }
         )
-    async with running(kube_client) as state:
+    async with synced_state(kube_client) as state:
         snapshot = state.snapshot()
         assert [(q.namespace, q.hard) for q in snapshot.quotas] == [("ml", 4)]
         assert [t.key for t in snapshot.nodes[0].taints] == ["nvidia.com/gpu"]
@@ -350,7 +335,7 @@ async def test_pdbs_are_exposed_raw(kubeapi: KubeAPIServer, kube_client: ApiClie
     """PodDisruptionBudgets are cached as raw objects, status included, for the actuators."""
     await kubeapi.create(pdb("web", app="web"))
     await kubeapi.create(make_pod("w", namespace="ml", labels={"app": "web"}))
-    async with running(kube_client) as state:
+    async with synced_state(kube_client) as state:
         await eventually(lambda: [p["status"]["currentHealthy"] for p in state.pdbs()] == [1])
     assert [p["metadata"]["name"] for p in state.pdbs()] == ["web"]
 
@@ -363,7 +348,7 @@ async def test_relist_after_gone_keeps_the_snapshot_consistent(
     await kubeapi.create(make_node("n1", gpus=8))
     await kubeapi.create(make_pod("stays", namespace="ml", node="n1", gpus=1))
     await kubeapi.create(make_pod("goes", namespace="ml", node="n1", gpus=1))
-    async with running(kube_client) as state:
+    async with synced_state(kube_client) as state:
         before = state.snapshot()
         kubeapi.faults.add(method="GET", path_regex="^/api", status=503, times=3)
         kubeapi.store.close()

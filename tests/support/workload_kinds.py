@@ -92,10 +92,14 @@ TRAINING = {"ebbtide.io/class": "training"}
 
 @asynccontextmanager
 async def synced_state(
-    api: ApiClient, *, kinds: tuple[WorkloadKind, ...] | None = None
+    api: ApiClient,
+    settings: ClusterStateSettings | None = None,
+    *,
+    kinds: tuple[WorkloadKind, ...] | None = None,
 ) -> AsyncIterator[KubeClusterState]:
-    """A started KubeClusterState (the default kinds unless ``kinds``), synced; stopped on exit."""
-    settings = ClusterStateSettings(backoff=Backoff(base_s=0.02, max_s=0.2))
+    """A started KubeClusterState (fast retries and the default kinds unless ``settings`` or
+    ``kinds`` say otherwise), synced; stopped on exit."""
+    settings = settings or ClusterStateSettings(backoff=Backoff(base_s=0.02, max_s=0.2))
     if kinds is not None:
         settings = dataclasses.replace(settings, workload_kinds=kinds)
     state = KubeClusterState(api, settings)
