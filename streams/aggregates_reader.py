@@ -12,24 +12,16 @@ not, so where this broker lists a too-low end offset the reader only re-reads.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-
-import structlog
-from aiokafka.errors import KafkaError
 
 from streams.capture import TopicReader
 
 __all__ = ["AggregatesReader"]
 
-log = structlog.get_logger(__name__)
-
 
 class AggregatesReader(TopicReader):
     """Reads the topic from ``since_s`` on and hands each value to a callback until
     cancelled; :attr:`caught_up` once a fetch found nothing new after the start."""
-
-    caught_up = False
 
     async def run(self, since_s: float, on_value: Callable[[bytes], None]) -> None:
         await self.start()
@@ -42,18 +34,6 @@ class AggregatesReader(TopicReader):
             for tp in partitions:
                 at = found.get(tp)
                 consumer.seek(tp, ends[tp] if at is None or at.timestamp < 0 else at.offset)
-            while True:
-                try:
-                    batches = await consumer.getmany(timeout_ms=500)
-                except KafkaError as exc:
-                    log.warning("aggregates.fetch_failed", topic=self.topic, error=repr(exc))
-                    await asyncio.sleep(1.0)
-                    continue
-                if not batches:
-                    self.caught_up = True
-                for messages in batches.values():
-                    for m in messages:
-                        if m.value is not None:
-                            on_value(m.value)
+            await self.follow(on_value)
         finally:
             await self.stop()

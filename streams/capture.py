@@ -154,6 +154,8 @@ class TopicReader:
 
     def __init__(self, config: KafkaConfig, topic: str) -> None:
         self.topic = topic
+        self.caught_up = False
+        """:meth:`follow` found nothing new once: it has read what there was."""
         self._consumer = AIOKafkaConsumer(
             **config.client_kwargs(), group_id=None, enable_auto_commit=False
         )
@@ -199,7 +201,8 @@ class TopicReader:
         return values
 
     async def follow(self, on_value: Callable[[bytes], None]) -> None:
-        """Hand every new value to ``on_value`` until cancelled; broker errors are retried."""
+        """Hand every new value to ``on_value`` until cancelled; broker errors are retried.
+        :attr:`caught_up` once a fetch found nothing new."""
         while True:
             try:
                 batches = await self._consumer.getmany(timeout_ms=500)
@@ -207,6 +210,8 @@ class TopicReader:
                 log.warning("tail.fetch_failed", topic=self.topic, error=repr(exc))
                 await asyncio.sleep(1.0)
                 continue
+            if not batches:
+                self.caught_up = True
             for messages in batches.values():
                 for m in messages:
                     if m.value is not None:
