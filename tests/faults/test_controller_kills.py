@@ -23,7 +23,7 @@ from fault_support import (
     writes,
 )
 
-from support.e2e import HERE, World, eventually, ready
+from support.e2e import HERE, World, eventually, pin_training, ready
 from support.kubeapi_objects import labels_of
 from support.mig_manager import CONFIG_LABEL, STATE_LABEL, Outcome
 
@@ -106,12 +106,7 @@ async def test_sigkill_between_an_eviction_and_its_record_keeps_the_budget(
     policy = policy_with(tmp_path, services=spec["services"], budgets=spec["budgets"])
     # Training cannot shrink: only evictions free GPUs. The server evicts the first victim at
     # once but answers only after 8 s, long after the kill.
-    await world.kubeapi.patch(
-        "Deployment",
-        "ml",
-        "train",
-        {"metadata": {"annotations": {"ebbtide.io/min-replicas": "10"}}},
-    )
+    await pin_training(world.kubeapi)
     fault = world.kubeapi.faults.add(
         method="POST", path_regex="/pods/train-[^/]+/eviction$", status=None, delay=8,
         commit=True,

@@ -11,7 +11,7 @@ import pytest
 
 from controller.cluster import Outcome
 from streams.events import InferenceLatency
-from support.e2e import TRAINING, build_cluster, eventually, in_process_controller
+from support.e2e import TRAINING, build_cluster, eventually, in_process_controller, pin_training
 from support.kubeapi import KubeAPIServer
 
 pytestmark = pytest.mark.slow
@@ -24,12 +24,7 @@ async def test_a_scale_up_refused_for_want_of_freed_gpus_writes_an_event(
     so chat's scale-up is refused, and that refusal is an Event on chat's Deployment that names
     the blocked eviction."""
     await build_cluster(kubeapi, full=True)
-    await kubeapi.patch(
-        "Deployment",
-        "ml",
-        "train",
-        {"metadata": {"annotations": {"ebbtide.io/min-replicas": "10"}}},
-    )
+    await pin_training(kubeapi)
     await kubeapi.create(
         {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
          "metadata": {"name": "pinned", "namespace": "ml"},

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 
 from controller.cluster import ActionResult, Outcome
 from streams.events import InferenceLatency
-from support.e2e import build_cluster, in_process_controller
+from support.e2e import build_cluster, in_process_controller, pin_training
 from support.kubeapi import KubeAPIServer
 from support.rbac_check import rbac_violations
 
@@ -25,12 +25,7 @@ async def test_evictions_count_their_wasted_gpu_hours(
     """Training pinned at its floor must be evicted for chat; each applied eviction reports the
     GPU-hours since its pod started, and the counter is their sum."""
     await build_cluster(kubeapi, full=True)
-    await kubeapi.patch(
-        "Deployment",
-        "ml",
-        "train",
-        {"metadata": {"annotations": {"ebbtide.io/min-replicas": "10"}}},
-    )
+    await pin_training(kubeapi)
     async with in_process_controller(kubeapi, tmp_path) as controller:
         evicted: list[ActionResult] = []
         deadline = time.monotonic() + 10

@@ -115,6 +115,16 @@ async def build_cluster(kubeapi: KubeAPIServer, *, full: bool = False) -> None:
         await kubeapi.create(workload_pod("ml", "train", i, node, TRAINING, "training-low"))
 
 
+async def pin_training(kubeapi: KubeAPIServer) -> None:
+    """Training may not shrink below 10 replicas (the full cluster's): only evictions free GPUs."""
+    await kubeapi.patch(
+        "Deployment",
+        "ml",
+        "train",
+        {"metadata": {"annotations": {"ebbtide.io/min-replicas": "10"}}},
+    )
+
+
 @dataclass
 class World:
     """What one end-to-end test runs against."""
