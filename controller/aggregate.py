@@ -66,9 +66,12 @@ async def ensure_aggregates_topic(
 
 #: Size past which a fold is published at once rather than at the next flush: a flush is one
 #: Kafka message (1 MB by default), and a backlog read at full speed spans many intervals per
-#: second. A quarter of the limit leaves room for one more batch (:data:`BATCH_RECORDS`: at
-#: worst ~800 bytes per event, when every event opens a new interval of a wide sketch).
+#: second. The size is looked at every :data:`SIZE_CHECK_EVERY` events of a partition, within a
+#: batch, and cut there; an event adds at most one interval's sketch to a fold, and a sketch
+#: holds at most :data:`~policies.partials.BIN_LIMIT` bins (~18.5 kB encoded), so a flush stays
+#: under 256 kB + 32 x 18.5 kB = 848 kB whatever the batch.
 MAX_FLUSH_BYTES = 256 * 1024
+SIZE_CHECK_EVERY = 32
 #: Messages per fetch for an aggregator (the single-replica path fetches 5,000).
 BATCH_RECORDS = 500
 
@@ -148,23 +151,28 @@ class Aggregator:
             await self.consumer.run()
 
     async def _fold(self, batch: Batch) -> None:
-        """The consumer's handler: fold each partition's events into its fold."""
-        assert self.consumer is not None
-        generation = self.consumer.generation
-        if batch.generation != generation:
-            self.stats.stale += len(batch.events)
-            return
+        """The consumer's handler: fold each partition's events into its fold, publishing a
+        fold as soon as it outgrows :data:`MAX_FLUSH_BYTES` (a flush is one message)."""
+        consumer = self.consumer
+        assert consumer is not None
+        generation = batch.generation
         now = self._clock()
         events = batch.events
         for tp, (start, end, first) in batch.spans.items():
             held = self._folds.get(tp)
             fresh = held is None or held[0] != generation
             fold = self._fold_at(tp, first) if fresh or held is None else held[1]
-            fold.observe(events[start:end], now)
-            self._folds[tp] = (generation, fold, batch.positions[tp])
-            if fold.size() > MAX_FLUSH_BYTES:
-                await self.consumer.commit([tp])  # publish now: a flush is one message
-        self.stats.folded += len(events)
+            at = start
+            while at < end and consumer.generation == generation:  # else revoked meanwhile
+                cut = min(end, at + SIZE_CHECK_EVERY)
+                fold.observe(events[at:cut], now)
+                self.stats.folded += cut - at
+                self._folds[tp] = (generation, fold, batch.offset_of(tp, cut))
+                at = cut
+                if fold.size() > MAX_FLUSH_BYTES:
+                    await consumer.commit([tp])  # seals it and starts the next fold at the cut
+                    fold = self._folds[tp][1]
+            self.stats.stale += end - at
 
     async def _checkpoint(
         self, partitions: Sequence[TopicPartition]

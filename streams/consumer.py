@@ -86,6 +86,19 @@ class Batch:
     generation: int = 0
     """:attr:`EventConsumer.generation` when fetched: a batch of an older generation was
     fetched before partitions were last revoked, and is fetched again after."""
+    offsets: Mapping[TopicPartition, Sequence[int]] = field(default_factory=dict)
+    """The offsets of a partition's events where they do not simply count on from its span's
+    first offset (a message was rejected, or the log has a gap: a transaction marker)."""
+
+    def offset_of(self, tp: TopicPartition, index: int) -> int:
+        """The offset of ``events[index]``, an event of partition ``tp``, or the next offset to
+        consume when ``index`` is the end of its span: where a handler that keeps state per
+        partition can cut it (see :mod:`controller.aggregate`)."""
+        start, end, first = self.spans[tp]
+        if index == end:
+            return self.positions[tp]
+        held = self.offsets.get(tp)
+        return first + index - start if held is None else held[index - start]
 
 
 Handler = Callable[[Batch], Awaitable[None]]
@@ -365,6 +378,7 @@ class EventConsumer:
         positions: dict[TopicPartition, int] = {}
         spans: dict[TopicPartition, tuple[int, int, int]] = {}
         rejected: list[tuple[RawMessage, Rejection]] = []
+        offsets: dict[TopicPartition, list[int]] = {}
         stats = self.stats
         for tp, messages in records.items():
             accepted_before = len(events)
@@ -379,10 +393,18 @@ class EventConsumer:
                     rejected.append((_raw(tp, message), result))
                 else:
                     events.append(result)
+            accepted = len(events) - accepted_before
+            if messages[-1].offset - messages[0].offset + 1 != accepted:
+                refused = {
+                    raw.offset
+                    for raw, _ in rejected
+                    if raw.partition == tp.partition and raw.topic == tp.topic
+                }
+                offsets[tp] = [m.offset for m in messages if m.offset not in refused]
             positions[tp] = messages[-1].offset + 1
             spans[tp] = (accepted_before, len(events), messages[0].offset)
             stats.consumed[tp.topic] += len(messages)
-            stats.accepted[tp.topic] += len(events) - accepted_before
+            stats.accepted[tp.topic] += accepted
         for raw, rejection in rejected:
             stats.rejected[raw.topic, rejection.code] += 1
             log.info(
@@ -396,7 +418,12 @@ class EventConsumer:
         if rejected and not await self._dead_letter_all(rejected):
             return None
         return Batch(
-            events, positions, fetched_at=fetched_at, spans=spans, generation=self.generation
+            events,
+            positions,
+            fetched_at=fetched_at,
+            spans=spans,
+            generation=self.generation,
+            offsets=offsets,
         )
 
     async def _dead_letter_all(self, rejected: list[tuple[RawMessage, Rejection]]) -> bool:

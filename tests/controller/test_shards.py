@@ -436,3 +436,33 @@ async def test_folding_goes_on_while_a_flush_waits_for_the_broker() -> None:
         finally:
             aggregator.stop()
             await asyncio.wait_for(running, 30)
+
+
+async def test_a_batch_too_wide_for_one_message_is_published_in_several_flushes(
+    kafka_config: KafkaConfig, names: Names
+) -> None:
+    """300 events of one service, each in an interval of its own with samples over ~1,000
+    sketch bins (a backlog of a service answering in microseconds and in minutes), fold into
+    ~3 MB within one fetched batch: more than a Kafka message holds. The fold used to be sealed
+    whole, refused by the producer (message too large) and re-sent forever, so nothing of that
+    partition was ever covered or committed again; now a fold that outgrows
+    ``MAX_FLUSH_BYTES`` is sealed within the batch, at the event where it did."""
+    now = time.time()
+    samples = [0.001 * 1.1**k for k in range(0, 228, 3)]
+    events = [
+        InferenceLatency(ts=now - 300 + i, service="chat0", namespace="serving", samples_ms=samples)
+        for i in range(300)
+    ]
+    async with KafkaProducer(kafka_config, linger_ms=50) as producer:
+        for event in events:
+            await producer.send(names.latency, encode_event(event), key=b"serving/chat0")
+    aggregator = in_process(kafka_config, names, 0.2)
+    running = asyncio.create_task(aggregator.run())
+    decider = Decider(kafka_config, names)
+    try:
+        await until(lambda: decider.covered(names.latency) == 300, 30, "all 300 events covered")
+        assert aggregator.stats.flushes >= 3, "~3 MB must take at least three flushes"
+    finally:
+        aggregator.stop()
+        await asyncio.wait_for(running, 30)
+        await decider.close()

@@ -46,15 +46,22 @@ async def produce(config: KafkaConfig, topics: Topics, events: list[InferenceLat
 
 
 class Collector:
-    """A handler that records what it was handed."""
+    """A handler that records what it was handed, and the offset each batch gives each event."""
 
     def __init__(self) -> None:
         self.events: list[InferenceLatency] = []
         self.batches = 0
+        self.offsets: dict[float | None, int] = {}
+        """By latency (the tests number events by it): the event's offset, per its batch."""
 
     async def __call__(self, batch: Batch) -> None:
         self.batches += 1
         self.events.extend(e for e in batch.events if isinstance(e, InferenceLatency))
+        for tp, (start, end, _) in batch.spans.items():
+            for i in range(start, end):
+                event = batch.events[i]
+                if isinstance(event, InferenceLatency):
+                    self.offsets[event.latency_ms] = batch.offset_of(tp, i)
 
 
 def consumer_for(
@@ -141,7 +148,8 @@ async def test_bad_messages_go_to_the_dead_letter_topic_with_their_reason(
     kafka_config: KafkaConfig,
 ) -> None:
     """A mixed stream: every valid event accepted, every bad one dead-lettered with the
-    original bytes, key, source position and reason; the counts add up and nothing crashes."""
+    original bytes, key, source position and reason; the counts add up and nothing crashes.
+    Each accepted event's batch still knows its offset, the rejected ones skipped."""
     topics, group = Topics(), f"g-{uuid.uuid4().hex[:6]}"
     await topics.create(kafka_config, partitions=1)
     good = [json.dumps(_event_dict(i)).encode() for i in range(50)]
@@ -182,6 +190,8 @@ async def test_bad_messages_go_to_the_dead_letter_topic_with_their_reason(
     assert len(handled.events) == len(good) == stats.accepted[topics.latency]
     assert sum(stats.rejected.values()) == len(sent_bad)
     assert stats.consumed[topics.latency] == len(good) + len(sent_bad)
+    # good i follows the bad ones sent after goods 0, 6, 12, ... (8 of them)
+    assert handled.offsets == {float(i): i + min(8, (i + 5) // 6) for i in range(len(good))}
 
     reader = AIOKafkaConsumer(
         topics.dead, **kafka_config.client_kwargs(), auto_offset_reset="earliest"
