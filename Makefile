@@ -13,6 +13,7 @@ bench:
 	python benchmarks/engine.py
 	python benchmarks/replay.py --lengths 1000000 5000000 --runs 3
 	python benchmarks/replay.py --shape sparse --runs 3
+	python benchmarks/shards.py --replicas 1 2 --json
 	python benchmarks/latency.py --rates 1000 10000 50000 --trials 20
 	python benchmarks/scale.py --seconds 90
 	ebbtide simulate examples/scenario-small.yaml --policy policies/library/balanced.yaml \
