@@ -341,6 +341,10 @@ class Engine:
         self._mean_high = False
         #: The latest hold on a MIG node after a failed flow.
         self._mig_held_until = -math.inf
+        #: After :meth:`idle` found a quiet tick: its snapshot, until when nothing the engine
+        #: follows can wake (a service's wake time, the pool rules' timers) and whether the
+        #: whole-card pool's mean is read; ``None`` once anything else may have changed.
+        self._quiet: tuple[Snapshot, float, bool] | None = None
         self._apply(policy)
 
     # -- policy ------------------------------------------------------------------------------
@@ -365,6 +369,7 @@ class Engine:
         return self.reload(policy)
 
     def _apply(self, policy: Policy) -> None:
+        self._quiet = None
         spec = policy.spec
         services: dict[str, _Service] = {}
         for name in sorted(spec.services):
@@ -544,6 +549,7 @@ class Engine:
         """Tick the SLOs due (every SLO, as far as anyone can tell; see the module docstring)
         and return this round's decisions, in the order they were taken."""
         self.advance(now)
+        self._quiet = None
         inv = self._index(snapshot)
         due = self._slo_due(now, inv)
         changed = self._changed = []
@@ -633,8 +639,27 @@ class Engine:
         no service's rules to run and the pool rules quiet. If so, the tick is recorded as
         ``evaluate`` would record it (it returned no decision and stepped nothing) and the
         caller may skip the rest of its tick; if not, nothing changed and the caller
-        evaluates. Always ``False`` when not incremental."""
+        evaluates. Always ``False`` when not incremental.
+
+        A run of quiet ticks costs little: after one, the next is quiet as long as no event
+        made a service due, no wake time or pool timer came and the pool's mean did not drop
+        (anything else, an evaluation, a reload, feedback, drops what was known)."""
         seen, last = self._seen, self._last_round
+        quiet = self._quiet
+        if (
+            quiet is not None
+            and quiet[0] is snapshot
+            and now < quiet[1]
+            and not self._due
+            and last is not None
+            and now - last <= self._gap_s
+        ):
+            if quiet[2] and not self._mean_high_at(now):
+                return False
+            self.advance(now)
+            self._changed = []
+            self._last_round = now
+            return True
         cached = self._inventory_for
         if (
             not self._incremental
@@ -657,6 +682,13 @@ class Engine:
         self.advance(now)
         self._changed = []
         self._last_round = now
+        wakes = self._wakes
+        mig = self._policy.spec.mig
+        self._quiet = (
+            snapshot,
+            min(wakes[0][0], self._pools_wake) if wakes else self._pools_wake,
+            mig is not None and mig.enabled and not self._busy and not self._pools_unmet,
+        )
         return True
 
     def _pools_quiet(self, now: float, seen: tuple[Inventory, Policy, set[str]]) -> bool:
@@ -678,8 +710,15 @@ class Engine:
         mig = self._policy.spec.mig
         if mig is None or not mig.enabled or seen[2] or self._pools_unmet:
             return True
+        return self._mean_high_at(now)
+
+    def _mean_high_at(self, now: float) -> bool:
+        """Whether the whole-card pool's mean is at or above ``convertBelow`` (or unknown) at
+        ``now``: read again only when a reading came or the window moved a slot."""
         key = (self.observed, int(now // self._util_interval))  # what the mean depends on
         if key != self._mean_for:
+            mig = self._policy.spec.mig
+            assert mig is not None
             mean = self._pool_windows[mig.from_pool].mean(now)
             self._mean_for = key
             self._mean_high = mean is None or mean >= mig.convert_below * 100.0
@@ -796,6 +835,7 @@ class Engine:
         its time; one that did not gives both back; the workload an eviction or shrink took a
         pod from is marked, as when decided here. Reading a record twice changes nothing."""
         self._pools_seen = None  # the pool rules' budgets or cooldowns may have moved
+        self._quiet = None
         if not self._ledger.record(rec):
             return
         if rec.disrupts is not None and self._ledger.verdict(rec.id) != "not_done":
@@ -824,6 +864,7 @@ class Engine:
         before then: the next one in victim order is taken instead; a MIG flow's node is not
         planned for before then."""
         self._pools_seen = None  # a budget unit, a cooldown or a MIG slot came back
+        self._quiet = None
         self._ledger.settle(decision.id, action=decision.action, done=False, at=decision.at)
         svc = None if decision.cause is None else self._services.get(decision.cause)
         if svc is not None:

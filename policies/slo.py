@@ -296,14 +296,18 @@ class ExceedanceWindow:
         without any write in between: when an interval leaves the window, or one written ahead
         of ``now`` enters it; ``inf`` when the window holds nothing. The latency window has the
         same intervals, so its reads change no sooner."""
-        interval, length = self._interval, self._length
+        interval, length, head = self._interval, self._length, self._head
         last = int(now // interval)
-        first = max(last, self._head) - length + 1
-        until = math.inf
+        first = (last if last > head else head) - length + 1
+        # The earliest change in slots (``slot * interval`` grows with ``slot``): one plain
+        # loop, the engine asks this of every service it ticked.
+        soonest = _NO_SLOT
         for slot, n in zip(self._slots, self._n, strict=True):
             if n and slot >= first:
-                until = min(until, (slot if slot > last else slot + length) * interval)
-        return until
+                at = slot if slot > last else slot + length
+                if soonest == _NO_SLOT or at < soonest:
+                    soonest = at
+        return math.inf if soonest == _NO_SLOT else soonest * interval
 
     def level(self, now: float, q: float, min_samples: int) -> tuple[Level, int]:
         """Where the window's ``q``-quantile stands, and how many samples it holds."""

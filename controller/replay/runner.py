@@ -157,6 +157,10 @@ class ReplayCluster(Cluster, Protocol):
 
     def advance(self, now: float) -> None: ...
 
+    def next_due(self) -> float:
+        """When :meth:`advance` may next change something (``inf``: never, by itself)."""
+        ...
+
     def gpus_by_use(self) -> Mapping[str, GpuUse]: ...
 
 
@@ -198,6 +202,9 @@ class _Replay:
         self.engine = Engine(policy)
         self.make_cluster = cluster
         self.cluster: ReplayCluster | None = None
+        #: The simulated cluster's next due time as of the last tick that asked it: a quiet
+        #: tick before then need not advance it (see :meth:`_quiet`).
+        self.cluster_due = -math.inf
         self.dt = s.evaluate_every
         self.speed = s.speed
         self.points = s.points
@@ -288,20 +295,23 @@ class _Replay:
         a sample tick, the simulated cluster unchanged by ``advance`` and the engine idle
         (:meth:`~policies.engine.Engine.idle`: no SLO due, no rules to run). ``False`` (and
         nothing done but the cluster's ``advance``, which the full tick repeats as a no-op)
-        otherwise."""
+        otherwise. Before the cluster's next due time (:meth:`ReplayCluster.next_due`, as
+        of the last tick) ``advance`` would change nothing but its clock, which the next full
+        tick's ``advance`` moves on: it is not called."""
         tl, cluster = self.timeline, self.cluster
         assert tl is not None
         assert cluster is not None
         k = self.k
         if k % tl.stride == 0:
             return False  # a sample tick: GPUs by use are flushed, every service accounted
-        cluster.advance(now)
-        snap = cluster.snapshot()
-        if (
-            snap is not self.snap
-            or cluster.gpus_by_use() is not self.usage
-            or not self.engine.idle(now, snap)
-        ):
+        snap = self.snap
+        if now >= self.cluster_due:
+            cluster.advance(now)
+            self.cluster_due = cluster.next_due()
+            if cluster.snapshot() is not snap or cluster.gpus_by_use() is not self.usage:
+                return False
+        assert snap is not None
+        if not self.engine.idle(now, snap):
             return False
         b = tl.bucket(k)
         for i in self._peaks_due(now):
@@ -360,6 +370,7 @@ class _Replay:
             ]
         self.uses_ticks += 1
         self.uses_bucket = b
+        self.cluster_due = cluster.next_due()
         self._end_tick(now, b)
 
     def _account(self, i: int, now: float, b: int, *, sample: bool) -> None:
