@@ -1047,7 +1047,9 @@ def _reclaimable(inv: Inventory, pool: str, idle: Mapping[str, int]) -> int:
     """Per node of ``pool``: held GPUs idle for the window (``idle``, per node). Which GPU a
     pod holds is not known, so only idle GPUs beyond the node's free ones count."""
     free = inv.node_free
-    return sum(
-        max(0, min(idle.get(n.name, 0) - free.get(n.name, 0), n.whole_gpus - free[n.name]))
-        for n in inv.pool_nodes.get(pool, ())
-    )
+    total = 0
+    for n in inv.pool_nodes.get(pool, ()):
+        spare = idle.get(n.name, 0) - free.get(n.name, 0)
+        if spare > 0:  # else none (a node's whole GPUs are read only where some may count)
+            total += max(0, min(spare, n.whole_gpus - free[n.name]))
+    return total

@@ -284,11 +284,13 @@ class ExceedanceWindow:
         if last == self._head:
             return n, hi, lo  # every cell is within the ring ending at the head
         first = max(last, self._head) - self._length + 1
-        for i, slot in enumerate(self._slots):
-            if slot != _NO_SLOT and (slot < first or slot > last):
-                n -= self._n[i]
-                hi -= self._above_hi[i]
-                lo -= self._above_lo[i]
+        for slot, cn, chi, clo in zip(
+            self._slots, self._n, self._above_hi, self._above_lo, strict=True
+        ):
+            if (slot < first or slot > last) and slot != _NO_SLOT:
+                n -= cn
+                hi -= chi
+                lo -= clo
         return n, hi, lo
 
     def steady_until(self, now: float) -> float:
