@@ -374,13 +374,30 @@ def test_replay_of_a_sparse_recording_is_the_same_as_ticking_everything(
         for n, base in (("w0", 15.0), ("w1", 25.0), ("w2", 1.0), ("w3", 2.0)):
             events.extend(util(t + 30 + g, n, g, base + rnd.random()) for g in range(8))
     path = write_recording(tmp_path / "sparse.jsonl", events)
-    p = policy()
+    incremental, full = replayed_both_ways(path, policy(), tmp_path, monkeypatch)
+    assert incremental == full
+    assert incremental[1]["actions"]["total"] > 0
 
-    def cluster(start: float) -> SimCluster:
-        return SimCluster(snapshot(0), start=start, pools=p.spec.pools)
 
-    def outputs(out: Path) -> tuple[bytes, dict[str, Any], dict[str, list[float | None]]]:
-        result = replay(path, policy=p, cluster=cluster, out_dir=out)
+Outputs = tuple[bytes, dict[str, Any], dict[str, list[float | None]]]
+
+
+def replayed_both_ways(
+    path: Path,
+    p: Policy,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: ReplaySettings | None = None,
+) -> tuple[Outputs, Outputs]:
+    """``decisions.jsonl``, the summary and the report's series of replaying ``path`` through
+    the simulated cluster (from ``snapshot(0)``), then the same with an engine that ticks
+    everything."""
+
+    def outputs(out: Path) -> Outputs:
+        def cluster(start: float) -> SimCluster:
+            return SimCluster(snapshot(0), start=start, pools=p.spec.pools)
+
+        result = replay(path, policy=p, cluster=cluster, out_dir=out, settings=settings)
         return (
             (out / DECISIONS_FILE).read_bytes(),
             result.summary.to_dict(),
@@ -389,9 +406,7 @@ def test_replay_of_a_sparse_recording_is_the_same_as_ticking_everything(
 
     incremental = outputs(tmp_path / "inc")
     monkeypatch.setattr(runner, "Engine", functools.partial(Engine, incremental=False))
-    full = outputs(tmp_path / "full")
-    assert incremental == full
-    assert incremental[1]["actions"]["total"] > 0
+    return incremental, outputs(tmp_path / "full")
 
 
 class IdleLockstep(Lockstep):
@@ -505,22 +520,8 @@ def test_replay_advances_the_simulated_cluster_on_quiet_ticks_when_something_is_
         for minute in range(20)
     ]
     path = write_recording(tmp_path / "quiet.jsonl", events)
-
-    def cluster(start: float) -> SimCluster:
-        return SimCluster(snapshot(0), start=start, pools=p.spec.pools)
-
-    def outputs(out: Path) -> tuple[bytes, dict[str, Any], dict[str, list[float | None]]]:
-        # 20 points: few sample ticks (each a full one), so the pod's steps land on quiet ones
-        settings = ReplaySettings(points=20)
-        result = replay(path, policy=p, cluster=cluster, out_dir=out, settings=settings)
-        return (
-            (out / DECISIONS_FILE).read_bytes(),
-            result.summary.to_dict(),
-            result.timeline.series(),
-        )
-
-    incremental = outputs(tmp_path / "inc")
-    monkeypatch.setattr(runner, "Engine", functools.partial(Engine, incremental=False))
-    full = outputs(tmp_path / "full")
+    # 20 points: few sample ticks (each a full one), so the pod's steps land on quiet ones
+    settings = ReplaySettings(points=20)
+    incremental, full = replayed_both_ways(path, p, tmp_path, monkeypatch, settings)
     assert incremental == full
     assert b"slo-breach-scale-up" in incremental[0]
