@@ -483,7 +483,7 @@ def test_readings_that_pull_the_pool_mean_down_inside_a_run_of_idle_ticks_conver
     def feed(t: float) -> list[Event]:
         k = int(t - T0)
         repeat = 6 if k == 900 else 1
-        events = [util(t, "w0", g, 60.0) for g in range(8)] if k % 50 == 7 else []
+        events: list[Event] = [util(t, "w0", g, 60.0) for g in range(8)] if k % 50 == 7 else []
         if k % 50 == 7 or k == 900:
             events += [util(t, n, g, 1.0) for n in ("w2", "w3") for g in range(8)] * repeat
         return events
