@@ -60,7 +60,7 @@ import msgspec
 
 from controller.cluster import ActionResult, Cluster, Outcome, feed_back
 from controller.replay.source import SourceStats, read_event_batches
-from controller.replay.summary import USES, Summary, sample_reclaimable
+from controller.replay.summary import USES, PoolAccount, Summary, sample_reclaimable
 from controller.replay.timeline import Timeline
 from controller.sim import GpuUse
 from policies.decisions import decision_to_dict
@@ -243,6 +243,8 @@ class _Replay:
         self.since = [0] * len(self.services)
         self.above: dict[int, float] = {}
         self.util_channels = [f"util:{name}" for name in self.pool_names]
+        #: Per pool: its utilization channel's ``add`` (from :meth:`_start`) and its account.
+        self.util_sinks: list[tuple[Callable[[int, float], None], PoolAccount]] = []
         #: The GPUs by use per pool (from ``usage``), and the ticks of bucket ``uses_bucket``
         #: not yet accounted with them (see :meth:`_flush_uses`).
         self.usage: Mapping[str, GpuUse] | None = None
@@ -411,12 +413,13 @@ class _Replay:
         """Every tick's end: the pools' utilization, the tick counted, the clock moved on."""
         tl, summary = self.timeline, self.summary
         assert tl is not None
-        for i, name in enumerate(self.pool_names):
-            n = self.util_n[i]
-            util = self.util_sum[i] / n if n else None
+        util_n, util_sum = self.util_n, self.util_sum
+        for i, (add, account) in enumerate(self.util_sinks):
+            n = util_n[i]
+            util = util_sum[i] / n if n else None
             if util is not None:
-                tl.add(self.util_channels[i], b, util)
-            summary.pools[name].tick_util(util)
+                add(b, util)
+            account.tick_util(util)
         if tl.is_sample_tick(self.k):  # reclaimable GPUs: once per bucket, not every tick
             sample_reclaimable(summary, tl, b, self.engine.pool_status(now))
         if summary.first_tick is None:
@@ -441,6 +444,10 @@ class _Replay:
             tl.channel(f"reclaim:{name}", "mean")
             for u in USES:
                 tl.channel(f"use:{name}:{u}", "mean")
+        self.util_sinks = [
+            (tl.adder(channel), self.summary.pools[name])
+            for channel, name in zip(self.util_channels, self.pool_names, strict=True)
+        ]
 
     def _until(self, ts: float) -> None:
         while self.next_tick < ts:
