@@ -635,11 +635,12 @@ class Engine:
 
     def idle(self, now: float, snapshot: Snapshot) -> bool:
         """Whether ``evaluate(now, snapshot)`` would be a quiet tick: the snapshot and policy
-        of the last evaluation, no SLO due (no event for a service since, no wake time come),
-        no service's rules to run and the pool rules quiet. If so, the tick is recorded as
-        ``evaluate`` would record it (it returned no decision and stepped nothing) and the
-        caller may skip the rest of its tick; if not, nothing changed and the caller
-        evaluates. Always ``False`` when not incremental.
+        of the last evaluation, the SLOs due (events for a service since, a wake time come)
+        stepping to the same state with rules that would only hold (:func:`_holds_only`), no
+        other service's rules to run and the pool rules quiet. If so, the tick is recorded as
+        ``evaluate`` would record it (it returned no decision, changed no SLO state, and the
+        due services were ticked) and the caller may skip the rest of its tick; if not,
+        nothing changed and the caller evaluates. Always ``False`` when not incremental.
 
         A run of quiet ticks costs little: after one, the next is quiet as long as no event
         made a service due, no wake time or pool timer came and the pool's mean did not drop
@@ -651,6 +652,7 @@ class Engine:
             and quiet[0] is snapshot
             and now < quiet[1]
             and not self._due
+            and not self._settling
             and last is not None
             and now - last <= self._gap_s
         ):
@@ -677,11 +679,24 @@ class Engine:
         ):
             return False
         self._wake_due(now)
-        if self._due or not self._pools_quiet(now, (seen[0], seen[1], set(self._busy.values()))):
+        due = self._due
+        samples = self._steps_hold(now, due, seen[0])
+        if samples is None or not self._pools_quiet(
+            now, (seen[0], seen[1], set(self._busy.values()))
+        ):
             return False
         self.advance(now)
         self._changed = []
         self._last_round = now
+        if due:  # stepped as evaluate steps them: their state stays, their rules would hold
+            for svc, n in zip(due, samples, strict=True):
+                svc.samples = n
+                svc.due = False
+                svc.ticked_at = now
+            self._settling = due
+            self._due = []
+            self._quiet = None  # their wake times are worked out at the next tick
+            return True
         wakes = self._wakes
         mig = self._policy.spec.mig
         self._quiet = (
@@ -690,6 +705,19 @@ class Engine:
             mig is not None and mig.enabled and not self._busy and not self._pools_unmet,
         )
         return True
+
+    def _steps_hold(self, now: float, due: list[_Service], inv: Inventory) -> list[int] | None:
+        """The samples in each of ``due``'s windows when stepping each SLO at ``now`` would
+        leave its state the same object and its rules would only hold (:func:`_holds_only`),
+        so ``evaluate`` would change nothing but when it was ticked; ``None`` otherwise.
+        Reads only: :func:`~policies.slo.step` is pure."""
+        samples = []
+        for svc in due:
+            level, n = svc.exceed.level(now, svc.q, svc.min_samples)
+            if step(svc.slo, level, now, svc.spec.slo) is not svc.slo or not _holds_only(svc, inv):
+                return None
+            samples.append(n)
+        return samples
 
     def _pools_quiet(self, now: float, seen: tuple[Inventory, Policy, set[str]]) -> bool:
         """Whether the pool rules (training growth, MIG) would decide nothing and change

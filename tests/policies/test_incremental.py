@@ -417,11 +417,14 @@ class IdleLockstep(Lockstep):
     def __init__(self, p: Policy) -> None:
         super().__init__(p)
         self.idle_ticks = 0
+        #: Idle ticks after events (for a service: stepped by ``idle``, as evaluate would).
+        self.idle_after_events = 0
 
     def evaluate(self, now: float, snap: Snapshot) -> list[Decision]:
         if not self.inc.idle(now, snap):
             return super().evaluate(now, snap)
         assert self.full.evaluate(now, snap) == [], now
+        self.idle_after_events += not self.quiet_since_tick
         for key in self.keys:
             assert self.inc.slo_state(key) == self.full.slo_state(key), (now, key)
         self.idle_ticks += 1
@@ -525,3 +528,24 @@ def test_replay_advances_the_simulated_cluster_on_quiet_ticks_when_something_is_
     incremental, full = replayed_both_ways(path, p, tmp_path, monkeypatch, settings)
     assert incremental == full
     assert b"slo-breach-scale-up" in incremental[0]
+
+
+def test_an_idle_tick_steps_a_due_service_only_when_its_rules_would_hold() -> None:
+    """Ticks asked ``idle`` first, the pool rules quiet (no training, no MIG): search's events
+    (at its minimum, within its objective) are stepped on idle ticks, but chat's (3 replicas,
+    minimum 1, settled at 70ms, then faster) are not, since its rules recommend by the
+    percentile at each step: it scales down once the 70ms recommendations leave the 2m
+    stabilization window, exactly when ticking everything says."""
+
+    def feed(t: float) -> list[Event]:
+        if int(t) % 5 == 2:
+            return [latency(t, 70.0 if t < T0 + 40 else 10.0)] * 100
+        return [latency(t, 60.0, "search")] * 10 if int(t) % 5 == 0 else []
+
+    both = IdleLockstep(policy(training=None, mig=None))
+    snap = snapshot(3)  # search at its minimum (1 replica)
+    for k in range(1, 220):
+        both.observe(feed(T0 + k - 0.5))
+        both.evaluate(T0 + k, snap)
+    assert T0 + 180 < both.first("slo-scale-down")[0] < T0 + 200
+    assert both.idle_after_events > 10  # search's events, stepped on idle ticks
