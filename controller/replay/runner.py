@@ -28,11 +28,13 @@ Design:
 * **The hot loop** does per event: a type check, a comparison with the next tick, the engine's
   ``observe`` and, for utilization, one dict lookup and two float updates (a pool's running sum
   of its devices' last utilization). Per-tick work follows what changed. A tick the engine
-  says is idle (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to run,
-  the pool rules quiet) while the simulated cluster's ``advance`` changed nothing, and that is not the
-  first of a timeline bucket, is only accounted: no ``evaluate``, no snapshot. Services are
-  accounted when the engine changed their SLO state (:meth:`~policies.engine.Engine.changed`), when
-  their breach's peak is due (once per window slot) or when the plot samples them; the others'
+  says is idle (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to
+  run, the pool rules quiet) while the simulated cluster's ``advance`` changed nothing, and
+  that is not the first of a timeline bucket, is only accounted: no ``evaluate``, no
+  snapshot; before the cluster's next due time it is not even advanced. Services are
+  accounted when the engine changed their SLO state
+  (:meth:`~policies.engine.Engine.changed`), when their breach's peak is due (once per
+  window slot) or when the plot samples them; the others'
   unchanged ticks are accounted in bulk when they next change or at the end
   (:meth:`~controller.replay.summary.ServiceAccount.repeat`), and GPUs by use once per
   timeline bucket or cluster change; plus the pools' utilization, plus windowed
@@ -295,11 +297,11 @@ class _Replay:
     def _quiet(self, now: float) -> bool:
         """Run the tick at ``now`` the short way when nothing can change but the accounting: not
         a sample tick, the simulated cluster unchanged by ``advance`` and the engine idle
-        (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to run). ``False`` (and
-        nothing done but the cluster's ``advance``, which the full tick repeats as a no-op)
-        otherwise. Before the cluster's next due time (:meth:`ReplayCluster.next_due`, as
-        of the last tick) ``advance`` would change nothing but its clock, which the next full
-        tick's ``advance`` moves on: it is not called."""
+        (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to run).
+        ``False`` (and nothing done but the cluster's ``advance``, which the full tick repeats
+        as a no-op) otherwise. Before the cluster's next due time
+        (:meth:`ReplayCluster.next_due`, as of the last tick) ``advance`` would change nothing
+        but its clock, which the next full tick's ``advance`` moves on: it is not called."""
         tl, cluster = self.timeline, self.cluster
         assert tl is not None
         assert cluster is not None
