@@ -695,8 +695,10 @@ class Engine:
                 svc.ticked_at = now
             self._settling = due
             self._due = []
-            self._quiet = None  # their wake times are worked out at the next tick
-            return True
+            # Their wake times now rather than at the next tick (as after an evaluation), so
+            # the next tick can be a quiet one: an event before then makes one due again, and
+            # its wake is then skipped (see _wake_due).
+            self._wake_due(now)
         wakes = self._wakes
         mig = self._policy.spec.mig
         self._quiet = (
