@@ -695,10 +695,8 @@ class Engine:
                 svc.ticked_at = now
             self._settling = due
             self._due = []
-            # Their wake times now rather than at the next tick (as after an evaluation), so
-            # the next tick can be a quiet one: an event before then makes one due again, and
-            # its wake is then skipped (see _wake_due).
-            self._wake_due(now)
+            self._quiet = None  # their wake times are worked out at the next tick
+            return True
         wakes = self._wakes
         mig = self._policy.spec.mig
         self._quiet = (
