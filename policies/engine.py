@@ -341,6 +341,10 @@ class Engine:
         self._mean_high = False
         #: The latest hold on a MIG node after a failed flow.
         self._mig_held_until = -math.inf
+        #: After :meth:`idle` found a quiet tick: its snapshot, until when nothing the engine
+        #: follows can wake (a service's wake time, the pool rules' timers) and whether the
+        #: whole-card pool's mean is read; ``None`` once anything else may have changed.
+        self._quiet: tuple[Snapshot, float, bool] | None = None
         self._apply(policy)
 
     # -- policy ------------------------------------------------------------------------------
@@ -365,6 +369,7 @@ class Engine:
         return self.reload(policy)
 
     def _apply(self, policy: Policy) -> None:
+        self._quiet = None
         spec = policy.spec
         services: dict[str, _Service] = {}
         for name in sorted(spec.services):
@@ -544,6 +549,7 @@ class Engine:
         """Tick the SLOs due (every SLO, as far as anyone can tell; see the module docstring)
         and return this round's decisions, in the order they were taken."""
         self.advance(now)
+        self._quiet = None
         inv = self._index(snapshot)
         due = self._slo_due(now, inv)
         changed = self._changed = []
@@ -629,12 +635,33 @@ class Engine:
 
     def idle(self, now: float, snapshot: Snapshot) -> bool:
         """Whether ``evaluate(now, snapshot)`` would be a quiet tick: the snapshot and policy
-        of the last evaluation, no SLO due (no event for a service since, no wake time come),
-        no service's rules to run and the pool rules quiet. If so, the tick is recorded as
-        ``evaluate`` would record it (it returned no decision and stepped nothing) and the
-        caller may skip the rest of its tick; if not, nothing changed and the caller
-        evaluates. Always ``False`` when not incremental."""
+        of the last evaluation, the SLOs due (events for a service since, a wake time come)
+        stepping to the same state with rules that would only hold (:func:`_holds_only`), no
+        other service's rules to run and the pool rules quiet. If so, the tick is recorded as
+        ``evaluate`` would record it (it returned no decision, changed no SLO state, and the
+        due services were ticked) and the caller may skip the rest of its tick; if not,
+        nothing changed and the caller evaluates. Always ``False`` when not incremental.
+
+        A run of quiet ticks costs little: after one, the next is quiet as long as no event
+        made a service due, no wake time or pool timer came and the pool's mean did not drop
+        (anything else, an evaluation, a reload, feedback, drops what was known)."""
         seen, last = self._seen, self._last_round
+        quiet = self._quiet
+        if (
+            quiet is not None
+            and quiet[0] is snapshot
+            and now < quiet[1]
+            and not self._due
+            and not self._settling
+            and last is not None
+            and now - last <= self._gap_s
+        ):
+            if quiet[2] and not self._mean_high_at(now):
+                return False
+            self.advance(now)
+            self._changed = []
+            self._last_round = now
+            return True
         cached = self._inventory_for
         if (
             not self._incremental
@@ -652,12 +679,45 @@ class Engine:
         ):
             return False
         self._wake_due(now)
-        if self._due or not self._pools_quiet(now, (seen[0], seen[1], set(self._busy.values()))):
+        due = self._due
+        samples = self._steps_hold(now, due, seen[0])
+        if samples is None or not self._pools_quiet(
+            now, (seen[0], seen[1], set(self._busy.values()))
+        ):
             return False
         self.advance(now)
         self._changed = []
         self._last_round = now
+        if due:  # stepped as evaluate steps them: their state stays, their rules would hold
+            for svc, n in zip(due, samples, strict=True):
+                svc.samples = n
+                svc.due = False
+                svc.ticked_at = now
+            self._settling = due
+            self._due = []
+            self._quiet = None  # their wake times are worked out at the next tick
+            return True
+        wakes = self._wakes
+        mig = self._policy.spec.mig
+        self._quiet = (
+            snapshot,
+            min(wakes[0][0], self._pools_wake) if wakes else self._pools_wake,
+            mig is not None and mig.enabled and not self._busy and not self._pools_unmet,
+        )
         return True
+
+    def _steps_hold(self, now: float, due: list[_Service], inv: Inventory) -> list[int] | None:
+        """The samples in each of ``due``'s windows when stepping each SLO at ``now`` would
+        leave its state the same object and its rules would only hold (:func:`_holds_only`),
+        so ``evaluate`` would change nothing but when it was ticked; ``None`` otherwise.
+        Reads only: :func:`~policies.slo.step` is pure."""
+        samples = []
+        for svc in due:
+            level, n = svc.exceed.level(now, svc.q, svc.min_samples)
+            if step(svc.slo, level, now, svc.spec.slo) is not svc.slo or not _holds_only(svc, inv):
+                return None
+            samples.append(n)
+        return samples
 
     def _pools_quiet(self, now: float, seen: tuple[Inventory, Policy, set[str]]) -> bool:
         """Whether the pool rules (training growth, MIG) would decide nothing and change
@@ -678,8 +738,15 @@ class Engine:
         mig = self._policy.spec.mig
         if mig is None or not mig.enabled or seen[2] or self._pools_unmet:
             return True
+        return self._mean_high_at(now)
+
+    def _mean_high_at(self, now: float) -> bool:
+        """Whether the whole-card pool's mean is at or above ``convertBelow`` (or unknown) at
+        ``now``: read again only when a reading came or the window moved a slot."""
         key = (self.observed, int(now // self._util_interval))  # what the mean depends on
         if key != self._mean_for:
+            mig = self._policy.spec.mig
+            assert mig is not None
             mean = self._pool_windows[mig.from_pool].mean(now)
             self._mean_for = key
             self._mean_high = mean is None or mean >= mig.convert_below * 100.0
@@ -796,6 +863,7 @@ class Engine:
         its time; one that did not gives both back; the workload an eviction or shrink took a
         pod from is marked, as when decided here. Reading a record twice changes nothing."""
         self._pools_seen = None  # the pool rules' budgets or cooldowns may have moved
+        self._quiet = None
         if not self._ledger.record(rec):
             return
         if rec.disrupts is not None and self._ledger.verdict(rec.id) != "not_done":
@@ -824,6 +892,7 @@ class Engine:
         before then: the next one in victim order is taken instead; a MIG flow's node is not
         planned for before then."""
         self._pools_seen = None  # a budget unit, a cooldown or a MIG slot came back
+        self._quiet = None
         self._ledger.settle(decision.id, action=decision.action, done=False, at=decision.at)
         svc = None if decision.cause is None else self._services.get(decision.cause)
         if svc is not None:
@@ -1006,7 +1075,9 @@ def _reclaimable(inv: Inventory, pool: str, idle: Mapping[str, int]) -> int:
     """Per node of ``pool``: held GPUs idle for the window (``idle``, per node). Which GPU a
     pod holds is not known, so only idle GPUs beyond the node's free ones count."""
     free = inv.node_free
-    return sum(
-        max(0, min(idle.get(n.name, 0) - free.get(n.name, 0), n.whole_gpus - free[n.name]))
-        for n in inv.pool_nodes.get(pool, ())
-    )
+    total = 0
+    for n in inv.pool_nodes.get(pool, ()):
+        spare = idle.get(n.name, 0) - free.get(n.name, 0)
+        if spare > 0:  # else none (a node's whole GPUs are read only where some may count)
+            total += max(0, min(spare, n.whole_gpus - free[n.name]))
+    return total

@@ -99,11 +99,10 @@ class IdleTracker:
         out: dict[str, int] = {}
         since = now - idle_s
         for node, per_node in self._gpus.items():
-            n = sum(
-                1
-                for gpu, (first, last, busy) in per_node.items()
-                if "/" not in gpu and max(first, busy) <= since and now - last <= stale_s
-            )
+            n = 0
+            for gpu, (first, last, busy) in per_node.items():  # a plain loop: per sample tick
+                if busy <= since and first <= since and now - last <= stale_s and "/" not in gpu:
+                    n += 1
             if n:
                 out[node] = n
         return out

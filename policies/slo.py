@@ -284,11 +284,13 @@ class ExceedanceWindow:
         if last == self._head:
             return n, hi, lo  # every cell is within the ring ending at the head
         first = max(last, self._head) - self._length + 1
-        for i, slot in enumerate(self._slots):
-            if slot != _NO_SLOT and (slot < first or slot > last):
-                n -= self._n[i]
-                hi -= self._above_hi[i]
-                lo -= self._above_lo[i]
+        for slot, cn, chi, clo in zip(
+            self._slots, self._n, self._above_hi, self._above_lo, strict=True
+        ):
+            if (slot < first or slot > last) and slot != _NO_SLOT:
+                n -= cn
+                hi -= chi
+                lo -= clo
         return n, hi, lo
 
     def steady_until(self, now: float) -> float:
@@ -296,14 +298,18 @@ class ExceedanceWindow:
         without any write in between: when an interval leaves the window, or one written ahead
         of ``now`` enters it; ``inf`` when the window holds nothing. The latency window has the
         same intervals, so its reads change no sooner."""
-        interval, length = self._interval, self._length
+        interval, length, head = self._interval, self._length, self._head
         last = int(now // interval)
-        first = max(last, self._head) - length + 1
-        until = math.inf
+        first = (last if last > head else head) - length + 1
+        # The earliest change in slots (``slot * interval`` grows with ``slot``): one plain
+        # loop, the engine asks this of every service it ticked.
+        soonest = _NO_SLOT
         for slot, n in zip(self._slots, self._n, strict=True):
             if n and slot >= first:
-                until = min(until, (slot if slot > last else slot + length) * interval)
-        return until
+                at = slot if slot > last else slot + length
+                if soonest == _NO_SLOT or at < soonest:
+                    soonest = at
+        return math.inf if soonest == _NO_SLOT else soonest * interval
 
     def level(self, now: float, q: float, min_samples: int) -> tuple[Level, int]:
         """Where the window's ``q``-quantile stands, and how many samples it holds."""

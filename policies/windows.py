@@ -502,10 +502,15 @@ class LatencyWindow(_Ring):
         return sum(c.store.length() for c in self._cells) + cache
 
     def _live(self, now: float) -> list[_Interval]:
-        """Non-empty intervals covered by a read at ``now``, oldest first."""
+        """Non-empty intervals covered by a read at ``now``, oldest first: slot by slot (at
+        most one ring's worth, each in its own cell), so no sort."""
         first, last = self._span(now)
-        live = [c for c in self._cells if first <= c.slot <= last and (c.store.count or c.zeros)]
-        live.sort(key=_by_slot)
+        cells, length = self._cells, self._length
+        live = []
+        for slot in range(first, last + 1):
+            c = cells[slot % length]
+            if c.slot == slot and (c.store.count or c.zeros):
+                live.append(c)
         return live
 
     # -- reads: the running sum of the older intervals ----------------------------------------

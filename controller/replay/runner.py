@@ -28,11 +28,13 @@ Design:
 * **The hot loop** does per event: a type check, a comparison with the next tick, the engine's
   ``observe`` and, for utilization, one dict lookup and two float updates (a pool's running sum
   of its devices' last utilization). Per-tick work follows what changed. A tick the engine
-  says is idle (:meth:`~policies.engine.Engine.idle`: no SLO due, no rules to run, the pool
-  rules quiet) while the simulated cluster's ``advance`` changed nothing, and that is not the
-  first of a timeline bucket, is only accounted: no ``evaluate``, no snapshot. Services are
-  accounted when the engine changed their SLO state (:meth:`~policies.engine.Engine.changed`), when
-  their breach's peak is due (once per window slot) or when the plot samples them; the others'
+  says is idle (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to
+  run, the pool rules quiet) while the simulated cluster's ``advance`` changed nothing, and
+  that is not the first of a timeline bucket, is only accounted: no ``evaluate``, no
+  snapshot; before the cluster's next due time it is not even advanced. Services are
+  accounted when the engine changed their SLO state
+  (:meth:`~policies.engine.Engine.changed`), when their breach's peak is due (once per
+  window slot) or when the plot samples them; the others'
   unchanged ticks are accounted in bulk when they next change or at the end
   (:meth:`~controller.replay.summary.ServiceAccount.repeat`), and GPUs by use once per
   timeline bucket or cluster change; plus the pools' utilization, plus windowed
@@ -60,7 +62,7 @@ import msgspec
 
 from controller.cluster import ActionResult, Cluster, Outcome, feed_back
 from controller.replay.source import SourceStats, read_event_batches
-from controller.replay.summary import USES, Summary, sample_reclaimable
+from controller.replay.summary import USES, PoolAccount, Summary, sample_reclaimable
 from controller.replay.timeline import Timeline
 from controller.sim import GpuUse
 from policies.decisions import decision_to_dict
@@ -157,6 +159,10 @@ class ReplayCluster(Cluster, Protocol):
 
     def advance(self, now: float) -> None: ...
 
+    def next_due(self) -> float:
+        """When :meth:`advance` may next change something (``inf``: never, by itself)."""
+        ...
+
     def gpus_by_use(self) -> Mapping[str, GpuUse]: ...
 
 
@@ -198,6 +204,9 @@ class _Replay:
         self.engine = Engine(policy)
         self.make_cluster = cluster
         self.cluster: ReplayCluster | None = None
+        #: The simulated cluster's next due time as of the last tick that asked it: a quiet
+        #: tick before then need not advance it (see :meth:`_quiet`).
+        self.cluster_due = -math.inf
         self.dt = s.evaluate_every
         self.speed = s.speed
         self.points = s.points
@@ -236,6 +245,8 @@ class _Replay:
         self.since = [0] * len(self.services)
         self.above: dict[int, float] = {}
         self.util_channels = [f"util:{name}" for name in self.pool_names]
+        #: Per pool: its utilization channel's ``add`` (from :meth:`_start`) and its account.
+        self.util_sinks: list[tuple[Callable[[int, float], None], PoolAccount]] = []
         #: The GPUs by use per pool (from ``usage``), and the ticks of bucket ``uses_bucket``
         #: not yet accounted with them (see :meth:`_flush_uses`).
         self.usage: Mapping[str, GpuUse] | None = None
@@ -286,22 +297,25 @@ class _Replay:
     def _quiet(self, now: float) -> bool:
         """Run the tick at ``now`` the short way when nothing can change but the accounting: not
         a sample tick, the simulated cluster unchanged by ``advance`` and the engine idle
-        (:meth:`~policies.engine.Engine.idle`: no SLO due, no rules to run). ``False`` (and
-        nothing done but the cluster's ``advance``, which the full tick repeats as a no-op)
-        otherwise."""
+        (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to run).
+        ``False`` (and nothing done but the cluster's ``advance``, which the full tick repeats
+        as a no-op) otherwise. Before the cluster's next due time
+        (:meth:`ReplayCluster.next_due`, as of the last tick) ``advance`` would change nothing
+        but its clock, which the next full tick's ``advance`` moves on: it is not called."""
         tl, cluster = self.timeline, self.cluster
         assert tl is not None
         assert cluster is not None
         k = self.k
         if k % tl.stride == 0:
             return False  # a sample tick: GPUs by use are flushed, every service accounted
-        cluster.advance(now)
-        snap = cluster.snapshot()
-        if (
-            snap is not self.snap
-            or cluster.gpus_by_use() is not self.usage
-            or not self.engine.idle(now, snap)
-        ):
+        snap = self.snap
+        if now >= self.cluster_due:
+            cluster.advance(now)
+            self.cluster_due = cluster.next_due()
+            if cluster.snapshot() is not snap or cluster.gpus_by_use() is not self.usage:
+                return False
+        assert snap is not None
+        if not self.engine.idle(now, snap):
             return False
         b = tl.bucket(k)
         for i in self._peaks_due(now):
@@ -360,6 +374,7 @@ class _Replay:
             ]
         self.uses_ticks += 1
         self.uses_bucket = b
+        self.cluster_due = cluster.next_due()
         self._end_tick(now, b)
 
     def _account(self, i: int, now: float, b: int, *, sample: bool) -> None:
@@ -400,12 +415,13 @@ class _Replay:
         """Every tick's end: the pools' utilization, the tick counted, the clock moved on."""
         tl, summary = self.timeline, self.summary
         assert tl is not None
-        for i, name in enumerate(self.pool_names):
-            n = self.util_n[i]
-            util = self.util_sum[i] / n if n else None
+        util_n, util_sum = self.util_n, self.util_sum
+        for i, (add, account) in enumerate(self.util_sinks):
+            n = util_n[i]
+            util = util_sum[i] / n if n else None
             if util is not None:
-                tl.add(self.util_channels[i], b, util)
-            summary.pools[name].tick_util(util)
+                add(b, util)
+            account.tick_util(util)
         if tl.is_sample_tick(self.k):  # reclaimable GPUs: once per bucket, not every tick
             sample_reclaimable(summary, tl, b, self.engine.pool_status(now))
         if summary.first_tick is None:
@@ -430,6 +446,10 @@ class _Replay:
             tl.channel(f"reclaim:{name}", "mean")
             for u in USES:
                 tl.channel(f"use:{name}:{u}", "mean")
+        self.util_sinks = [
+            (tl.adder(channel), self.summary.pools[name])
+            for channel, name in zip(self.util_channels, self.pool_names, strict=True)
+        ]
 
     def _until(self, ts: float) -> None:
         while self.next_tick < ts:

@@ -21,6 +21,7 @@ stride would have produced. Empty buckets read as ``None`` (no data, drawn as a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 __all__ = ["Aggregate", "Timeline"]
@@ -106,6 +107,11 @@ class Timeline:
     def add(self, name: str, bucket: int, value: float) -> None:
         """Add ``value`` to channel ``name`` in ``bucket`` (from :meth:`bucket`, this tick)."""
         self._channels[name].add(bucket, value)
+
+    def adder(self, name: str) -> Callable[[int, float], None]:
+        """:meth:`add` for channel ``name`` as one call ``(bucket, value)``: for a value added
+        every tick (the channel object outlives every halving)."""
+        return self._channels[name].add
 
     def add_many(self, name: str, bucket: int, value: float, n: int) -> None:
         """Add ``value`` ``n`` times (``n`` ticks of one bucket that saw the same value); exact

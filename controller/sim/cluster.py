@@ -58,6 +58,7 @@ Design:
 from __future__ import annotations
 
 import heapq
+import math
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -242,6 +243,13 @@ class SimCluster:
             if not queue or queue[0][0] > at:
                 self._schedule()
         self._now = max(self._now, now)
+
+    def next_due(self) -> float:
+        """When the next effect falls due (a grace period, a pod's start-up, a MIG
+        reconfiguration); ``inf`` when none is queued. Until then :meth:`advance` changes
+        nothing but the clock."""
+        queue = self._queue
+        return queue[0][0] if queue else math.inf
 
     async def report(self, result: ActionResult) -> None:
         """A simulated cluster has no Events: the caller's decisions log is the record."""

@@ -19,7 +19,7 @@ import pytest
 from policy_fixtures import BASE, T0, TRAINING, WHOLE, latency, make_policy, training, util
 
 from controller.replay import runner
-from controller.replay.runner import DECISIONS_FILE, replay
+from controller.replay.runner import DECISIONS_FILE, ReplaySettings, replay
 from controller.sim import SimCluster
 from policies.decisions import Decision, decision_to_dict
 from policies.engine import Engine
@@ -374,13 +374,30 @@ def test_replay_of_a_sparse_recording_is_the_same_as_ticking_everything(
         for n, base in (("w0", 15.0), ("w1", 25.0), ("w2", 1.0), ("w3", 2.0)):
             events.extend(util(t + 30 + g, n, g, base + rnd.random()) for g in range(8))
     path = write_recording(tmp_path / "sparse.jsonl", events)
-    p = policy()
+    incremental, full = replayed_both_ways(path, policy(), tmp_path, monkeypatch)
+    assert incremental == full
+    assert incremental[1]["actions"]["total"] > 0
 
-    def cluster(start: float) -> SimCluster:
-        return SimCluster(snapshot(0), start=start, pools=p.spec.pools)
 
-    def outputs(out: Path) -> tuple[bytes, dict[str, Any], dict[str, list[float | None]]]:
-        result = replay(path, policy=p, cluster=cluster, out_dir=out)
+Outputs = tuple[bytes, dict[str, Any], dict[str, list[float | None]]]
+
+
+def replayed_both_ways(
+    path: Path,
+    p: Policy,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: ReplaySettings | None = None,
+) -> tuple[Outputs, Outputs]:
+    """``decisions.jsonl``, the summary and the report's series of replaying ``path`` through
+    the simulated cluster (from ``snapshot(0)``), then the same with an engine that ticks
+    everything."""
+
+    def outputs(out: Path) -> Outputs:
+        def cluster(start: float) -> SimCluster:
+            return SimCluster(snapshot(0), start=start, pools=p.spec.pools)
+
+        result = replay(path, policy=p, cluster=cluster, out_dir=out, settings=settings)
         return (
             (out / DECISIONS_FILE).read_bytes(),
             result.summary.to_dict(),
@@ -389,6 +406,146 @@ def test_replay_of_a_sparse_recording_is_the_same_as_ticking_everything(
 
     incremental = outputs(tmp_path / "inc")
     monkeypatch.setattr(runner, "Engine", functools.partial(Engine, incremental=False))
-    full = outputs(tmp_path / "full")
+    return incremental, outputs(tmp_path / "full")
+
+
+class IdleLockstep(Lockstep):
+    """As the replay runs the engine: each tick first asks :meth:`Engine.idle` and evaluates
+    only when it says no; a tick it calls idle must be one where ticking everything decides
+    nothing and leaves every SLO state as it was."""
+
+    def __init__(self, p: Policy) -> None:
+        super().__init__(p)
+        self.idle_ticks = 0
+        #: Idle ticks after events (for a service: stepped by ``idle``, as evaluate would).
+        self.idle_after_events = 0
+
+    def evaluate(self, now: float, snap: Snapshot) -> list[Decision]:
+        if not self.inc.idle(now, snap):
+            return super().evaluate(now, snap)
+        assert self.full.evaluate(now, snap) == [], now
+        self.idle_after_events += not self.quiet_since_tick
+        for key in self.keys:
+            assert self.inc.slo_state(key) == self.full.slo_state(key), (now, key)
+        self.idle_ticks += 1
+        self.quiet_since_tick = True
+        return []
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_runs_of_idle_ticks_decide_as_ticking_everything(seed: int) -> None:
+    """Two hours ticked every second through ``idle`` first: services switching between
+    silence, one event a minute and steady traffic, GPUs reporting in bursts then falling
+    silent (the pool's mean moves as readings leave its window), refused decisions, snapshot
+    changes and a reload, all inside runs of idle ticks. Every tick decides what ticking
+    everything decides."""
+    rnd = random.Random(seed)
+    both = IdleLockstep(policy(training=None))
+    variant, snap = 0, snapshot(0)
+    regime = {"chat": "sparse", "search": "silent", "embed": "sparse"}
+    objective = {"chat": 100.0, "search": 80.0, "embed": 150.0}
+    busy_until = T0 + 900.0
+    for k in range(1, 2 * 3600 + 1):
+        now = T0 + k
+        events: list[Event] = []
+        for name in regime:
+            if rnd.random() < 1 / 600:
+                regime[name] = rnd.choice(("silent", "sparse", "sparse", "steady", "slow"))
+            r = regime[name]
+            if r == "silent" or (r == "sparse" and k % 60 != 17):
+                continue
+            mean = objective[name] * (4.0 if r == "slow" else 0.75)  # else nothing to scale down
+            events.append(samples(rnd, now - 0.5, name, mean))
+        if k % 45 == 3:
+            busy = now < busy_until
+            if not busy and rnd.random() < 1 / 20:
+                busy_until = now + rnd.uniform(300, 1200)
+            for n in ("w0", "w1", "w2", "w3"):
+                base = 60.0 if busy and n in ("w0", "w1") else 1.0
+                events.extend(util(now - 0.5, n, g, base + rnd.random()) for g in range(8))
+        both.observe(events)
+        if rnd.random() < 1 / 1500:
+            variant = rnd.randrange(4)
+            snap = snapshot(variant)
+        if k == 5000:
+            both.reload(policy(training=None, cooldowns={"service": "45s", "trainingGrow": "90s"}))
+        for d in both.evaluate(now, snap):
+            if rnd.random() < 0.3:
+                both.not_done(d, reason="refused", retry_at=now + rnd.choice([0.0, 20.0]))
+    assert both.idle_ticks > 500
+    rules = {d["rule"] for _, _, ds in both.decided for d in ds}
+    assert "mig-convert" in rules
+
+
+def test_readings_that_pull_the_pool_mean_down_inside_a_run_of_idle_ticks_convert_at_once() -> None:
+    """w0 busy at 60%, w2 and w3 idle, every 50s: the whole-card pool's mean (20.7%) stays just
+    above convertBelow, so ticks are idle. Then a burst of idle readings pulls it to ~16% on a
+    tick with no other change: the node idle for longer than convertAfter converts on that
+    very tick, as ticking everything decides, not when the window next moves."""
+
+    def feed(t: float) -> list[Event]:
+        k = int(t - T0)
+        repeat = 6 if k == 900 else 1
+        events: list[Event] = [util(t, "w0", g, 60.0) for g in range(8)] if k % 50 == 7 else []
+        if k % 50 == 7 or k == 900:
+            events += [util(t, n, g, 1.0) for n in ("w2", "w3") for g in range(8)] * repeat
+        return events
+
+    both = IdleLockstep(policy(training=None))
+    snap = snapshot(0)
+    for k in range(1, 960):
+        both.observe(feed(T0 + k - 0.5))
+        both.evaluate(T0 + k, snap)
+    assert both.first("mig-convert") == (T0 + 901, False)  # the burst came at +900.5
+    assert both.idle_ticks > 800
+
+
+def test_replay_advances_the_simulated_cluster_on_quiet_ticks_when_something_is_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """chat (at most 4 replicas) breaches on a once-a-minute stream and scales to its maximum
+    at once, so the ticks after are quiet: the new pod's creation (2s later) and start-up (10s
+    more) fall due on quiet ticks, and the replay, which skips the simulated cluster's
+    ``advance`` on quiet ticks only until its next due time, accounts them on those very
+    ticks: the same outputs as ticking everything. (The first event, which sets the ticks'
+    origin, is offset from the others so the pod's creation misses the sample ticks.)"""
+    svcs = services()
+    svcs["chat"] = dict(svcs["chat"], replicas={"min": 1, "max": 4})
+    p = make_policy(services=svcs, training=None, mig=None)
+    rnd = random.Random(7)
+    events: list[Event] = [
+        samples(
+            rnd,
+            T0 + minute * 60 + (9.25 if minute else 0.25),
+            "chat",
+            400.0 if 3 <= minute < 6 else 30.0,
+        )
+        for minute in range(20)
+    ]
+    path = write_recording(tmp_path / "quiet.jsonl", events)
+    # 20 points: few sample ticks (each a full one), so the pod's steps land on quiet ones
+    settings = ReplaySettings(points=20)
+    incremental, full = replayed_both_ways(path, p, tmp_path, monkeypatch, settings)
     assert incremental == full
-    assert incremental[1]["actions"]["total"] > 0
+    assert b"slo-breach-scale-up" in incremental[0]
+
+
+def test_an_idle_tick_steps_a_due_service_only_when_its_rules_would_hold() -> None:
+    """Ticks asked ``idle`` first, the pool rules quiet (no training, no MIG): search's events
+    (at its minimum, within its objective) are stepped on idle ticks, but chat's (3 replicas,
+    minimum 1, settled at 70ms, then faster) are not, since its rules recommend by the
+    percentile at each step: it scales down once the 70ms recommendations leave the 2m
+    stabilization window, exactly when ticking everything says."""
+
+    def feed(t: float) -> list[Event]:
+        if int(t) % 5 == 2:
+            return [latency(t, 70.0 if t < T0 + 40 else 10.0)] * 100
+        return [latency(t, 60.0, "search")] * 10 if int(t) % 5 == 0 else []
+
+    both = IdleLockstep(policy(training=None, mig=None))
+    snap = snapshot(3)  # search at its minimum (1 replica)
+    for k in range(1, 220):
+        both.observe(feed(T0 + k - 0.5))
+        both.evaluate(T0 + k, snap)
+    assert T0 + 180 < both.first("slo-scale-down")[0] < T0 + 200
+    assert both.idle_after_events > 10  # search's events, stepped on idle ticks
