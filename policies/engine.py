@@ -658,9 +658,7 @@ class Engine:
         ):
             if quiet[2] and not self._mean_high_at(now):
                 return False
-            self.advance(now)
-            self._changed = []
-            self._last_round = now
+            self._record_quiet(now)
             return True
         cached = self._inventory_for
         if (
@@ -685,9 +683,7 @@ class Engine:
             now, (seen[0], seen[1], set(self._busy.values()))
         ):
             return False
-        self.advance(now)
-        self._changed = []
-        self._last_round = now
+        self._record_quiet(now)
         if due:  # stepped as evaluate steps them: their state stays, their rules would hold
             for svc, n in zip(due, samples, strict=True):
                 svc.samples = n
@@ -705,6 +701,12 @@ class Engine:
             mig is not None and mig.enabled and not self._busy and not self._pools_unmet,
         )
         return True
+
+    def _record_quiet(self, now: float) -> None:
+        """Record a tick at ``now`` as ``evaluate`` records one that decided nothing."""
+        self.advance(now)
+        self._changed = []
+        self._last_round = now
 
     def _steps_hold(self, now: float, due: list[_Service], inv: Inventory) -> list[int] | None:
         """The samples in each of ``due``'s windows when stepping each SLO at ``now`` would

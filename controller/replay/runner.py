@@ -244,7 +244,6 @@ class _Replay:
         self.levels: list[str] = ["none"] * len(self.services)
         self.since = [0] * len(self.services)
         self.above: dict[int, float] = {}
-        self.util_channels = [f"util:{name}" for name in self.pool_names]
         #: Per pool: its utilization channel's ``add`` (from :meth:`_start`) and its account.
         self.util_sinks: list[tuple[Callable[[int, float], None], PoolAccount]] = []
         #: The GPUs by use per pool (from ``usage``), and the ticks of bucket ``uses_bucket``
@@ -441,15 +440,13 @@ class _Replay:
         tl = self.timeline = Timeline(start=self.t0, dt=dt, capacity=self.points)
         for key, _, _ in self.services:
             tl.channel(f"p:{key}", "max")
+        self.util_sinks = []
         for name in self.pool_names:
             tl.channel(f"util:{name}", "mean")
             tl.channel(f"reclaim:{name}", "mean")
             for u in USES:
                 tl.channel(f"use:{name}:{u}", "mean")
-        self.util_sinks = [
-            (tl.adder(channel), self.summary.pools[name])
-            for channel, name in zip(self.util_channels, self.pool_names, strict=True)
-        ]
+            self.util_sinks.append((tl.adder(f"util:{name}"), self.summary.pools[name]))
 
     def _until(self, ts: float) -> None:
         while self.next_tick < ts:
