@@ -345,13 +345,18 @@ async def run_group(
         asyncio.create_task(watch(k, p.stderr)) for k, p in enumerate(processes) if p.stderr
     ]
 
-    def covered_by(when: float) -> int:
-        ends: dict[tuple[str, int], int] = {}
+    def ends_by(when: float) -> dict[str, int]:
+        """Per partition (``topic[p]``, as the assignment logs name it): the offset flushes
+        sent by ``when`` covered it up to."""
+        ends: dict[str, int] = {}
         for at, f in flushes:
             if at <= when:
-                key = (f.topic, f.partition)
+                key = f"{f.topic}[{f.partition}]"
                 ends[key] = max(ends.get(key, 0), f.next)
-        return sum(ends.values())
+        return ends
+
+    def covered_by(when: float) -> int:
+        return sum(ends_by(when).values())
 
     pids = {"benchmark": "self"} | {f"aggregator-{k}": p.pid for k, p in enumerate(processes)}
     pids["broker"] = next(pid for pid, name in children().items() if name.startswith("tansu"))
@@ -370,9 +375,7 @@ async def run_group(
     rate = 0.8 * total / (end - start)
     done = min(at for at, _ in flushes if covered_by(at) >= total)
     whole = (total - covered_by(stable)) / (done - stable)
-    ends: dict[str, int] = {}
-    for _, f in flushes:
-        ends[f"{f.topic}[{f.partition}]"] = max(ends.get(f"{f.topic}[{f.partition}]", 0), f.next)
+    ends = ends_by(math.inf)
     busiest = max(sum(ends.get(tp, 0) for tp in tps) for _, tps in assigned.values())
     # CPU over the steady span, in cores: from the last sample before it to the first after.
     t0, before = max((s for s in cpu if s[0] <= start), default=cpu[0])
