@@ -372,7 +372,8 @@ class Controller:
         every = self.settings.evaluate_every_s
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), every)
+                async with asyncio.timeout(every):
+                    await self._wake.wait()
             self._wake.clear()
             if self._stopping.is_set():
                 return
@@ -538,7 +539,8 @@ class Controller:
     async def _reload_loop(self) -> None:
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.settings.reload_every_s)
+                async with asyncio.timeout(self.settings.reload_every_s):
+                    await self._stopping.wait()
             try:
                 text = self._read_policy_text()
             except OSError as exc:  # a ConfigMap swap in progress: try again next time

@@ -269,7 +269,8 @@ async def publish(
                     if delay > 0:
                         await producer.flush()
                         with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for((stop or asyncio.Event()).wait(), delay)
+                            async with asyncio.timeout(delay):
+                                await (stop or asyncio.Event()).wait()
                         if stop is not None and stop.is_set():
                             break
                 await producer.send(

@@ -93,7 +93,8 @@ async def ensure_topics(
     the topics created (``{"cleanup.policy": "compact"}``)."""
     admin = AIOKafkaAdminClient(**config.client_kwargs(), request_timeout_ms=int(timeout_s * 1000))
     try:
-        await asyncio.wait_for(admin.start(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
         existing = set(await admin.list_topics())
         missing = [t for t in topics if t not in existing]
         if missing:

@@ -271,7 +271,8 @@ class EventConsumer:
             await fetch
             await self._queue.put(None)
             try:
-                await asyncio.wait_for(asyncio.shield(apply), self.settings.drain_timeout_s)
+                async with asyncio.timeout(self.settings.drain_timeout_s):
+                    await asyncio.shield(apply)
             except TimeoutError:
                 log.warning("ingest.drain_timeout", abandoned_batches=self._queue.qsize())
                 apply.cancel()
@@ -291,7 +292,8 @@ class EventConsumer:
         """Close the client within ``close_timeout_s``. Past it the group is not left politely:
         the broker expires the member after its session timeout, as if it had crashed."""
         try:
-            await asyncio.wait_for(self._consumer.stop(), self.settings.close_timeout_s)
+            async with asyncio.timeout(self.settings.close_timeout_s):
+                await self._consumer.stop()
         except TimeoutError:
             log.warning("ingest.close_timeout", seconds=self.settings.close_timeout_s)
             # stop() was cancelled while waiting for the group coordinator; the fetcher and the
@@ -304,7 +306,8 @@ class EventConsumer:
     async def _probe(self) -> None:
         """Ask the broker for metadata; note when it answers (readiness reads that)."""
         try:
-            await asyncio.wait_for(self._consumer.topics(), self.settings.probe_every_s * 2)
+            async with asyncio.timeout(self.settings.probe_every_s * 2):
+                await self._consumer.topics()
         except (KafkaError, TimeoutError) as exc:
             log.warning("ingest.broker_unreachable", error=repr(exc))
             return
@@ -364,7 +367,8 @@ class EventConsumer:
         """Wait for room in the queue (backpressure); False if asked to stop meanwhile."""
         while True:
             try:
-                await asyncio.wait_for(self._queue.put(batch), 0.25)
+                async with asyncio.timeout(0.25):
+                    await self._queue.put(batch)
                 return True
             except TimeoutError:
                 if self._stopping.is_set():
@@ -455,13 +459,19 @@ class EventConsumer:
                 continue
             with contextlib.suppress(IllegalStateError):  # revoked meanwhile
                 done[tp] = await consumer.position(tp)  # nothing in flight: fetched = applied
-        for tp, at in done.items():
-            if (highwater := consumer.highwater(tp)) is not None:
-                stats.lag[tp.topic, tp.partition] = max(0, highwater - at)
+        self._note_lag(done)
         if not stats.caught_up:
             behind = self._line.behind(assigned, done)
             stats.behind = {(tp.topic, tp.partition): where for tp, where in behind.items()}
             stats.caught_up = bool(assigned) and not behind
+
+    def _note_lag(self, done: Mapping[TopicPartition, int]) -> None:
+        """Lag is what is in the log past what was applied (``done``), on partitions still
+        assigned (a batch applied after its partition moved away says nothing of it here)."""
+        assigned = self._consumer.assignment()
+        for tp, at in done.items():
+            if tp in assigned and (highwater := self._consumer.highwater(tp)) is not None:
+                self.stats.lag[tp.topic, tp.partition] = max(0, highwater - at)
 
     # -- apply side -----------------------------------------------------------------------------
 
@@ -478,6 +488,7 @@ class EventConsumer:
                     await backoff.wait()
             backoff.reset()
             self._applied.update(batch.positions)
+            self._note_lag(batch.positions)  # not only at the next fetch: it may be a while
             if time.monotonic() - self._last_commit >= self.settings.commit_interval_s:
                 await self.commit()
 
@@ -488,7 +499,8 @@ class EventConsumer:
             return await self._queue.get()
         while True:
             try:
-                return await asyncio.wait_for(self._queue.get(), self.settings.commit_interval_s)
+                async with asyncio.timeout(self.settings.commit_interval_s):
+                    return await self._queue.get()
             except TimeoutError:
                 await self.commit()
 

@@ -276,7 +276,8 @@ class Agent:
         """Sleep, but wake at once on :meth:`stop`."""
         if seconds > 0 and not self._stop.is_set():
             with suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), seconds)
+                async with asyncio.timeout(seconds):
+                    await self._stop.wait()
 
     async def _rounds(self, producer: KafkaProducer) -> None:
         interval = self.settings.interval_s
@@ -397,9 +398,8 @@ class Agent:
             for value, source in messages
         ]
         try:
-            results = await asyncio.wait_for(
-                asyncio.gather(*sends, return_exceptions=True), timeout
-            )
+            async with asyncio.timeout(timeout):
+                results = await asyncio.gather(*sends, return_exceptions=True)
         except TimeoutError:
             results = [TimeoutError(f"no acknowledgement within {timeout:g}s")] * len(messages)
         errors = [r for r in results if isinstance(r, BaseException)]

@@ -127,7 +127,8 @@ async def call(
     ):
         with attempt:
             try:
-                return await asyncio.wait_for(fn(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    return await fn()
             except (TimeoutError, ApiException, aiohttp.ClientError) as exc:
                 raise translate(exc) from exc
     raise AssertionError("unreachable")  # pragma: no cover - tenacity re-raises
