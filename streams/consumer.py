@@ -323,19 +323,20 @@ class EventConsumer:
                     last_probe = time.monotonic()
                     await self._probe()
                 try:
-                    records = await self._fetch(stopped)
+                    fetched = await self._fetch(stopped)
                 except KafkaError as exc:
                     self.stats.fetch_failures += 1
                     log.warning("ingest.fetch_failed", error=repr(exc))
                     await backoff.wait()
                     continue
-                if records is None:
+                if fetched is None:
                     return  # stopped while waiting for the fetch
                 backoff.reset()
+                records, generation = fetched
                 records = self._line.settle(self._consumer, records)
                 if records:
                     self.stats.last_fetch_ok = time.monotonic()
-                    batch = await self._decode(records)
+                    batch = await self._decode(records, generation)
                     if batch is None or not await self._enqueue(batch):
                         return  # stopped first: nothing of this batch is committed
                     self._fetched.update(batch.positions)
@@ -344,14 +345,13 @@ class EventConsumer:
             stopped.cancel()
             await asyncio.wait((stopped,))
 
-    async def _fetch(self, stopped: asyncio.Future[Any]) -> dict[TopicPartition, list[Any]] | None:
-        """One ``getmany``, given up (``None``) when stop is asked for meanwhile: in a group,
-        aiokafka's ``getmany`` ignores its timeout until the join in progress is over."""
-        fetching = asyncio.ensure_future(
-            self._consumer.getmany(
-                timeout_ms=self.settings.fetch_timeout_ms, max_records=self.settings.max_records
-            )
-        )
+    async def _fetch(
+        self, stopped: asyncio.Future[Any]
+    ) -> tuple[dict[TopicPartition, list[Any]], int] | None:
+        """One ``getmany`` and the generation its records belong to, given up (``None``) when
+        stop is asked for meanwhile: in a group, aiokafka's ``getmany`` ignores its timeout
+        until the join in progress is over."""
+        fetching = asyncio.ensure_future(self._getmany())
         try:
             await asyncio.wait((fetching, stopped), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -360,8 +360,17 @@ class EventConsumer:
                 await asyncio.wait((fetching,))
         if fetching.cancelled():
             return None
-        records: dict[TopicPartition, list[Any]] = fetching.result()
-        return records
+        return fetching.result()
+
+    async def _getmany(self) -> tuple[dict[TopicPartition, list[Any]], int]:
+        """``getmany`` with :attr:`generation` read in the step it answers in. aiokafka hands
+        over no records while a rebalance is in progress, so they belong to this generation;
+        read later, a revocation run by the group coordinator's task in between would have
+        stamped records of the old assignment (fetched again after it) with the new one."""
+        records = await self._consumer.getmany(
+            timeout_ms=self.settings.fetch_timeout_ms, max_records=self.settings.max_records
+        )
+        return records, self.generation
 
     async def _enqueue(self, batch: Batch) -> bool:
         """Wait for room in the queue (backpressure); False if asked to stop meanwhile."""
@@ -374,7 +383,9 @@ class EventConsumer:
                 if self._stopping.is_set():
                     return False
 
-    async def _decode(self, records: dict[TopicPartition, list[Any]]) -> Batch | None:
+    async def _decode(
+        self, records: dict[TopicPartition, list[Any]], generation: int
+    ) -> Batch | None:
         fetched_at = time.time()
         now = self._clock()
         decode = self._decoder.decode
@@ -426,7 +437,7 @@ class EventConsumer:
             positions,
             fetched_at=fetched_at,
             spans=spans,
-            generation=self.generation,
+            generation=generation,
             offsets=offsets,
         )
 

@@ -391,3 +391,41 @@ async def test_caught_up_only_once_the_backlog_seen_at_start_is_applied(
     await task
     assert early == []
     assert len(seen.events) == 3000
+
+
+async def test_a_batch_carries_the_generation_its_records_were_fetched_in(
+    kafka_config: KafkaConfig,
+) -> None:
+    """A revocation that lands between the fetch's answer and the fetch loop's next step (the
+    group coordinator runs in its own task) must not stamp the batch with the new generation:
+    its records belong to the old assignment and are fetched again from the committed offset,
+    so a handler keeping per-partition state (the aggregator) would count them twice."""
+    topics = Topics()
+    await topics.create(kafka_config)
+    generations: list[int] = []
+
+    async def handler(batch: Batch) -> None:
+        generations.append(batch.generation)
+
+    consumer = consumer_for(kafka_config, topics, handler, group=None)
+    await consumer.start()
+    fetch = consumer._consumer.getmany
+
+    async def getmany(*args: Any, **kwargs: Any) -> Any:
+        records = await fetch(*args, **kwargs)
+        if records and consumer.generation == 0:
+
+            def revoke() -> None:  # what EventConsumer.release does first
+                consumer.generation += 1
+
+            asyncio.get_running_loop().call_soon(revoke)
+        return records
+
+    consumer._consumer.getmany = getmany  # type: ignore[method-assign]
+    task = asyncio.create_task(consumer.run())
+    await wait_until(lambda: consumer.stats.caught_up)  # at the end: reads what comes next
+    await produce(kafka_config, topics, [latency_event(i) for i in range(5)])
+    await wait_until(lambda: bool(generations))
+    consumer.stop()
+    await task
+    assert generations[0] == 0
