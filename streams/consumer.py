@@ -231,6 +231,9 @@ class EventConsumer:
         self._applied: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
         self._last_commit = 0.0
+        self._committing = asyncio.Lock()
+        """One commit at a time: the apply side's and a revocation's (the group coordinator's
+        task) would otherwise run the checkpoint concurrently."""
         self._stopping = asyncio.Event()
         self._started = False
 
@@ -520,6 +523,10 @@ class EventConsumer:
         checkpoint those it made durable; without a group there is nothing to commit to."""
         if self.settings.group_id is None:
             return
+        async with self._committing:
+            await self._commit(partitions)
+
+    async def _commit(self, partitions: Sequence[TopicPartition] | None) -> None:
         assigned = self._consumer.assignment()
         wanted = assigned if partitions is None else set(partitions) & assigned
         self._last_commit = time.monotonic()

@@ -429,3 +429,29 @@ async def test_a_batch_carries_the_generation_its_records_were_fetched_in(
     consumer.stop()
     await task
     assert generations[0] == 0
+
+
+async def test_checkpoints_never_overlap() -> None:
+    """The periodic commit (apply side) and a revocation's (the group coordinator's task) may
+    both ask for a checkpoint; the aggregator's reads its folds before awaiting a broker's
+    acknowledgement and writes them after, so two at once would seal a fold twice or drop a
+    newer one. The second waits for the first."""
+    running = most = 0
+
+    async def checkpoint(partitions: Any) -> dict[TopicPartition, int]:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        for _ in range(3):
+            await asyncio.sleep(0)  # awaiting an acknowledgement
+        running -= 1
+        return {}
+
+    consumer = EventConsumer(
+        KafkaConfig("127.0.0.1:9"),
+        Collector(),
+        settings=ConsumerSettings(group_id="g"),
+        checkpoint=checkpoint,
+    )
+    await asyncio.gather(consumer.commit(), consumer.release([]), consumer.commit())
+    assert most == 1
