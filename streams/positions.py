@@ -2,18 +2,16 @@
 
 A reader that rebuilds state from a topic (sliding windows, the decisions log) starts at a point
 in time, not at a committed offset: Kafka finds, per partition, the first message at or after
-that time (``offsets_for_times``). Where there is none the reader starts at the partition's end.
+that time (``offsets_for_times``). Where there is none the reader starts at the partition's end,
+and what arrives there after the start (before the first fetch answers, too) is read.
 
-The embedded broker's time lookup is not exact: on some topics it answers offset 0 for any time
-(every time it is asked). So, until a partition has given a message at or after the start time,
-older messages are dropped by their own timestamp too: a reader may fetch more than it needs,
-never keep less.
+The embedded broker's lookups are not exact: on some topics its time lookup answers offset 0 for
+any time, and its ``ListOffsets`` for the end (``seek_to_end``, ``end_offsets``) can be too low.
+So, until a partition has given a message at or after the start time, older messages are
+dropped by their own timestamp: a reader may fetch more than it needs, never keep less.
 
 It has *caught up* once every partition is read up to the end offset it had when the reader
-first fetched it. Both kinds of end come from the high watermark of a fetch answer, because the
-embedded broker's ``ListOffsets`` for the end (``seek_to_end``, ``end_offsets``) can be too low:
-until a partition headed for its end has been fetched once, what the fetch returns for it is
-older than the start and is dropped.
+first fetched it, the high watermark of that fetch answer (for the same reason).
 """
 
 from __future__ import annotations
@@ -47,7 +45,6 @@ class StartLine:
     def __init__(self) -> None:
         self.ends: dict[TopicPartition, int] = {}
         """Per partition, its end offset when first fetched: the line to reach."""
-        self._to_end: set[TopicPartition] = set()
         self._since_ms = 0
         self._by_time: set[TopicPartition] = set()
 
@@ -60,30 +57,23 @@ class StartLine:
         self._since_ms = int(since_s * 1000)
         found = await consumer.offsets_for_times({tp: self._since_ms for tp in partitions})
         for tp in partitions:
+            self._by_time.add(tp)
             at = found.get(tp)
             if at is None or at.timestamp < 0:
-                self._to_end.add(tp)
                 await consumer.seek_to_end(tp)
             else:
-                self._by_time.add(tp)
                 consumer.seek(tp, at.offset)
 
     def settle(
         self, consumer: AIOKafkaConsumer, records: Mapping[TopicPartition, list[Any]]
     ) -> dict[TopicPartition, list[Any]]:
-        """After each fetch: note the end offsets seen for the first time, move partitions headed
-        for their end there, and return ``records`` without what is older than the start."""
-        headed = set(self._to_end)
+        """After each fetch: note the end offsets seen for the first time, and return ``records``
+        without what is older than the start."""
         for tp in consumer.assignment():
             if tp not in self.ends and (highwater := consumer.highwater(tp)) is not None:
                 self.ends[tp] = highwater
-                if tp in self._to_end:
-                    consumer.seek(tp, highwater)
-                    self._to_end.discard(tp)
         out: dict[TopicPartition, list[Any]] = {}
         for tp, messages in records.items():
-            if tp in headed:
-                continue
             if tp in self._by_time:
                 first = next(
                     (i for i, m in enumerate(messages) if m.timestamp >= self._since_ms), None
@@ -111,5 +101,4 @@ class StartLine:
         """Drop partitions that moved to another group member."""
         for tp in partitions:
             self.ends.pop(tp, None)
-            self._to_end.discard(tp)
             self._by_time.discard(tp)

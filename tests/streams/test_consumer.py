@@ -455,3 +455,34 @@ async def test_checkpoints_never_overlap() -> None:
     )
     await asyncio.gather(consumer.commit(), consumer.release([]), consumer.commit())
     assert most == 1
+
+
+async def test_events_produced_between_the_start_and_the_first_fetch_are_read(
+    kafka_config: KafkaConfig,
+) -> None:
+    """A partition with nothing since the rewind time starts at its end; what arrives before
+    the first fetch answers is newer than the start and is read, not skipped to the high
+    watermark that answer reports."""
+    topics = Topics()
+    await topics.create(kafka_config)
+    seen = Collector()
+    consumer = consumer_for(kafka_config, topics, seen, group=None)
+    await consumer.start()
+    fetch = consumer._consumer.getmany
+    produced = False
+
+    async def getmany(*args: Any, **kwargs: Any) -> Any:
+        nonlocal produced
+        if not produced:
+            produced = True
+            await produce(kafka_config, topics, [latency_event(i) for i in range(5)])
+        return await fetch(*args, **kwargs)
+
+    consumer._consumer.getmany = getmany  # type: ignore[method-assign]
+    task = asyncio.create_task(consumer.run())
+    try:
+        await wait_until(lambda: len(seen.events) == 5, within=10)
+    finally:
+        consumer.stop()
+        await task
+    assert sorted(e.latency_ms for e in seen.events) == [float(i) for i in range(5)]
