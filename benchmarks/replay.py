@@ -1,9 +1,10 @@
 """Benchmark ``ebbtide replay``: events/s and peak memory on large generated recordings.
 
 Run: ``python benchmarks/replay.py [--lengths 1000000 5000000] [--runs 3] [--gzip]``, or
-``python benchmarks/replay.py --shape sparse [--hours 24] [--runs 3]``. Prints figures; asserts
-nothing. Targets: dense (issue 6) >= 200k events/s on one core with memory independent of the
-recording's length; sparse (issue 16) >= 150k events/s and >= 10,000x real time.
+``python benchmarks/replay.py --shape sparse [--hours 24] [--samples 40] [--runs 3]``. Prints
+figures; asserts nothing. Targets: dense (issue 6) >= 200k events/s on one core with memory
+independent of the recording's length; sparse (issue 16) >= 150k events/s and >= 10,000x real
+time.
 
 The scene: 1,000 GPUs (125 nodes of 8 in pool ``whole``) and 200 inference services. Each
 simulated second every GPU reports its utilization and every service one latency event of 4
@@ -20,7 +21,9 @@ utilization reading each), at fixed offsets within the minute, so the engine tic
 second with ~2.4 events between ticks: a replay's speed there is the cost of a quiet tick.
 Every fourth service has a 20-minute burst at 10x its latency every 6 hours, so it breaches,
 scales up and later back down; three of the 15 nodes idle, but the whole-card pool's mean
-stays above ``convertBelow``, so MIG converts nothing.
+stays above ``convertBelow``, so MIG converts nothing. ``--samples 1`` makes each latency event
+one request (``latency_ms``), with ``minSamples: 3`` so a 5-minute window of them still breaches
+(``minSamples`` is 20 otherwise).
 """
 
 from __future__ import annotations
@@ -79,12 +82,15 @@ def policy_text() -> str:
     return _policy("bench", services, scale_steps=100)
 
 
-def sparse_policy_text() -> str:
+def sparse_policy_text(samples: int) -> str:
+    """The sparse day's policy; ``minSamples`` fits a 5-minute window of ``samples``-request
+    latency events, one a minute."""
+    min_samples = min(20, max(3, 5 * samples // 2))
     services = "\n".join(
         f"    sparse-{i:02d}: {{namespace: serving, pool: whole, replicas: {{min: 2, max: 8}}, "
         f"scale: {{maxStep: 2, down: {{below: 50%, stabilization: 10m, maxStep: 1}}}}, "
         f"slo: {{percentile: 99, objectiveMs: 200, window: 5m, resolution: 1m, breachAfter: 2m, "
-        f"recoverAfter: 5m, staleAfter: 10m, minSamples: 20}}}}"
+        f"recoverAfter: 5m, staleAfter: 10m, minSamples: {min_samples}}}}}"
         for i in range(SPARSE_SERVICES)
     )
     return _policy(
@@ -95,10 +101,11 @@ def sparse_policy_text() -> str:
     )
 
 
-def generate_sparse(path: Path, hours: float) -> int:
+def generate_sparse(path: Path, hours: float, samples: int) -> int:
     """Write the sparse day (see the module docstring); returns the number of events."""
     rnd = random.Random(16)
     containers: list[tuple[float, str]] = []
+    latency = '"latency_ms":%s' if samples == 1 else '"samples_ms":[%s]'
     for i in range(SPARSE_SERVICES):
         containers.append(
             (
@@ -106,7 +113,8 @@ def generate_sparse(path: Path, hours: float) -> int:
                 '{"topic":"ebbtide.inference.latency","partition":0,"offset":0,"ts_ms":%d,'
                 f'"key":"serving/sparse-{i:02d}","headers":[],"value":{{"type":'
                 f'"inference.latency","ts":%r,"service":"sparse-{i:02d}","namespace":"serving",'
-                '"samples_ms":[%s]}}\n',
+                + latency
+                + "}}\n",
             )
         )
     for n in range(SPARSE_NODES):
@@ -134,7 +142,7 @@ def generate_sparse(path: Path, hours: float) -> int:
                 if c < SPARSE_SERVICES:
                     phase = (minute + c * 37) % 360
                     scale = 10.0 if c % 4 == 0 and phase < 20 else 1.0
-                    v = ",".join(f"{rnd.uniform(20, 150) * scale:.1f}" for _ in range(40))
+                    v = ",".join(f"{rnd.uniform(20, 150) * scale:.1f}" for _ in range(samples))
                     chunk.append(tpl % (int(ts * 1000), ts, v))
                 else:
                     n = (c - SPARSE_SERVICES) // GPUS_PER_NODE
@@ -229,13 +237,17 @@ def measure(path: Path, tmp: str, shape: str, runs: int) -> list[dict[str, float
     return out
 
 
-def sparse(hours: float, runs: int) -> None:
+def sparse(hours: float, runs: int, samples: int) -> None:
     """The sparse day: events/s and how many times faster than real time."""
     with tempfile.TemporaryDirectory(prefix="ebbtide-bench-") as tmp:
         path = Path(tmp) / "sparse.jsonl"
-        n = generate_sparse(path, hours)
-        print(f"generated a sparse {hours:g} h: {n:,} events, 143 containers", flush=True)
-        runs_ = measure(path, tmp, "sparse", runs)
+        n = generate_sparse(path, hours, samples)
+        print(
+            f"generated a sparse {hours:g} h: {n:,} events, 143 containers, "
+            f"{samples} request(s) per latency event",
+            flush=True,
+        )
+        runs_ = measure(path, tmp, f"sparse:{samples}", runs)
         rate = statistics.median(r["events_per_s"] for r in runs_)
         first = runs_[0]
         print(
@@ -254,16 +266,20 @@ def main() -> None:
     parser.add_argument("--shape", choices=("dense", "sparse"), default="dense")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1_000_000, 5_000_000])
     parser.add_argument("--hours", type=float, default=24.0, help="the sparse recording's span")
+    parser.add_argument(
+        "--samples", type=int, default=40, help="requests per latency event in the sparse shape"
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--gzip", action="store_true", help="gzip the recordings")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        text = sparse_policy_text() if args.child[2] == "sparse" else policy_text()
+        shape, _, samples = args.child[2].partition(":")
+        text = sparse_policy_text(int(samples)) if shape == "sparse" else policy_text()
         print(json.dumps(run_once(Path(args.child[0]), Path(args.child[1]), text)))
         return
     if args.shape == "sparse":
-        sparse(args.hours, args.runs)
+        sparse(args.hours, args.runs, args.samples)
         return
     with tempfile.TemporaryDirectory(prefix="ebbtide-bench-") as tmp:
         rows = []
