@@ -3,11 +3,12 @@ skipping a flush.
 
 Every decider replica reads the whole topic without a consumer group (it is small: a few
 messages per second per source partition), so a follower's windows are as warm as the leader's.
-It differs from :class:`streams.capture.TopicReader` in one way that matters here: a partition
-with nothing after the start time starts at the end offset *listed at that moment*, not at
-"latest" resolved lazily at the first fetch, which would skip flushes published in between.
-Reading a flush twice is harmless (a re-sent flush replaces its predecessor), skipping one is
-not, so where this broker lists a too-low end offset the reader only re-reads.
+Unlike :meth:`streams.capture.TopicReader.since` it hands flushes over as they come rather than
+collecting the catch-up first, and it keeps what it reads whatever its timestamp: a partition
+with nothing after the start time starts at the end offset *listed at that moment*, so no flush
+published in between is skipped. Reading a flush twice is harmless (a re-sent flush replaces its
+predecessor), skipping one is not, so where this broker lists a too-low end offset the reader
+only re-reads.
 """
 
 from __future__ import annotations
