@@ -187,7 +187,8 @@ class _Backoff:
 class EventConsumer:
     """Consumes, validates and hands over events; see the module docstring for guarantees.
 
-    ``clock`` returns epoch seconds and is used for the future-timestamp rule only.
+    ``clock`` returns epoch seconds: the future-timestamp rule and, without a group, the
+    rewind's start line (read when the consumer starts) use it.
 
     With a ``checkpoint`` (in a group), what is committed is not "applied" but what the
     checkpoint says is durable: a handler that only aggregates (the sharded aggregators)

@@ -72,6 +72,7 @@ def consumer_for(
     group: str | None,
     dead_letter: DeadLetter | None = None,
     limits: Limits | None = None,
+    clock: Callable[[], float] = time.time,
     **settings: Any,
 ) -> EventConsumer:
     return EventConsumer(
@@ -82,6 +83,7 @@ def consumer_for(
         ),
         decoder=EventDecoder(limits, topics=topics.by_type),
         dead_letter=dead_letter,
+        clock=clock,
     )
 
 
@@ -355,7 +357,12 @@ async def test_without_a_group_each_partition_starts_at_the_rewind_time(
         pass
     await produce(kafka_config, topics, [latency_event(1000 + i) for i in range(200)])
     seen = Collector()
-    consumer = consumer_for(kafka_config, topics, seen, group=None, rewind_s=time.time() - cut)
+    # The rewind is taken from the consumer's clock when it starts, not when it is built: a
+    # frozen clock makes the start line exactly the cut however long the start takes.
+    consumer = consumer_for(
+        kafka_config, topics, seen, group=None, rewind_s=1.0, clock=lambda: cut + 1.0
+    )
+    await asyncio.sleep(0.2)  # a loaded machine: the start comes well after the build
     task = asyncio.create_task(consumer.run())
     await wait_until(lambda: consumer.stats.caught_up)
     assert sorted(e.latency_ms for e in seen.events) == [float(1000 + i) for i in range(200)]
