@@ -2,7 +2,7 @@
 .PHONY: test lint bench
 
 test:
-	pytest
+	bash scripts/test.sh
 
 lint:
 	ruff format --check . && ruff check . && mypy && lint-imports
