@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
 from pathlib import Path
@@ -65,12 +66,13 @@ async def test_sigkill_during_a_burst_of_decisions_repeats_nothing(world: World)
     await ready(last)
     await feed_breach(world, 5)
     assert last.stop() == 0
-    assert time.monotonic() - started < 60, "the budget checks below assume one window"
+    # A loaded machine may stretch the run past one budget window: allow one budget a window.
+    windows = math.ceil((time.monotonic() - started) / 60)
 
     evicted = evictions(world.kubeapi.requests)
     assert evicted, "the breach led to no eviction"
     assert max(evicted.values()) == 1, f"a pod evicted twice: {evicted}"
-    assert sum(evicted.values()) <= EVICTIONS_PER_MINUTE
+    assert sum(evicted.values()) <= EVICTIONS_PER_MINUTE * windows
     for name in evicted:
         assert world.kubeapi.get("Pod", *name.split("/")) is None
     done = applied(world.processes)

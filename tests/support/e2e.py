@@ -274,9 +274,10 @@ async def in_process_controller(
     process and without Kafka: tests feed its engine and call ``evaluate_once``."""
     settings = load_settings(
         policies=[policy],
+        # The production lease timings: no other replica competes for the lease here, and a
+        # 2 s lease is lost on a loaded machine (a test then sees "not the leader").
         kube={"kubeconfig": kubeapi.write_kubeconfig(tmp / "kubeconfig"),
-              "lease_namespace": "default", "lease_duration_s": 2, "renew_deadline_s": 1.5,
-              "retry_period_s": 1},
+              "lease_namespace": "default"},
         http={"address": "127.0.0.1:0"},
         dry_run=False,
     )  # fmt: skip
