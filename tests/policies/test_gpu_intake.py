@@ -60,7 +60,10 @@ def test_merged_partials_for_unknown_nodes_are_dropped_and_counted() -> None:
     readings each partial summed, and ignores their idle marks."""
     engine = _engine("w0")
     slot = int(T0 // (300.0 / 30))
-    readings = {("w0", 0, None): (100.0, 2, 60.0), ("ghost", 0, None): (150.0, 3, 50.0)}
+    readings: dict[tuple[str, int | str, int | None], tuple[float, int, float]] = {
+        ("w0", 0, None): (100.0, 2, 60.0),
+        ("ghost", 0, None): (150.0, 3, 50.0),
+    }
     assert engine.put_utilization(slot, interval_s=10.0, readings=readings) == 1
     engine.merge_idle("ghost", "0", first=T0, last=T0, busy=None)
     assert list(engine.gpu_utilization(T0)) == ["w0/0"]
