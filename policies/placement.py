@@ -32,9 +32,8 @@ Design:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 
-from policies.snapshot import FrozenMap, Node, Placement, Taint, Toleration
+from policies.snapshot import Node, Placement, Taint, Toleration
 
 __all__ = [
     "NVLINK_DOMAIN_LABEL",
@@ -63,14 +62,19 @@ def tolerated(taints: Sequence[Taint], tolerations: Sequence[Toleration]) -> boo
 
 def admits(node: Node, where: Placement) -> bool:
     """``node`` may run a pod placed by ``where``, GPUs aside (kube-scheduler's NodeAffinity
-    and TaintToleration filters: ``nodeSelector`` and required affinity both hold)."""
+    and TaintToleration filters)."""
+    return _labels_admit(node.labels, node.name, where) and tolerated(
+        node.taints, where.tolerations
+    )
+
+
+def _labels_admit(labels: Mapping[str, str], name: str, where: Placement) -> bool:
+    """A node named ``name`` with ``labels`` carries ``where``'s ``nodeSelector`` and meets its
+    required node affinity; an unknown placement is admitted nowhere."""
     if where.unknown is not None:
         return False
-    labels = node.labels
-    return (
-        all(labels.get(k) == v for k, v in where.node_selector.items())
-        and (where.affinity is None or where.affinity.matches(labels, node.name))
-        and tolerated(node.taints, where.tolerations)
+    return all(labels.get(k) == v for k, v in where.node_selector.items()) and (
+        where.affinity is None or where.affinity.matches(labels, name)
     )
 
 
@@ -89,12 +93,14 @@ def could_land(
     for node in nodes:
         if len(node.gpus) < gpus:
             continue
-        kept = tuple(t for t in node.taints if (t.key, t.effect) not in moved)
+        kept = [t for t in node.taints if (t.key, t.effect) not in moved]
         for labels, taints in pools:
-            there = replace(
-                node, labels=FrozenMap({**node.labels, **labels}), taints=kept + tuple(taints)
-            )
-            if admits(there, where):
+            have = node.labels
+            if any(have.get(k) != v for k, v in labels.items()):
+                have = {**have, **labels}
+            if _labels_admit(have, node.name, where) and tolerated(
+                [*kept, *taints], where.tolerations
+            ):
                 return True
     return False
 
