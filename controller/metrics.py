@@ -152,7 +152,16 @@ class _StateCollector(Collector):
             "clock running fast); each was taken as if stamped now.",
             value=engine.skewed,
         )
-        yield from (state, quantile, objective, util, gpus, reclaimable, budget, skewed)
+        dropped = CounterMetricFamily(
+            "ebbtide_gpu_readings_dropped",
+            "GPU utilization readings the engine dropped, by reason: unknown_node (a node the "
+            "cluster snapshot does not list), device_limit (more devices on one node than any "
+            "GPU node has).",
+            labels=["reason"],
+        )
+        for reason, n in sorted(engine.dropped.items()):
+            dropped.add_metric([reason], n)
+        yield from (state, quantile, objective, util, gpus, reclaimable, budget, skewed, dropped)
 
 
 class Metrics:

@@ -8,7 +8,12 @@ Design:
   :class:`~policies.windows.UtilizationWindow`, its pool's window (node→pool from the last
   snapshot) and the MIG idle tracker. Memory is bounded by the policy's services and the
   cluster's GPUs, never by the event rate; events for services the policy does not name are
-  counted and dropped.
+  counted and dropped. A GPU reading makes a window only for a node the last snapshot lists
+  (before the first snapshot every node counts, so a restart's rewind refills the windows, and
+  the first snapshot drops the nodes it does not list) and only up to
+  :data:`MAX_DEVICES_PER_NODE` devices per node; any other reading is dropped and counted in
+  :attr:`Engine.dropped` by reason (``unknown_node``, ``device_limit``). A node that joins
+  after its readings began is read from the first snapshot that lists it.
 * **Clock skew.** The engine has no clock, but it keeps the latest ``now`` it was given
   (``evaluate(now, …)`` or ``advance(now)``; it never goes back). An event stamped more than one
   resolution past that ``now`` (its window's interval: the SLO's ``resolution``, or a
@@ -92,6 +97,10 @@ __all__ = ["Engine", "PoolStatus", "ReloadResult", "ServiceStatus"]
 DEFAULT_UTIL_WINDOW_S = 300.0
 #: Slots in a utilization window.
 UTIL_SLOTS = 30
+#: Utilization windows one node may have: the largest GPU nodes carry 16 GPUs (HGX A100
+#: 16-GPU), each split into at most 7 MIG instances, and a GPU being converted reports as a
+#: whole card and as instances: 16 + 16 x 7 = 128. Readings past it are dropped and counted.
+MAX_DEVICES_PER_NODE: Final = 128
 #: The engine's clock before any ``now`` was given: no event is bounded.
 _NO_CLOCK: Final = math.inf
 #: A service is ticked this much (relative to the time) before a computed deadline, so float
@@ -294,6 +303,8 @@ class Engine:
         self._indexed_disrupted: dict[str, tuple[float, ...]] = {}
         self._demand_since: list[float | None] = [None]
         self._gpu_windows: dict[str, UtilizationWindow] = {}
+        #: Windows in ``_gpu_windows`` per node (bounded by MAX_DEVICES_PER_NODE).
+        self._node_devices: dict[str, int] = {}
         self._pool_windows: dict[str, UtilizationWindow] = {}
         self._node_pool: dict[str, str | None] = {}
         self._idle = IdleTracker(100.0)
@@ -307,6 +318,9 @@ class Engine:
         self.unknown = 0
         #: Events stamped more than one resolution past the engine's clock (taken at the clock).
         self.skewed = 0
+        #: GPU readings dropped, by reason: ``unknown_node`` (a node the last snapshot does not
+        #: list), ``device_limit`` (past MAX_DEVICES_PER_NODE devices on one node).
+        self.dropped: dict[str, int] = {}
         self._incremental = incremental
         #: Services due for an SLO tick (events arrived), and (wake, index) deadlines.
         self._due: list[_Service] = []
@@ -408,6 +422,7 @@ class Engine:
             self._util_window_s = util_window
             self._util_interval = util_window / UTIL_SLOTS
             self._gpu_windows = {}
+            self._node_devices = {}
             self._pool_windows = {}
         for pool in spec.pools:
             self._pool_windows.setdefault(pool, self._util_window())
@@ -447,6 +462,8 @@ class Engine:
             )
             if dev is None:
                 dev = self._device(ev)
+                if dev is None:
+                    return False
             ts = cast(float, ev.ts)
             if ts > self._clock + self._util_interval:
                 self.skewed += 1
@@ -505,20 +522,41 @@ class Engine:
         self.observed += 1
         return True
 
-    def _device(self, ev: GpuUtilization) -> _Device:
-        """Resolve (and cache) what a reading of this GPU or MIG instance updates."""
+    def _device(self, ev: GpuUtilization) -> _Device | None:
+        """Resolve (and cache) what a reading of this GPU or MIG instance updates; ``None``
+        when the reading is dropped (:meth:`_window`)."""
         gpu = str(ev.gpu)
         whole = ev.mig_profile is None
         key = f"{ev.node}/{gpu}" if whole else f"{ev.node}/{gpu}/{ev.mig_instance}"
-        window = self._gpu_windows.get(key)
+        window = self._window(ev.node, key, 1)
         if window is None:
-            window = self._gpu_windows[key] = self._util_window()
+            return None
         pool = self._node_pool.get(ev.node)
         dev = _Device(
             window, self._pool_windows[pool] if pool is not None else None, ev.node, gpu, whole
         )
         self._devices[(ev.node, ev.gpu) if whole else (ev.node, ev.gpu, ev.mig_instance)] = dev
         return dev
+
+    def _window(self, node: str, key: str, readings: int) -> UtilizationWindow | None:
+        """Device ``key``'s window, made at its first reading; ``None`` for a node the last
+        snapshot does not list or one with :data:`MAX_DEVICES_PER_NODE` windows already, the
+        ``readings`` counted in :attr:`dropped` (module docstring)."""
+        window = self._gpu_windows.get(key)
+        if window is not None:
+            return window
+        inv = self._inventory
+        devices = self._node_devices.get(node, 0)
+        if inv is not None and node not in inv.nodes:
+            reason = "unknown_node"
+        elif devices >= MAX_DEVICES_PER_NODE:
+            reason = "device_limit"
+        else:
+            self._node_devices[node] = devices + 1
+            window = self._gpu_windows[key] = self._util_window()
+            return window
+        self.dropped[reason] = self.dropped.get(reason, 0) + readings
+        return None
 
     # -- decisions ---------------------------------------------------------------------------
 
@@ -543,6 +581,8 @@ class Engine:
         gone = [k for k in self._gpu_windows if k.split("/", 1)[0] not in inv.nodes]
         for k in gone:
             del self._gpu_windows[k]
+        for node in [n for n in self._node_devices if n not in inv.nodes]:
+            del self._node_devices[node]
         return inv
 
     def evaluate(self, now: float, snapshot: Snapshot) -> list[Decision]:
@@ -1048,7 +1088,9 @@ class Engine:
             key = f"{node}/{gpu}" if instance is None else f"{node}/{gpu}/{instance}"
             window = self._gpu_windows.get(key)
             if window is None:
-                window = self._gpu_windows[key] = self._util_window()
+                window = self._window(node, key, count)
+                if window is None:
+                    continue
                 self._devices = {}
             if not window.put_interval(slot, total, count, peak):
                 self.late += 1
@@ -1066,7 +1108,11 @@ class Engine:
         self, node: str, gpu: str, *, first: float, last: float, busy: float | None
     ) -> None:
         """A GPU's first, last and last busy reading as an aggregator saw them (merging the
-        same marks twice changes nothing)."""
+        same marks twice changes nothing). Only for a GPU whose readings were taken
+        (:meth:`put_utilization` of the same interval comes first): the tracker is bounded as
+        the windows are."""
+        if f"{node}/{gpu}" not in self._gpu_windows:
+            return
         self._idle.add(node, gpu, first, 0.0)
         self._idle.add(node, gpu, last, 0.0)
         if busy is not None:

@@ -5,12 +5,16 @@ Design:
 * A pool's free GPU count says nothing about whether a replica fits: four nodes with one free
   GPU each cannot take a two-GPU replica. Every placement question is asked per node, with the
   same rules kube-scheduler applies to GPU pods: the node carries the pod's ``nodeSelector``
-  labels (the GPU model is one, ``nvidia.com/gpu.product``), the pod tolerates each of the
-  node's ``NoSchedule``/``NoExecute`` taints, it is neither cordoned nor reconfiguring, and it
-  has the whole GPUs (or MIG instances of each profile) free.
-* :func:`admits` is the label-and-taint half, shared by the engine (:mod:`policies.preemption`,
-  :mod:`policies.rules`) and the simulated cluster's scheduler (:mod:`controller.sim.placement`),
-  so a plan the engine believes in is one the simulated scheduler carries out.
+  labels (the GPU model is one, ``nvidia.com/gpu.product``) and meets its required node
+  affinity (:mod:`policies.nodeaffinity`: ``gpu.product In [H100, H200]`` is one), the pod
+  tolerates each of the node's ``NoSchedule``/``NoExecute`` taints, the node is neither
+  cordoned nor reconfiguring, and it has the whole GPUs (or MIG instances of each profile) free.
+* :func:`admits` is the label, affinity and taint half, shared by the engine
+  (:mod:`policies.preemption`, :mod:`policies.rules`, :mod:`policies.inventory`) and the
+  simulated cluster's scheduler (:mod:`controller.sim.placement`), so a plan the engine believes
+  in is one the simulated scheduler carries out. A placement Ebbtide cannot read
+  (:attr:`~policies.snapshot.Placement.unknown`) is admitted nowhere: no room is counted for it
+  and no training is freed for it.
 * :func:`room` lists free whole GPUs per node that admits a replica; :func:`slots` counts the
   replicas that fit; :func:`place` takes replicas out of that room best-fit (fullest node
   first, as the simulated scheduler places them), so rules later in a round see what earlier
@@ -56,11 +60,21 @@ def tolerated(taints: Sequence[Taint], tolerations: Sequence[Toleration]) -> boo
     )
 
 
-def admits(node: Node, selector: Mapping[str, str], tolerations: Sequence[Toleration] = ()) -> bool:
-    """``node`` may run a pod with ``selector`` and ``tolerations``, GPUs aside."""
-    labels = node.labels
-    return all(labels.get(k) == v for k, v in selector.items()) and tolerated(
-        node.taints, tolerations
+def admits(node: Node, where: Placement) -> bool:
+    """``node`` may run a pod placed by ``where``, GPUs aside (kube-scheduler's NodeAffinity
+    and TaintToleration filters)."""
+    return _labels_admit(node.labels, node.name, where) and tolerated(
+        node.taints, where.tolerations
+    )
+
+
+def _labels_admit(labels: Mapping[str, str], name: str, where: Placement) -> bool:
+    """A node named ``name`` with ``labels`` carries ``where``'s ``nodeSelector`` and meets its
+    required node affinity; an unknown placement is admitted nowhere."""
+    if where.unknown is not None:
+        return False
+    return all(labels.get(k) == v for k, v in where.node_selector.items()) and (
+        where.affinity is None or where.affinity.matches(labels, name)
     )
 
 
@@ -75,15 +89,17 @@ def could_land(
     pools' taints, as a MIG conversion or revert moves it. What freeing or reverting capacity
     could ever serve: a pod asking for a GPU model, a toleration or a node size no node offers
     is nobody's demand."""
-    selector, tolerations = where.node_selector, where.tolerations
     moved = {(t.key, t.effect) for _, taints in pools for t in taints}
     for node in nodes:
         if len(node.gpus) < gpus:
             continue
         kept = [t for t in node.taints if (t.key, t.effect) not in moved]
         for labels, taints in pools:
-            if all(labels.get(k, node.labels.get(k)) == v for k, v in selector.items()) and (
-                tolerated([*kept, *taints], tolerations)
+            have = node.labels
+            if any(have.get(k) != v for k, v in labels.items()):
+                have = {**have, **labels}
+            if _labels_admit(have, node.name, where) and tolerated(
+                [*kept, *taints], where.tolerations
             ):
                 return True
     return False
@@ -97,10 +113,7 @@ def room(
     return {
         n.name: free.get(n.name, 0)
         for n in nodes
-        if not n.cordoned
-        and not n.mig_flow
-        and n.whole_gpus >= gpus
-        and admits(n, where.node_selector, where.tolerations)
+        if not n.cordoned and not n.mig_flow and n.whole_gpus >= gpus and admits(n, where)
     }
 
 

@@ -17,6 +17,9 @@ Design:
   ``scale.shrinkFirst`` it scales only into GPUs free now and frees the whole climb's GPUs at
   once, so its new replicas never wait in the scheduler (and preempt training) for GPUs a
   shrink is still releasing.
+* A workload whose placement Ebbtide cannot read (:attr:`~policies.snapshot.Placement.
+  unknown`) has nothing freed for it: a breaching service scales only into free GPUs and says
+  why among its alternatives, training does not grow, and it is no MIG revert demand.
 * MIG: elastic training below its maximum is whole-card demand too, so a MIG node converted at
   night comes back once services have taken training's GPUs in the morning; a node brought
   back is idle only from then on.
@@ -199,8 +202,22 @@ def respond_to_breach(
         # the later steps find them free instead of waiting a grace period each
         climb = ahead if left is None else min(ahead, left)
         shortfall = max(0, max(needed, climb) - free - soon)
+    unknown = workload.placement.unknown if workload is not None else None
+    if unknown is not None:
+        # the scheduler knows where it may run, Ebbtide does not: what it frees could be on
+        # nodes the replicas can never use, so it frees nothing and scales only into free GPUs
+        inputs["placement_unknown"] = unknown
+        alternatives.append(
+            Alternative("free GPUs from training", f"where {key} may run is unknown: {unknown}")
+        )
+        if spec.scale is None or gpr <= 0:
+            return
+        desired = min(desired, current + free // gpr)
+        if desired <= current:
+            return
+        shortfall = 0
     fit: Fit | None = None
-    if workload is not None and gpr > 0:
+    if workload is not None and gpr > 0 and unknown is None:
         # each new (or pending) replica needs gpr GPUs on one node: count where it lands
         want = desired - current if spec.scale is not None else needed // gpr
         if first:
@@ -423,6 +440,8 @@ def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, flo
                 fits=slots(space, gpr),
                 left=inv.quota_left(w.namespace),
             )
+            if w.placement.unknown is not None:  # admitted nowhere: say why, not "0 fit"
+                step, why = 0, f"where it may run is unknown: {w.placement.unknown}"
             if step > 0:
                 break
             refused.append(Alternative(f"grow {w.key}", why))
@@ -503,8 +522,8 @@ def training_wants(inv: Inventory, pool: str) -> int:
     demand that brings MIG nodes back in the morning, once services have taken what it had."""
     total = 0
     for v in inv.training.values():
-        if v.pool_gpus.get(pool, 0) > 0 and v.protected is None:
-            w = v.workload
+        w = v.workload
+        if v.pool_gpus.get(pool, 0) > 0 and v.protected is None and w.placement.unknown is None:
             total += max(0, v.max_replicas - w.replicas) * w.gpus_per_replica
     return total
 

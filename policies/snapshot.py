@@ -6,11 +6,11 @@ Design:
   files and tests all build the same values. Labels and annotations are read-only mappings.
 * Only what decisions need: nodes with their GPUs (whole cards or MIG slices), MIG labels and
   taints, pods with GPU requests, phase, resolved priority, owner workload and where they may
-  run (:class:`Placement`: nodeSelector and tolerations), workloads with replicas, GPUs per
-  replica and their pod template's placement (so where the next replica lands is known before
-  it exists), and each namespace's ``requests.nvidia.com/gpu`` quota. Priority is an integer
-  the adapter resolves from the PriorityClass; the class name is kept for explanations, and
-  :class:`SnapshotBuilder` resolves names for tests.
+  run (:class:`Placement`: nodeSelector, required node affinity and tolerations), workloads
+  with replicas, GPUs per replica and their pod template's placement (so where the next
+  replica lands is known before it exists), and each namespace's ``requests.nvidia.com/gpu``
+  quota. Priority is an integer the adapter resolves from the PriorityClass; the class name is
+  kept for explanations, and :class:`SnapshotBuilder` resolves names for tests.
 * A snapshot is immutable, so the engine may cache indexes on its identity: hand the engine the
   same object while nothing changed and a new one when something did.
 * :class:`SnapshotBuilder` is the Kueue-style builder for tests, cases and simulators:
@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, Literal, TypeVar
+
+from policies.nodeaffinity import NodeAffinity
 
 __all__ = [
     "ANYWHERE",
@@ -124,10 +126,17 @@ class Toleration:
 @dataclass(frozen=True, slots=True)
 class Placement:
     """Where a pod (or a workload's next replica) may run: the labels a node must carry
-    (``nodeSelector`` and single-value required affinity terms) and the taints it tolerates."""
+    (``nodeSelector``), its required node affinity and the taints it tolerates. Matched by
+    :func:`policies.placement.admits`."""
 
     node_selector: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     tolerations: tuple[Toleration, ...] = ()
+    affinity: NodeAffinity | None = None
+    """``requiredDuringSchedulingIgnoredDuringExecution`` node affinity; ``None``: none."""
+    unknown: str | None = None
+    """Why Ebbtide cannot tell which nodes may run it (affinity it cannot read the way the
+    apiserver does, :mod:`policies.nodeaffinity`); no node admits it and nothing is preempted
+    on its behalf. ``None``: known."""
 
     def __post_init__(self) -> None:
         # hashable whatever the caller passed: placements key caches of "where could it land"

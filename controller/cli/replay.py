@@ -80,6 +80,10 @@ def _print_summary(result: ReplayResult, report: Path) -> None:
             f"  note: {s['events']['engine']['unknown_service']} latency events were for "
             "services the policy does not name"
         )
+    dropped = {k: n for k, n in s["events"]["engine"].items() if k.startswith("gpu_dropped_")}
+    if dropped:
+        why = ", ".join(f"{n} {k.removeprefix('gpu_dropped_')}" for k, n in dropped.items())
+        click.echo(f"  note: GPU readings dropped ({why}); see docs/events.md")
     click.echo(f"report: {report}")
 
 

@@ -27,10 +27,11 @@ Design:
   ``training.kubeflow.org/job-name`` (a label wins: a JobSet's pods are owned by its Jobs).
   Succeeded and Failed pods are dropped (:func:`pod_from` returns None); :func:`keep_pod` keeps
   GPU pods and pods of tracked workloads.
-* **Placement** (pods and workload templates, :func:`placement_from`): ``nodeSelector``, plus
-  required node-affinity terms when there is one term whose expressions are all ``In`` one
-  value (the common way to pin a GPU model); richer affinity is not modelled. Tolerations as
-  written.
+* **Placement** (pods and workload templates, :func:`placement_from`): ``nodeSelector``, the
+  required node affinity as kube-scheduler matches it (:mod:`policies.nodeaffinity`: every
+  operator, several terms, ``matchFields`` on the node name) and tolerations as written.
+  Affinity the apiserver would not accept leaves the placement *unknown*, with the reason:
+  nothing is preempted for it. Preferred affinity is a score, not a filter, and is not read.
 * **Workloads.** Deployments, StatefulSets and custom kinds described by :class:`WorkloadKind`
   (where the replica count and the pod template live), with GPUs per replica from the template.
 * **Quotas** (:func:`quota_from`): a ResourceQuota's ``requests.nvidia.com/gpu`` hard limit and
@@ -51,6 +52,7 @@ from typing import Any, Final, cast
 
 from controller.kube.migrecord import FLOW_ANNOTATION
 from policies.miglayout import slices_per_gpu
+from policies.nodeaffinity import NodeAffinity, UnknownAffinity
 from policies.snapshot import (
     ANYWHERE,
     MIG_DISABLED,
@@ -280,23 +282,23 @@ def _has_gpu_resources(resources: Mapping[str, Any]) -> bool:
 # --- placement ---------------------------------------------------------------------------------
 
 
+_REQUIRED_AFFINITY: Final = "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+
+
 def placement_from(pod_spec: Obj) -> Placement:
-    """Where a pod spec may run: its nodeSelector (and simple required node affinity) and its
-    tolerations (module docstring)."""
+    """Where a pod spec may run: its nodeSelector, required node affinity and tolerations
+    (module docstring)."""
     selector: dict[str, str] = {
         str(k): str(v) for k, v in (pod_spec.get("nodeSelector") or {}).items()
     }
-    terms = (
-        get_path(
-            pod_spec,
-            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
-        )
-        or []
-    )
-    if len(terms) == 1:
-        exprs = terms[0].get("matchExpressions") or []
-        if all(e.get("operator") == "In" and len(e.get("values") or []) == 1 for e in exprs):
-            selector.update({str(e.get("key")): str(e["values"][0]) for e in exprs})
+    affinity: NodeAffinity | None = None
+    unknown: str | None = None
+    required = get_path(pod_spec, _REQUIRED_AFFINITY)
+    if required is not None:
+        try:
+            affinity = NodeAffinity.parse(required, where=_REQUIRED_AFFINITY)
+        except UnknownAffinity as exc:
+            unknown = str(exc)
     tolerations = tuple(
         Toleration(
             str(t.get("key") or ""),
@@ -306,9 +308,9 @@ def placement_from(pod_spec: Obj) -> Placement:
         )
         for t in pod_spec.get("tolerations") or []
     )
-    if not selector and not tolerations:
+    if not selector and not tolerations and required is None:
         return ANYWHERE
-    return Placement(frozen_map(selector), tolerations)
+    return Placement(frozen_map(selector), tolerations, affinity, unknown)
 
 
 # --- quotas -------------------------------------------------------------------------------------

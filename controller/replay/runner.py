@@ -515,6 +515,7 @@ class _Replay:
             "observed": engine.observed,
             "late": engine.late,
             "unknown_service": engine.unknown,
+            **{f"gpu_dropped_{why}": n for why, n in engine.dropped.items()},
         }
 
 

@@ -41,8 +41,9 @@ Design:
 * **Scheduler** (:mod:`controller.sim.placement`): pending pods, highest priority first, then
   oldest, go to the fitting node with the fewest free GPUs: whole cards on non-MIG nodes, MIG
   requests on nodes with free instances of each profile, never on cordoned or reconfiguring
-  nodes, only on nodes carrying the pod's selector (its workload's pool and template) and
-  whose taints it tolerates (:func:`policies.placement.admits`, as the engine plans). A bound
+  nodes, only on nodes carrying the pod's selector (its workload's pool and template), meeting
+  its required node affinity and whose taints it tolerates (:func:`policies.placement.admits`,
+  as the engine plans). A bound
   pod is ``Pending`` until ``pod_startup_s`` passes, then ``Running``.
 * **Scheduler preemption** (off unless :attr:`SimCluster.preemption` is set; never while the
   starting cluster settles): kube-scheduler's DefaultPreemption with PriorityClasses. A pending
@@ -188,7 +189,7 @@ class SimCluster:
             sel = selectors.get(pod.key)
             if sel is None and pod.workload is not None:
                 sel = self._template(pod.workload).node_selector
-            self._add_pod(pod, FrozenMap({**pod.placement.node_selector, **(sel or {})}))
+            self._add_pod(pod, sel or {})
         for key in self._workloads:
             self._reconcile(key)
         self._schedule()
@@ -488,7 +489,7 @@ class SimCluster:
             self._now,
             placement=where,
         )
-        self._add_pod(pod, FrozenMap({**where.node_selector, **tpl.node_selector}))
+        self._add_pod(pod, tpl.node_selector)
         if not self._instant:
             self._log("created", pod.key, wl.key)
 
@@ -504,9 +505,16 @@ class SimCluster:
         if rec.pod.workload in self._workloads:
             self._at(self._now + self.delays.scale_up_create_s, "reconcile", rec.pod.workload or "")
 
-    def _add_pod(self, pod: Pod, selector: Mapping[str, str]) -> None:
+    def _add_pod(self, pod: Pod, pool_selector: Mapping[str, str]) -> None:
+        """Track ``pod``, which runs where its placement and ``pool_selector`` (its pool's or
+        template's labels, which the engine does not see: a MIG move relabels nodes) allow."""
         self._seq += 1
-        rec = PodRec(pod, selector, (-pod.priority, pod.created, self._seq))
+        where = pod.placement
+        if pool_selector:
+            where = replace(
+                where, node_selector=FrozenMap({**where.node_selector, **pool_selector})
+            )
+        rec = PodRec(pod, where, (-pod.priority, pod.created, self._seq))
         self._pods[pod.key] = rec
         if pod.namespace in self._quota_hard:
             self._ns_gpus[pod.namespace] = self._ns_gpus.get(pod.namespace, 0) + pod.gpus
@@ -552,15 +560,10 @@ class SimCluster:
         failed: set[tuple[Any, ...]] = set()
         for rec in sorted((self._pods[k] for k in self._pending), key=lambda r: r.order):
             pod = rec.pod
-            shape = (
-                pod.gpus,
-                tuple(sorted(pod.mig.items())),
-                tuple(sorted(rec.selector.items())),
-                pod.placement.tolerations,
-            )
+            shape = (pod.gpus, tuple(sorted(pod.mig.items())), rec.where)
             if shape in failed:
                 continue
-            node = self._index.fit(pod, rec.selector, self._reserved(rec))
+            node = self._index.fit(pod, rec.where, self._reserved(rec))
             if node is None:
                 if not (self.preemption and not self._instant and self._preempt(rec)):
                     failed.add(shape)
@@ -605,7 +608,7 @@ class SimCluster:
             self._nominated.pop(rec.pod.key, None)
         reserved = self._reserved(rec)
         nodes = self._nodes.values()
-        plan = preemption_plan(rec.pod, rec.selector, nodes, self._pods, reserved or {})
+        plan = preemption_plan(rec.pod, rec.where, nodes, self._pods, reserved or {})
         if plan is None:
             return False
         node, victims = plan

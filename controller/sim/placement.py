@@ -8,11 +8,12 @@ Design:
   so iteration is deterministic) and lists schedulable MIG nodes. Cordoned and reconfiguring
   nodes are in neither. :meth:`NodeIndex.fit` is best fit: the fitting node with the fewest free
   GPUs, which packs pods and keeps whole nodes free, in a walk over a few buckets. Whether a
-  node may take a pod at all (its selector's labels, tolerations for the node's taints) is
-  :func:`policies.placement.admits`, the rule the engine plans with, so both runtimes agree.
+  node may take a pod at all (its selector's labels, required node affinity, tolerations for
+  the node's taints) is :func:`policies.placement.admits`, the rule the engine plans with, so
+  both runtimes agree.
 * :func:`preemption_plan` is kube-scheduler's DefaultPreemption, decided on the records without
   changing them (the cluster then evicts): for a pending pod that fits nowhere, every schedulable
-  node carrying its selector is a candidate when removing all its non-terminating pods of
+  node it admits is a candidate when removing all its non-terminating pods of
   *lower* priority makes the pod fit (terminating pods still hold their GPUs; GPUs promised to
   pods already nominated to the node are not free). Victims are then reprieved, highest
   priority first (then oldest), while the pod still fits, so the fewest and least important are
@@ -34,7 +35,7 @@ from controller.sim.values import GpuUse
 from policies.inventory import matches
 from policies.miglayout import layout_of
 from policies.placement import admits
-from policies.snapshot import Gpu, Node, Pod
+from policies.snapshot import Gpu, Node, Placement, Pod
 
 __all__ = [
     "Flight",
@@ -52,7 +53,8 @@ class PodRec:
     """A pod, where it may run, its scheduling order and whether it is terminating."""
 
     pod: Pod
-    selector: Mapping[str, str]
+    where: Placement
+    """The pod's placement with its workload's pool (template) selector added."""
     order: tuple[int, float, int]
     terminating: bool = False
     gone_at: float = math.inf
@@ -137,7 +139,7 @@ class NodeIndex:
     def fit(
         self,
         pod: Pod,
-        selector: Mapping[str, str],
+        where: Placement,
         reserved: Mapping[str, Mapping[str, int]] | None = None,
     ) -> NodeRec | None:
         """The node ``pod`` goes to, or ``None`` when none fits; ``reserved`` (per node, by
@@ -150,15 +152,13 @@ class NodeIndex:
                 r = held.get(rec.node.name, {})
                 if all(
                     free.get(p, 0) - used.get(p, 0) - r.get(p, 0) >= n for p, n in pod.mig.items()
-                ) and admits(rec.node, selector, pod.placement.tolerations):
+                ) and admits(rec.node, where):
                     return rec
             return None
         for free_gpus in sorted(f for f in self._free if f >= pod.gpus):
             for rec in self._free[free_gpus].values():
                 taken = held.get(rec.node.name, {}).get("", 0)
-                if free_gpus - taken >= pod.gpus and admits(
-                    rec.node, selector, pod.placement.tolerations
-                ):
+                if free_gpus - taken >= pod.gpus and admits(rec.node, where):
                     return rec
         return None
 
@@ -176,7 +176,7 @@ def _free(rec: NodeRec) -> dict[str, int]:
 
 def preemption_plan(
     pod: Pod,
-    selector: Mapping[str, str],
+    where: Placement,
     nodes: Iterable[NodeRec],
     pods: Mapping[str, PodRec],
     reserved: Mapping[str, Mapping[str, int]],
@@ -191,7 +191,7 @@ def preemption_plan(
         node = rec.node
         if node.cordoned or rec.flight is not None or bool(rec.mig_cap) != bool(pod.mig):
             continue
-        if not admits(node, selector, pod.placement.tolerations):
+        if not admits(node, where):
             continue
         free = _free(rec)
         for k, n in reserved.get(node.name, {}).items():

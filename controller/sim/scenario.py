@@ -36,6 +36,7 @@ from policies.casetest import NodeSpec, PodSpec, WorkloadSpec
 from policies.drain import DrainRule
 from policies.loader import PolicyError, Source, validate_document
 from policies.model import API_VERSION, Duration, Loc, Metadata, Percent, PoolSpec, _Model
+from policies.nodeaffinity import NodeAffinity, Operator
 from policies.snapshot import FrozenMap, Placement, Snapshot, SnapshotBuilder, Taint, Toleration
 
 if TYPE_CHECKING:
@@ -154,6 +155,36 @@ class ScenarioNode(NodeSpec):
         return [self.name.replace("{i}", str(i)) for i in range(self.count)]
 
 
+class RequirementSpec(_Model):
+    """One ``matchExpressions`` (or ``matchFields``) entry, as in Kubernetes."""
+
+    key: Annotated[str, Field(min_length=1)]
+    operator: Operator
+    values: list[str] = Field(default_factory=list)
+
+
+class NodeSelectorTermSpec(_Model):
+    """One ``nodeSelectorTerms`` entry: its requirements are ANDed."""
+
+    match_expressions: list[RequirementSpec] = Field(default_factory=list)
+    match_fields: list[RequirementSpec] = Field(default_factory=list)
+
+
+class NodeAffinitySpec(_Model):
+    """``requiredDuringSchedulingIgnoredDuringExecution`` node affinity, matched as
+    kube-scheduler does (:mod:`policies.nodeaffinity`); the terms are ORed."""
+
+    node_selector_terms: Annotated[list[NodeSelectorTermSpec], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _parses(self) -> NodeAffinitySpec:
+        self.to_affinity()  # what the apiserver would refuse (In without values, ...) is an error
+        return self
+
+    def to_affinity(self) -> NodeAffinity:
+        return NodeAffinity.parse(self.model_dump(by_alias=True), where="nodeAffinity")
+
+
 class ElasticBounds(_Model):
     """Elastic training bounds, written as the annotations the engine reads."""
 
@@ -182,6 +213,8 @@ class ScenarioWorkload(WorkloadSpec):
     """More labels the pods' nodes must carry."""
     tolerations: list[TolerationSpec] = Field(default_factory=list)
     """Taints the pods tolerate."""
+    node_affinity: NodeAffinitySpec | None = None
+    """Required node affinity of the pods."""
     mig: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
     """MIG instances per replica by profile (``1g.10gb: 1``); replaces gpusPerReplica."""
     elastic: ElasticBounds | None = None
@@ -204,6 +237,7 @@ class ScenarioPod(PodSpec):
     """Run the pod only on nodes of this pool."""
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[TolerationSpec] = Field(default_factory=list)
+    node_affinity: NodeAffinitySpec | None = None
 
 
 class ScenarioSpec(_Model):
@@ -426,9 +460,13 @@ def build_cluster(
 
 
 def _placement(item: ScenarioWorkload | ScenarioPod) -> Placement:
-    """Where the engine sees the pods may run: the item's own selector and tolerations (its
-    pool's selector stays the simulator's, as a MIG move relabels nodes between pools)."""
-    return Placement(item.node_selector, tuple(t.to_toleration() for t in item.tolerations))
+    """Where the engine sees the pods may run: the item's own selector, tolerations and node
+    affinity (its pool's selector stays the simulator's, as a MIG move relabels nodes between
+    pools)."""
+    affinity = item.node_affinity.to_affinity() if item.node_affinity is not None else None
+    return Placement(
+        item.node_selector, tuple(t.to_toleration() for t in item.tolerations), affinity
+    )
 
 
 _ = API_VERSION  # the same apiVersion as policies (kept importable from here)

@@ -754,12 +754,16 @@ PIN_H100 = {
 
 
 @pytest.mark.parametrize(
-    ("spec", "selector", "tolerations"),
+    ("spec", "selector", "affinity", "tolerations"),
     [
-        pytest.param({}, {}, (), id="none"),
-        pytest.param({"nodeSelector": {"pool": "a"}}, {"pool": "a"}, (), id="node-selector"),
+        pytest.param({}, {}, None, (), id="none"),
+        pytest.param({"nodeSelector": {"pool": "a"}}, {"pool": "a"}, None, (), id="node-selector"),
         pytest.param(
-            {"affinity": PIN_H100}, {"nvidia.com/gpu.product": "H100"}, (), id="one-value-affinity"
+            {"affinity": PIN_H100},
+            {},
+            "(nvidia.com/gpu.product In [H100])",
+            (),
+            id="one-value-affinity",
         ),
         pytest.param(
             {
@@ -778,12 +782,14 @@ PIN_H100 = {
                 }
             },
             {},
+            "(m In [a, b])",
             (),
-            id="multi-value-affinity-not-modelled",
+            id="multi-value-affinity",
         ),
         pytest.param(
             {"tolerations": [TOLERATE_GPU, {"key": "x", "value": "y"}]},
             {},
+            None,
             (
                 Toleration("nvidia.com/gpu", "Exists", "", "NoSchedule"),
                 Toleration("x", "Equal", "y", ""),
@@ -793,13 +799,15 @@ PIN_H100 = {
     ],
 )
 def test_placement_from(
-    spec: Obj, selector: dict[str, str], tolerations: tuple[Toleration, ...]
+    spec: Obj, selector: dict[str, str], affinity: str | None, tolerations: tuple[Toleration, ...]
 ) -> None:
-    """A pod spec's nodeSelector, simple required affinity and tolerations become its
-    placement; affinity the fit rules cannot express exactly is left out, not guessed."""
+    """A pod spec's nodeSelector, required node affinity and tolerations become its placement,
+    each as written (more in tests/kube/test_translate_affinity.py)."""
     got = placement_from(spec)
     assert dict(got.node_selector) == selector
+    assert (None if got.affinity is None else str(got.affinity)) == affinity
     assert got.tolerations == tolerations
+    assert got.unknown is None
 
 
 def test_node_taints_pod_and_template_placement_are_translated() -> None:

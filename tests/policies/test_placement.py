@@ -80,7 +80,7 @@ def test_admits(
 ) -> None:
     """A node admits a pod when it carries the selector's labels and every hard taint is
     tolerated, as kube-scheduler's NodeAffinity and TaintToleration filters decide."""
-    assert admits(n, selector, tolerations) is want
+    assert admits(n, Placement(selector, tolerations)) is want
 
 
 def test_slots_and_place_count_replicas_per_node() -> None:

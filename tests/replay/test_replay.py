@@ -11,7 +11,7 @@ from replay_builders import T0, chat_events, one_node_cluster, policy, write_rec
 from controller.replay.runner import DECISIONS_FILE, ReplayResult, ReplaySettings, replay
 from controller.replay.source import read_event_batches
 from controller.replay.timeline import Timeline
-from streams.events import Rejection
+from streams.events import GpuUtilization, Rejection
 from streams.recording import read_events
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sample-events.jsonl"
@@ -132,3 +132,16 @@ def test_timeline_downsamples_to_bounded_points() -> None:
     assert sum(v or 0 for v in series["s"]) == 10_000
     assert series["m"][0] == pytest.approx(sum(range(2048)) / 2048)
     assert series["x"][0] == 99.0
+
+
+def test_readings_for_nodes_the_cluster_lacks_are_counted_in_the_summary(tmp_path: Path) -> None:
+    """A recording whose GPU readings also name a node the replayed cluster does not have: the
+    first (at T_0, before the first tick's snapshot) is kept until that snapshot prunes it; the
+    19 after it are dropped and counted in the summary."""
+    events = chat_events(20, burst=(0, 0))
+    ghosts = [GpuUtilization(ts=T0 + s, node="ghost", gpu=0, util_pct=50.0) for s in range(20)]
+    path = write_recording(tmp_path / "r.jsonl", sorted([*events, *ghosts], key=lambda e: e.time))
+    result = replay(path, policy=policy(), cluster=one_node_cluster, out_dir=tmp_path / "out")
+    engine = result.summary.to_dict()["events"]["engine"]
+    assert engine["gpu_dropped_unknown_node"] == 19
+    assert "device_limit" not in str(engine)

@@ -7,7 +7,7 @@ from sim_builders import DELAYS, T0, TRAINING, WHOLE, apply, cluster, kinds, sca
 
 from controller.sim import SimCluster
 from controller.sim.placement import NodeRec, PodRec, preemption_plan
-from policies.snapshot import Node, Pod, SnapshotBuilder
+from policies.snapshot import ANYWHERE, Node, Pod, SnapshotBuilder
 
 
 def two_nodes() -> SnapshotBuilder:
@@ -133,10 +133,10 @@ def test_preemption_plan_picks_node_and_victims(
     for n, lst in placed.items():
         for name, gpus, prio in lst:
             p = _pod(name, n, gpus, prio)
-            pods[p.key] = PodRec(p, {}, (-prio, 0.0, len(pods)))
+            pods[p.key] = PodRec(p, ANYWHERE, (-prio, 0.0, len(pods)))
             nodes[n].hold(p, +1)
     before = {n: (r.used, dict(r.pods)) for n, r in nodes.items()}
-    plan = preemption_plan(_pod("new", None, 2, 1000), {}, nodes.values(), pods, {})
+    plan = preemption_plan(_pod("new", None, 2, 1000), ANYWHERE, nodes.values(), pods, {})
     if want_node is None:
         assert plan is None
     else:
