@@ -4,7 +4,10 @@ Design (Kueue's ``GetTargets`` in spirit: decide on an in-memory view, actuate e
 
 1. **Shrink first.** Elastic training workloads with pods in the pool are taken in victim order
    and scaled down, each to no less than ``max(minReplicas, gang minimum)``, until enough GPUs
-   are freed. One scale step per workload.
+   are freed. One scale step per workload. A workload whose shrink failed lately (the owner's
+   webhook refused it, the API kept failing) is not shrunk again while it is held off: another
+   try would fail the same way and block the breach, so the plan moves on to the next
+   workload and to evictions (which may take its pods), and says why in the explanation.
 2. **Evict only when shrinking is not enough.** Training pods in the pool are taken in victim
    order (lowest priority first, then newest / oldest / least progress, as the policy says;
    ties by name). A pod of a gang whose eviction would leave the gang below its minimum takes
@@ -126,6 +129,7 @@ def plan_capacity(
     eviction_budget: int,
     taken: frozenset[str] = frozenset(),
     held: Mapping[str, str] | None = None,
+    resize_held: Mapping[str, str] | None = None,
     fit: Fit | None = None,
 ) -> Plan:
     """Free at least ``needed`` whole GPUs in ``pool`` (as many as possible when it cannot);
@@ -133,9 +137,11 @@ def plan_capacity(
 
     ``pod_pool`` maps node names to pools; ``taken`` holds workload and pod keys already claimed
     by an earlier plan in the same evaluation; ``held`` maps pods the cluster recently refused to
-    evict (a PodDisruptionBudget) to the reason, so the next victim in order is taken instead.
+    evict (a PodDisruptionBudget) to the reason, so the next victim in order is taken instead;
+    ``resize_held`` maps workloads whose shrink failed lately to the reason: not shrunk again.
     """
     held = held or {}
+    resize_held = resize_held or {}
     rejected: list[Alternative] = []
 
     def refusal(pod: Pod, view: TrainingView | None) -> str | None:
@@ -180,6 +186,9 @@ def plan_capacity(
             reject(f"shrink {view.key}", f"{view.scaled_by} scales it (training.owner: others)")
             continue
         if w.replicas <= floor or w.gpus_per_replica <= 0:
+            continue
+        if (failed := resize_held.get(view.key)) is not None:
+            reject(f"shrink {view.key}", f"held off after its resize failed: {failed}")
             continue
         if scale_budget <= 0:
             reject(f"shrink {view.key}", "scale-step budget is spent")

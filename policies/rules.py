@@ -65,6 +65,8 @@ class Round:
     taken: set[str] = field(default_factory=set)
     held: Mapping[str, str] = field(default_factory=dict)
     """Pods the cluster refused to evict lately, with why: skipped as victims for a while."""
+    resize_held: Mapping[str, str] = field(default_factory=dict)
+    """Training workloads whose shrink failed lately, with why: not shrunk for a while."""
     disrupted: dict[str, tuple[float, ...]] = field(default_factory=dict)
     """Workloads Ebbtide evicted from or shrank, with when (the engine's, kept across rounds):
     their replacement pods are no demand (:class:`~policies.inventory.Inventory`)."""
@@ -234,6 +236,7 @@ def respond_to_breach(
                 eviction_budget=rnd.budgets.evictions.remaining(now),
                 taken=frozenset(rnd.taken),
                 held=rnd.held,
+                resize_held=rnd.resize_held,
                 fit=fit,
             )
             alternatives.extend(plan.rejected)
