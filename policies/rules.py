@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from policies.budgets import Budgets, Cooldowns
+from policies.checkpoint import Notices
 from policies.decisions import (
     Alternative,
     Decision,
@@ -237,6 +238,7 @@ def respond_to_breach(
                 taken=frozenset(rnd.taken),
                 held=rnd.held,
                 resize_held=rnd.resize_held,
+                notices=Notices(key, now, training.checkpoint.deadline),
                 fit=fit,
             )
             alternatives.extend(plan.rejected)
