@@ -12,7 +12,7 @@ import pytest
 
 from controller.app import Controller
 from controller.cluster import ActionResult, Outcome
-from policies.checkpoint import FOR, HANDSHAKE, NOTICE
+from policies.checkpoint import ACK, FOR, HANDSHAKE, NOTICE, stamp
 from streams.events import InferenceLatency
 from support.e2e import build_cluster, in_process_controller, pin_training
 from support.kubeapi import KubeAPIServer
@@ -70,3 +70,24 @@ async def test_one_notice_per_breach_and_the_scale_up_waits_for_it(
         for e in kubeapi.objects("Event", "ml")
         if e["reason"] == "EbbtidePreemptionNotice"
     ] == list(noticed)
+
+
+async def test_the_leader_clears_a_notice_an_abandoned_preemption_left(
+    kubeapi: KubeAPIServer, tmp_path: Path
+) -> None:
+    """A notice (and its ack) three days old is removed from the pod at the next tick, with no
+    breach and no decision; a notice given a minute ago stays."""
+    await build_cluster(kubeapi)
+    old, fresh = (p["metadata"]["name"] for p in kubeapi.objects("Pod", "ml")[:2])
+    days_ago = stamp(time.time() - 3 * 86400)
+    for name, at in ((old, days_ago), (fresh, stamp(time.time() - 60))):
+        notice = {HANDSHAKE: "true", NOTICE: at, FOR: "serving/chat", ACK: at}
+        await kubeapi.patch("Pod", "ml", name, {"metadata": {"annotations": notice}})
+    async with in_process_controller(kubeapi, tmp_path) as controller:
+        assert await controller.evaluate_once() == []
+    annotations = {
+        p["metadata"]["name"]: p["metadata"].get("annotations") or {}
+        for p in kubeapi.objects("Pod", "ml")
+    }
+    assert annotations[old] == {HANDSHAKE: "true"}
+    assert NOTICE in annotations[fresh]
