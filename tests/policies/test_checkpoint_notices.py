@@ -10,7 +10,7 @@ from policy_fixtures import T0, TRAINING, cluster, make_policy, run
 
 from controller.cluster import NOT_FREED, ActionResult, Outcome, feed_back
 from policies.checkpoint import FOR, HANDSHAKE, NOTICE, stamp
-from policies.decisions import Decision, Evict, Scale
+from policies.decisions import Decision, Evict, Explanation, Scale
 from policies.engine import Engine
 from policies.snapshot import Snapshot
 
@@ -76,3 +76,21 @@ def test_one_notice_per_need_at_a_time_across_tries() -> None:
     noticed = {p for ds in later for p in evicted(ds) if p.startswith("ml/ask-")}
     assert noticed == set(), f"another pod was noticed while ask-0's notice stands: {noticed}"
     assert evicted(later[0]) == ["ml/plain-1"]  # a pod that needs no notice may go
+
+
+def test_a_restarted_engine_reads_the_notice_from_the_pod_and_an_expired_one_is_none() -> None:
+    """A fresh engine (a restarted controller) finds chat's standing notice on ask-0 and
+    notices no other pod; a notice days old stands for nothing: ask-0 is noticed afresh."""
+    for noticed_at, standing in ((T0, True), (T0 - 3 * 86400, False)):
+        engine = Engine(make_policy())
+        if standing:  # the actuator said "wait" since the restart: ask-0 is held off
+            why = "waiting for a checkpoint acknowledgement"
+            engine.not_done(_evict("ml/ask-0"), reason=why, hold_until=T0 + 600)
+        snap = node(noticed_at)
+        _, first = next((t, ds) for t, ds in run(engine, snap, T0, T0 + 30, 250.0) if ds)
+        asked = [p for p in evicted(first) if p.startswith("ml/ask-")]
+        assert asked == ([] if standing else ["ml/ask-0"])
+
+
+def _evict(pod: str) -> Evict:
+    return Evict(T0, pod, "w0", None, 15.0, Explanation.of("test", "a test decided it"))
