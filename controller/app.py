@@ -73,6 +73,9 @@ __all__ = ["Controller", "load_policy_files"]
 log = structlog.get_logger("ebbtide")
 
 _NOT_DONE = frozenset({Outcome.REFUSED, Outcome.BLOCKED, Outcome.FAILED})
+#: Freeing outcomes after which the GPUs are not free: not done, or under way (a checkpoint
+#: notice: the pod runs until its checkpoint or deadline, and the scale-up waits for it).
+_NOT_FREED = _NOT_DONE | {Outcome.IN_PROGRESS}
 #: Tries to have the broker acknowledge an intent record before the action is refused.
 INTENT_ATTEMPTS = 3
 #: Seconds between tries to read the decisions log back after an incomplete read.
@@ -434,7 +437,7 @@ class Controller:
                 (result,) = await cluster.apply([d])
                 self.metrics.decision_to_api.labels(d.action).observe(time.perf_counter() - started)
             frees = isinstance(d, Evict) or (isinstance(d, Scale) and d.role == "training")
-            if frees and d.cause is not None and result.outcome in _NOT_DONE:
+            if frees and d.cause is not None and result.outcome in _NOT_FREED:
                 unfreed[d.cause] = f"{d.action} {d.target} {result.outcome.value}"
             out.append(result)
         return out

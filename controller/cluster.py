@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import Final, Protocol
 
 from policies.budgets import Ledger
-from policies.decisions import Decision
+from policies.decisions import Decision, Scale
 from policies.engine import Engine
 from policies.model import Policy
 from policies.snapshot import Snapshot
@@ -27,6 +27,7 @@ __all__ = [
     "MIG_FAILED_HOLD_OFF_S",
     "NOT_FREED",
     "NOT_LEADER",
+    "RESIZE_FAILED_HOLD_OFF_S",
     "RETRY_HOLD_OFF_S",
     "ActionResult",
     "Cluster",
@@ -40,6 +41,12 @@ __all__ = [
 RETRY_HOLD_OFF_S: Final = 60.0
 #: How long a node whose MIG reconfiguration failed is left out of MIG planning.
 MIG_FAILED_HOLD_OFF_S: Final = 3600.0
+#: How long a training workload whose shrink failed is not shrunk again (other workloads are
+#: shrunk, or pods evicted, meanwhile). A failed resize is usually the owner's rule (a webhook's
+#: 422) and fails the same way at once: retried after every hold-off it would hold the breach
+#: on one victim. Ten minutes: long enough for the breach to be met by other victims, short
+#: enough that a transient API failure does not take the workload off the plan for long.
+RESIZE_FAILED_HOLD_OFF_S: Final = 600.0
 #: The start of the detail of a follower's refusal (a follower decides but never acts).
 NOT_LEADER: Final = "not the leader"
 #: The start of the detail of a scale-up refused because freeing its GPUs was not carried out.
@@ -135,6 +142,14 @@ class ClusterRuntime(Protocol):
 _NOT_DONE: Final = frozenset({Outcome.REFUSED, Outcome.BLOCKED, Outcome.FAILED})
 
 
+def _shrinks_training(decision: Decision) -> bool:
+    return (
+        isinstance(decision, Scale)
+        and decision.role == "training"
+        and decision.to_replicas < decision.from_replicas
+    )
+
+
 def feed_back(engine: Engine, results: Iterable[ActionResult], *, now: float) -> None:
     """Tell the engine which of its decisions did not happen: their budget units and cooldowns
     come back. A PodDisruptionBudget's "not now" holds its pod off for
@@ -142,17 +157,21 @@ def feed_back(engine: Engine, results: Iterable[ActionResult], *, now: float) ->
     does a follower's "not the leader"); any other refusal or failure would repeat itself, so
     the service waits :data:`RETRY_HOLD_OFF_S` before the next try. A node whose MIG flow
     failed is left out of MIG planning for :data:`MIG_FAILED_HOLD_OFF_S`: its budget unit
-    comes back, but another try would likely fail again after draining its training."""
+    comes back, but another try would likely fail again after draining its training. A
+    training workload whose shrink failed is not shrunk again for
+    :data:`RESIZE_FAILED_HOLD_OFF_S`: the next try plans other victims instead."""
     for r in results:
         if r.outcome not in _NOT_DONE:
             continue
         blocked = r.outcome is Outcome.BLOCKED
         at_once = blocked or r.detail.startswith((NOT_LEADER, NOT_FREED))
         hold = None
-        if blocked:
+        if blocked and not isinstance(r.decision, Scale):  # a pod (a PDB) or a MIG node
             hold = now + RETRY_HOLD_OFF_S
         elif r.outcome is Outcome.FAILED and r.decision.action in ("mig_convert", "mig_revert"):
             hold = now + MIG_FAILED_HOLD_OFF_S
+        elif r.outcome is Outcome.FAILED and _shrinks_training(r.decision):
+            hold = now + RESIZE_FAILED_HOLD_OFF_S
         engine.not_done(
             r.decision,
             reason=r.detail,

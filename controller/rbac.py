@@ -8,7 +8,9 @@ code path needs it.
 Verbs per resource, and who needs them:
 
 * nodes — get/list/watch (cluster state, MIG flow), patch (cordon, MIG labels, flow annotation);
-* pods — get/list/watch (cluster state, drain); pods/eviction — create (preemption, drain);
+* pods — get/list/watch (cluster state, drain), patch (the checkpoint handshake's notice and
+  its removal when it expired, whatever kinds are tracked); pods/eviction — create (preemption,
+  drain);
 * events — create (an Event for every action and refusal);
 * priorityclasses, poddisruptionbudgets — list/watch (victim order, PDB-aware planning);
 * horizontalpodautoscalers, KEDA scaledobjects — list/watch (never fight another autoscaler);
@@ -57,7 +59,7 @@ class Rule:
 #: What the controller needs whatever workload kinds it tracks.
 _BASE_RULES: tuple[Rule, ...] = (
     Rule("", ("nodes",), ("get", "list", "watch", "patch")),
-    Rule("", ("pods",), ("get", "list", "watch")),
+    Rule("", ("pods",), ("get", "list", "watch", "patch")),
     Rule("", ("pods/eviction",), ("create",)),
     Rule("", ("events",), ("create",)),
     Rule("scheduling.k8s.io", ("priorityclasses",), ("list", "watch")),

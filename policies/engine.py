@@ -79,7 +79,7 @@ from typing import Final, cast
 from ddsketch.store import CollapsingLowestDenseStore
 
 from policies.budgets import BudgetState, Cooldowns, Ledger, LogRecord
-from policies.decisions import Decision, Evict, MigConvert, MigRevert
+from policies.decisions import Decision, Evict, MigConvert, MigRevert, Scale
 from policies.inventory import Inventory, note_disrupted
 from policies.loader import Source, check_policy
 from policies.mig import IdleTracker, MigFlights
@@ -297,6 +297,9 @@ class Engine:
         self._flights = MigFlights()
         self._free_since: dict[str, float] = {}
         self._held: dict[str, tuple[float, str]] = {}
+        #: training workload -> (until, why): its shrink failed, so it is not shrunk again
+        #: before then (another try would fail the same way); its pods may still be evicted
+        self._resize_held: dict[str, tuple[float, str]] = {}
         #: workload -> when Ebbtide last evicted from or shrank it (its replacements are no demand)
         self._disrupted: dict[str, tuple[float, ...]] = {}
         #: ``_disrupted`` as the cached inventory was built with it.
@@ -622,6 +625,7 @@ class Engine:
         if not ruled and self._pools_quiet(now, seen):
             return []  # a quiet tick: every rule would decide nothing and change nothing
         self._held = {pod: hold for pod, hold in self._held.items() if hold[0] > now}
+        self._resize_held = {w: hold for w, hold in self._resize_held.items() if hold[0] > now}
         rnd = Round(
             now=now,
             policy=self._policy,
@@ -629,6 +633,7 @@ class Engine:
             budgets=self._budgets,
             cooldowns=self._cooldowns,
             held={pod: why for pod, (_, why) in self._held.items()},
+            resize_held={w: why for w, (_, why) in self._resize_held.items()},
             disrupted=self._disrupted,
         )
         for svc in ruled:
@@ -932,7 +937,8 @@ class Engine:
         With ``hold_until``,
         an eviction's pod (a PodDisruptionBudget answered 429) is not picked as a victim again
         before then: the next one in victim order is taken instead; a MIG flow's node is not
-        planned for before then."""
+        planned for before then; a training shrink's workload (its resize failed) is not
+        shrunk again before then: other victims are taken instead."""
         self._pools_seen = None  # a budget unit, a cooldown or a MIG slot came back
         self._quiet = None
         self._ledger.settle(decision.id, action=decision.action, done=False, at=decision.at)
@@ -955,6 +961,8 @@ class Engine:
                 self._mig_held_until = max(self._mig_held_until, hold_until)
         if hold_until is not None and isinstance(decision, Evict):
             self._held[decision.pod] = (hold_until, reason)
+        if hold_until is not None and isinstance(decision, Scale):
+            self._resize_held[decision.workload] = (hold_until, reason)
 
     # -- state for metrics and reports -------------------------------------------------------
 

@@ -4,7 +4,10 @@ Design (Kueue's ``GetTargets`` in spirit: decide on an in-memory view, actuate e
 
 1. **Shrink first.** Elastic training workloads with pods in the pool are taken in victim order
    and scaled down, each to no less than ``max(minReplicas, gang minimum)``, until enough GPUs
-   are freed. One scale step per workload.
+   are freed. One scale step per workload. A workload whose shrink failed lately (the owner's
+   webhook refused it, the API kept failing) is not shrunk again while it is held off: another
+   try would fail the same way and block the breach, so the plan moves on to the next
+   workload and to evictions (which may take its pods), and says why in the explanation.
 2. **Evict only when shrinking is not enough.** Training pods in the pool are taken in victim
    order (lowest priority first, then newest / oldest / least progress, as the policy says;
    ties by name). A pod of a gang whose eviction would leave the gang below its minimum takes
@@ -17,7 +20,12 @@ Design (Kueue's ``GetTargets`` in spirit: decide on an in-memory view, actuate e
    evictions then go node by node, best first by :func:`policies.placement.node_order` (the
    least important victims, the fewest GPUs evicted, a node left empty, the most GPUs free in
    its NVLink domain), each node's pods in victim order, until the replicas fit.
-4. **Never**: inference pods (not in the training view at all), protected namespaces,
+4. **Checkpoint notices** (:mod:`policies.checkpoint`): evicting a pod opted in to the
+   handshake first gives it a notice and waits for its checkpoint. A need gives one such
+   notice at a time: while its notice stands on a pod, or once this plan took a pod that needs
+   one, no other pod that would need a notice is taken (pods that need none still are), so a
+   breach does not notice a new pod at every try while the first one checkpoints.
+5. **Never**: inference pods (not in the training view at all), protected namespaces,
    ``ebbtide.io/do-not-disrupt``. Each skipped candidate is reported as an
    :class:`~policies.decisions.Alternative` with the reason.
 
@@ -31,6 +39,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from policies.checkpoint import Notices
 from policies.decisions import Alternative
 from policies.drain import protection
 from policies.inventory import TrainingView
@@ -126,6 +135,8 @@ def plan_capacity(
     eviction_budget: int,
     taken: frozenset[str] = frozenset(),
     held: Mapping[str, str] | None = None,
+    resize_held: Mapping[str, str] | None = None,
+    notices: Notices | None = None,
     fit: Fit | None = None,
 ) -> Plan:
     """Free at least ``needed`` whole GPUs in ``pool`` (as many as possible when it cannot);
@@ -133,9 +144,27 @@ def plan_capacity(
 
     ``pod_pool`` maps node names to pools; ``taken`` holds workload and pod keys already claimed
     by an earlier plan in the same evaluation; ``held`` maps pods the cluster recently refused to
-    evict (a PodDisruptionBudget) to the reason, so the next victim in order is taken instead.
+    evict (a PodDisruptionBudget) to the reason, so the next victim in order is taken instead;
+    ``resize_held`` maps workloads whose shrink failed lately to the reason: not shrunk again;
+    ``notices`` (the need's view of the checkpoint handshake) keeps it to one notice at a time.
     """
     held = held or {}
+    resize_held = resize_held or {}
+    training = tuple(training)
+    loose_pods = tuple(loose_pods)
+    #: the pod this need's checkpoint notice stands on (or that this plan will give it)
+    noticing = (
+        None
+        if notices is None
+        else next(
+            (
+                p.key
+                for p in (*(q for v in training for q in v.pods), *loose_pods)
+                if notices.ours(p.annotations)
+            ),
+            None,
+        )
+    )
     rejected: list[Alternative] = []
 
     def refusal(pod: Pod, view: TrainingView | None) -> str | None:
@@ -181,6 +210,9 @@ def plan_capacity(
             continue
         if w.replicas <= floor or w.gpus_per_replica <= 0:
             continue
+        if (failed := resize_held.get(view.key)) is not None:
+            reject(f"shrink {view.key}", f"held off after its resize failed: {failed}")
+            continue
         if scale_budget <= 0:
             reject(f"shrink {view.key}", "scale-step budget is spent")
             continue
@@ -225,7 +257,7 @@ def plan_capacity(
 
     def take(pod: Pod, cview: TrainingView | None) -> bool:
         """Evict ``pod`` (and its gang when it would drop below its minimum), or say why not."""
-        nonlocal eviction_budget
+        nonlocal eviction_budget, noticing
         if pod.key in gone or pod.node is None or pod_pool.get(pod.node) != pool:
             return False
         why = refusal(pod, cview)
@@ -244,6 +276,13 @@ def plan_capacity(
                 if blocked is not None:
                     reject(f"evict gang {cview.key}", blocked)
                     return False
+        asks = notices is not None and any(notices.asks(p.annotations) for p in group)
+        if asks and noticing is not None:
+            reject(
+                f"evict {pod.key}",
+                f"one checkpoint notice per need at a time: waiting on {noticing}",
+            )
+            return False
         if len(group) > eviction_budget:
             what = f"gang {cview.key}" if whole and cview else pod.key
             reject(
@@ -257,6 +296,8 @@ def plan_capacity(
             evictions.append(Victim(victim, cview.key if cview else victim.workload, gain, whole))
             credit(victim.node, gain)
             eviction_budget -= 1
+        if asks:
+            noticing = pod.key
         return True
 
     if fit is None:

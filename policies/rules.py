@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from policies.budgets import Budgets, Cooldowns
+from policies.checkpoint import Notices
 from policies.decisions import (
     Alternative,
     Decision,
@@ -68,6 +69,8 @@ class Round:
     taken: set[str] = field(default_factory=set)
     held: Mapping[str, str] = field(default_factory=dict)
     """Pods the cluster refused to evict lately, with why: skipped as victims for a while."""
+    resize_held: Mapping[str, str] = field(default_factory=dict)
+    """Training workloads whose shrink failed lately, with why: not shrunk for a while."""
     disrupted: dict[str, tuple[float, ...]] = field(default_factory=dict)
     """Workloads Ebbtide evicted from or shrank, with when (the engine's, kept across rounds):
     their replacement pods are no demand (:class:`~policies.inventory.Inventory`)."""
@@ -251,6 +254,8 @@ def respond_to_breach(
                 eviction_budget=rnd.budgets.evictions.remaining(now),
                 taken=frozenset(rnd.taken),
                 held=rnd.held,
+                resize_held=rnd.resize_held,
+                notices=Notices(key, now, training.checkpoint.deadline),
                 fit=fit,
             )
             alternatives.extend(plan.rejected)

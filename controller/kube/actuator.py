@@ -24,7 +24,7 @@ protections, and only then written — leadership is checked again just before t
   handled the owner's way: a Kueue-admitted workload of any kind is preempted through its Kueue
   Workload instead (:mod:`controller.kube.workloads.kueue`), a PyTorchJob's Master and an
   elastic job's worker-0 are refused. Opted-in pods go through
-  the checkpoint handshake first (:mod:`controller.kube.workloads.checkpoint`), and every
+  the checkpoint handshake first (:mod:`policies.checkpoint`), and every
   eviction reports the GPU-hours it wasted.
 * **MIG** convert and revert are resumable flows on the node: :mod:`controller.kube.migflow`.
   Its drain evictions come back through this actuator's eviction path.
@@ -64,16 +64,20 @@ from controller.kube.translate import (
 from controller.kube.workloads import ADAPTERS, Adapter, Io, Patch, kueue
 from controller.kube.workloads.apps import mark_for_removal
 from controller.kube.workloads.autoscalers import Owners
-from controller.kube.workloads.checkpoint import (
+from controller.safety import Permit, SafetyGate, Target, Verdict
+from policies.checkpoint import (
+    ACK,
     DEFAULT_DEADLINE_S,
+    FOR,
     NOTICE,
     Step,
     next_step,
+    notice,
     stamp,
     wasted_gpu_hours,
 )
-from controller.safety import Permit, SafetyGate, Target, Verdict
 from policies.decisions import Decision, Evict, MigConvert, MigRevert, Scale
+from policies.snapshot import Pod
 
 __all__ = [
     "DEFAULT_WORKLOAD_KINDS",
@@ -93,7 +97,7 @@ DEFAULT_WORKLOAD_KINDS: Final = (DEPLOYMENT, STATEFULSET, PYTORCHJOB)
 
 
 def _wasted(pod: Obj, *, now: float) -> float:
-    """GPU-hours evicting ``pod`` at ``now`` throws away (:mod:`.workloads.checkpoint`)."""
+    """GPU-hours evicting ``pod`` at ``now`` throws away (:mod:`policies.checkpoint`)."""
     meta = _meta(pod)
     status = pod.get("status") or {}
     started = status.get("startTime") or meta.get("creationTimestamp")
@@ -370,7 +374,7 @@ class KubeActuator:
                 meta.get("annotations") or {}, now=now, deadline_s=self._checkpoint_deadline()
             )
             if step.action != "evict":
-                return await self._handshake(d, pod, step, ref)
+                return await self._handshake(d, pod, step, permit, ref)
             grace = max(0, round(d.grace_s))
             wasted = _wasted(pod, now=now)
             note = f"{step.detail}; " if step.detail else ""
@@ -390,27 +394,66 @@ class KubeActuator:
         training = self.gate.policy.spec.training
         return DEFAULT_DEADLINE_S if training is None else training.checkpoint.deadline
 
-    async def _handshake(self, d: Evict, pod: Obj, step: Step, ref: ObjectRef) -> ActionResult:
+    async def _handshake(
+        self, d: Evict, pod: Obj, step: Step, permit: Permit, ref: ObjectRef
+    ) -> ActionResult:
         """The checkpoint handshake before an eviction: give the notice (once: it is kept on
-        the pod, so a restarted controller does not give it again) or keep waiting."""
-        if step.action == "notify":
-            if self.gate.dry_run_for(d):
-                return await self._done(d, Outcome.DRY_RUN, f"would give a {step.detail}", ref)
-            if not (verdict := self.gate.check_write()).ok:
-                return await self._verdict(d, verdict, ref)
-            meta = _meta(pod)
-            body = {
-                "metadata": {
-                    "resourceVersion": meta.get("resourceVersion"),
-                    "annotations": {NOTICE: stamp(self.gate.now())},
-                }
-            }
-            path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}"
-            try:
-                await self._io().request("PATCH", path, body)
-            except KubeError as exc:
-                return await self._done(d, Outcome.FAILED, f"cannot give the notice: {exc}", ref)
-        return await self._done(d, Outcome.BLOCKED, step.detail, ref)
+        the pod, so a restarted controller does not give it again) or keep waiting. A notice
+        is a disruption (the workload checkpoints for it): it is ``IN_PROGRESS`` and counts
+        against the eviction budget; a wait changed nothing and is ``BLOCKED``."""
+        if step.action == "wait":
+            return await self._done(d, Outcome.BLOCKED, step.detail, ref)
+        if self.gate.dry_run_for(d):
+            return await self._done(d, Outcome.DRY_RUN, f"would give a {step.detail}", ref)
+        if not (verdict := self.gate.check_write()).ok:
+            return await self._verdict(d, verdict, ref)
+        fresh = {NOTICE: stamp(self.gate.now()), FOR: d.cause, ACK: None}  # None: removed
+        try:
+            await self._annotate(_meta(pod), fresh)
+        except KubeError as exc:
+            return await self._done(d, Outcome.FAILED, f"cannot give the notice: {exc}", ref)
+        permit.spend()
+        return await self._done(d, Outcome.IN_PROGRESS, step.detail, ref)
+
+    async def _annotate(self, meta: dict[str, Any], annotations: dict[str, str | None]) -> None:
+        """Merge ``annotations`` into a pod's (``None`` removes one), conditional on the
+        resourceVersion read: a pod changed since is left for the next try."""
+        body = {
+            "metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": annotations}
+        }
+        path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}"
+        await self._io().request("PATCH", path, body)
+
+    async def expire_notices(self, pods: Iterable[Pod]) -> list[str]:
+        """Remove expired checkpoint notices (with their need and ack) from ``pods`` (the
+        snapshot's: candidates, re-read before the write), so an abandoned preemption leaves
+        nothing a later one could mistake for its own notice. Call on each tick, as the leader.
+        Returns the pods cleared (in dry-run: that would be, and nothing is read or written);
+        a failure is logged and retried at the next tick."""
+        now = self.gate.now()
+        deadline_s = self._checkpoint_deadline()
+        dry = self.gate.dry_run or self.gate.policy.spec.dry_run
+        cleared: list[str] = []
+        for candidate in pods:
+            given = notice(candidate.annotations, deadline_s=deadline_s)
+            if given is None or now < given.expires:
+                continue
+            if not dry:
+                if not self.gate.check_write().ok:
+                    break
+                try:
+                    live = await self._read_pod(candidate.namespace, candidate.name)
+                    meta = _meta(live or {})
+                    given = notice(meta.get("annotations") or {}, deadline_s=deadline_s)
+                    if live is None or given is None or now < given.expires:
+                        continue
+                    await self._annotate(meta, {NOTICE: None, FOR: None, ACK: None})
+                except KubeError as exc:
+                    log.warning("ebbtide.notice_not_cleared", pod=candidate.key, error=str(exc))
+                    continue
+                log.info("ebbtide.notice_expired", pod=candidate.key, notice=stamp(given.at))
+            cleared.append(candidate.key)
+        return cleared
 
     async def _post_eviction(
         self, d: Evict, permit: Permit, ref: ObjectRef, uid: str | None, grace: int

@@ -68,12 +68,14 @@ _WOULD: Final[dict[Action, str]] = {
 _STARTED: Final[dict[Action, str]] = {
     "mig_convert": "EbbtideMigConverting",
     "mig_revert": "EbbtideMigReverting",
+    "evict": "EbbtidePreemptionNotice",
 }
 
 
 def event_reason(action: Action, outcome: Outcome) -> tuple[str, str] | None:
     """``(reason, type)`` of the Event for an outcome, or ``None`` when none is written
-    (already done: nothing happened; in progress: only a flow's start is an Event)."""
+    (already done: nothing happened; in progress: only a flow's start, or a checkpoint
+    notice, is an Event)."""
     mig = action in ("mig_convert", "mig_revert")
     if outcome is Outcome.APPLIED:
         return _APPLIED[action], "Normal"
@@ -85,7 +87,7 @@ def event_reason(action: Action, outcome: Outcome) -> tuple[str, str] | None:
         return "EbbtideEvictionBlocked", "Normal"
     if outcome is Outcome.FAILED:
         return ("EbbtideMigFailed" if mig else "EbbtideActionFailed"), "Warning"
-    if outcome is Outcome.IN_PROGRESS and mig:
+    if outcome is Outcome.IN_PROGRESS and action in _STARTED:
         return _STARTED[action], "Normal"
     return None
 

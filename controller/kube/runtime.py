@@ -113,10 +113,13 @@ class KubeRuntime:
         await asyncio.gather(self.state.run(), self.elector.run())
 
     async def tick(self, now: float) -> list[ActionResult]:
-        """Move MIG conversions along (the leader only: followers never write)."""
+        """Move MIG conversions along and clear expired checkpoint notices (the leader only:
+        followers never write)."""
         if not self.is_leader() or not self.state.synced:
             return []
-        return await self._cluster.actuator.resume_all()
+        actuator = self._cluster.actuator
+        await actuator.expire_notices(self.state.snapshot().pods)
+        return await actuator.resume_all()
 
     async def close(self) -> None:
         self.state.stop()

@@ -7,7 +7,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from controller.cluster import Outcome
-from controller.kube.workloads.checkpoint import (
+from policies.checkpoint import (
     ACK,
     DEADLINE,
     HANDSHAKE,
@@ -59,8 +59,9 @@ def test_wasted_gpu_hours_count_from_the_last_checkpoint() -> None:
 async def test_notice_then_ack_then_one_eviction_across_a_restart(
     kubeapi: KubeAPIServer, kube_client: ApiClient
 ) -> None:
-    """The first try writes the notice and is BLOCKED; a restarted controller finds it and
-    waits without writing; after the ack the pod is evicted once, reporting 1 GPU x 10 s."""
+    """The first try writes the notice (IN_PROGRESS: under way); a restarted controller finds
+    it and waits without writing (BLOCKED); after the ack the pod is evicted once, reporting
+    1 GPU x 10 s."""
     now = [T0]
     pod = make_pod("train-0", namespace="ml", labels=TRAINING, gpus=1)
     pod["metadata"]["annotations"] = {HANDSHAKE: "true"}
@@ -68,7 +69,7 @@ async def test_notice_then_ack_then_one_eviction_across_a_restart(
     (noticed,) = await kind_actuator(kube_client, ("Deployment",), clock=lambda: now[0]).apply(
         [evict("ml/train-0")]
     )
-    assert noticed.outcome is Outcome.BLOCKED, noticed.detail
+    assert noticed.outcome is Outcome.IN_PROGRESS, noticed.detail
     stored = kubeapi.get("Pod", "ml", "train-0")
     assert stored is not None
     assert stored["metadata"]["annotations"][NOTICE] == stamp(T0)
