@@ -336,6 +336,7 @@ class Controller:
             spec.budgets.scale_steps.per,
             spec.budgets.mig_conversions.per,
             spec.cooldowns.service,
+            spec.cooldowns.training_grow,
             *(s.cooldown or 0.0 for s in spec.services.values()),
         )
         try:

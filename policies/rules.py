@@ -483,6 +483,7 @@ def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, flo
                     alternatives=(*refused, *later),
                 ),
                 dry_run=rnd.dry_run,
+                pool=pool,
             )
         )
         rnd.claim(pool, space, gpus=gpr, replicas=step)
