@@ -188,3 +188,21 @@ def test_a_grow_read_back_holds_its_pools_grow_cooldown(outcome: str, next_grow:
     assert second.evaluate(T0 + 61, snap) == []  # its own growAfter starts
     grows = [t for t in range(int(T0) + 62, int(T0) + 400) if second.evaluate(t, snap)]
     assert grows[0] == next_grow
+
+
+def test_a_grow_refused_here_waits_the_hold_off_not_the_pools_cooldown() -> None:
+    """A grow the cluster refused starts no training-grow cooldown: the pool is grown again
+    once the hold-off has passed, as a read-back refusal would allow."""
+    elastic = {"growAfter": "10s", "growStep": 1}
+    policy = make_policy(
+        mig=None,
+        cooldowns={"service": "30s", "trainingGrow": "5m"},
+        training={"selector": {"ebbtide.io/class": "training"}, "elastic": elastic},
+    )
+    snap = grow_cluster()
+    engine = Engine(policy)
+    assert engine.evaluate(T0, snap) == []
+    (grow,) = engine.evaluate(T0 + 10, snap)
+    engine.not_done(grow, reason="refused", retry_at=T0 + 70)
+    grows = [t for t in range(int(T0) + 11, int(T0) + 400) if engine.evaluate(t, snap)]
+    assert grows[0] == T0 + 70
