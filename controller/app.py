@@ -129,6 +129,8 @@ class Controller:
         self._decisions_log: TopicReader | None = None
         self._unrestored: str | None = None
         """Why the decisions log has not been read back (no action until it has)."""
+        self._intended: set[str] = set()
+        """Decisions whose intent the broker acknowledged and whose outcome is not recorded."""
         self.http = HealthServer(
             settings.http.address,
             registry=self.metrics.registry,
@@ -339,6 +341,7 @@ class Controller:
             spec.budgets.scale_steps.per,
             spec.budgets.mig_conversions.per,
             spec.cooldowns.service,
+            spec.cooldowns.training_grow,
             *(s.cooldown or 0.0 for s in spec.services.values()),
         )
         try:
@@ -434,13 +437,24 @@ class Controller:
                 result = ActionResult(d, Outcome.REFUSED, refusal)
                 await cluster.report(result)
             else:
-                (result,) = await cluster.apply([d])
+                result = await self._apply(d)
                 self.metrics.decision_to_api.labels(d.action).observe(time.perf_counter() - started)
             frees = isinstance(d, Evict) or (isinstance(d, Scale) and d.role == "training")
             if frees and d.cause is not None and result.outcome in _NOT_FREED:
                 unfreed[d.cause] = f"{d.action} {d.target} {result.outcome.value}"
             out.append(result)
         return out
+
+    async def _apply(self, decision: Decision) -> ActionResult:
+        """Hand one decision to the cluster. The port never raises for one decision; if it
+        does anyway, the decision ends ``FAILED`` like an actuator's own crash, so its intent,
+        already on the log, gets an outcome and no replica reading the log charges for it."""
+        try:
+            (result,) = await self.runtime.cluster.apply([decision])
+        except Exception as exc:
+            log.exception("controller.apply_crashed", target=decision.target)
+            return ActionResult(decision, Outcome.FAILED, f"unexpected error: {exc!r}")
+        return result
 
     async def _intend(self, decision: Decision) -> str | None:
         """Write ahead: record the action on the decisions log, acknowledged, *before* it is
@@ -469,16 +483,22 @@ class Controller:
         except ProduceError as exc:
             log.error("decisions_log.intent_failed", target=decision.target, error=str(exc))
             return str(exc)
+        self._intended.add(decision.id)
         return None
 
     def _account(self, results: list[ActionResult], *, now: float) -> None:
         """Outcomes back to the engine (budgets, cooldowns, held victims), then metrics, the
-        log line and the decisions-log record of each."""
+        log line and the decisions-log record of each. A "not the leader" refusal is recorded
+        only after an intent of this replica's (leadership lost between the intent and the
+        write): an intent without outcome counts, and the next leader would charge a budget
+        unit and a whole cooldown for an action that never happened."""
         feed_back(self.engine, results, now=now)
         for r in results:
             self.metrics.actions.labels(r.decision.action, r.outcome.value).inc()
             self.metrics.wasted_gpu_hours.inc(r.wasted_gpu_hours)
-            if r.outcome is Outcome.REFUSED and r.detail.startswith(NOT_LEADER):
+            intended = r.decision.id in self._intended
+            self._intended.discard(r.decision.id)
+            if r.outcome is Outcome.REFUSED and r.detail.startswith(NOT_LEADER) and not intended:
                 continue  # a follower re-decides every tick: counted, not logged or recorded
             if r.decision.action in ("mig_convert", "mig_revert") and r.outcome is Outcome.FAILED:
                 self.metrics.mig_failures.inc()

@@ -181,6 +181,8 @@ class LogRecord:
     disrupts: str | None = None
     """The workload an eviction or a shrink took a pod from
     (:attr:`~policies.decisions.Evict.disrupts`)."""
+    pool: str | None = None
+    """The pool a training grow took idle GPUs in (:attr:`~policies.decisions.Scale.pool`)."""
 
     @staticmethod
     def of(raw: Mapping[str, object]) -> LogRecord:
@@ -191,7 +193,7 @@ class LogRecord:
             action, target, outcome = str(raw["action"]), str(raw["target"]), str(raw["outcome"])
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a decisions-log record: {exc!r}") from exc
-        cause, disrupts = raw.get("cause"), raw.get("disrupts")
+        cause, disrupts, pool = raw.get("cause"), raw.get("disrupts"), raw.get("pool")
         return LogRecord(
             id=str(raw.get("id") or decision_id(action, target, at)),
             at=at,
@@ -199,6 +201,7 @@ class LogRecord:
             cause=None if cause is None else str(cause),
             outcome=outcome,
             disrupts=None if disrupts is None else str(disrupts),
+            pool=None if pool is None else str(pool),
         )
 
 

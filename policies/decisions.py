@@ -102,6 +102,9 @@ class Scale:
     remove: tuple[str, ...] = ()
     """Pods (``namespace/name``) a scale-down removes, chosen so whole nodes empty; empty: the
     owner's controller picks (a StatefulSet always removes its highest ordinals)."""
+    pool: str | None = None
+    """For a training grow: the pool whose idle GPUs it takes. Its grow cooldown runs from the
+    decision, in a replica that reads the decision back from the decisions log too."""
 
     action: Literal["scale"] = field(default="scale", init=False)
 
@@ -226,8 +229,8 @@ def _identify(decision: Decision) -> None:
 
 def decision_to_dict(decision: Decision) -> dict[str, object]:
     """The JSON shape of a decision: ``ts, action, target, rule, reason, inputs, thresholds,
-    alternatives, dry_run`` plus the action's own fields (``cause`` and ``disrupts`` when
-    set); ``id`` names it in the decisions log."""
+    alternatives, dry_run`` plus the action's own fields (``cause``, ``disrupts`` and a grow's
+    ``pool`` when set); ``id`` names it in the decisions log."""
     exp = decision.explanation
     out: dict[str, object] = {
         "id": decision.id,
@@ -245,6 +248,8 @@ def decision_to_dict(decision: Decision) -> dict[str, object]:
         )
         if decision.remove:
             out["remove"] = list(decision.remove)
+        if decision.pool is not None:
+            out["pool"] = decision.pool
     elif isinstance(decision, Evict):
         out.update(node=decision.node, workload=decision.workload, grace_s=decision.grace_s)
     elif isinstance(decision, MigConvert):

@@ -906,21 +906,37 @@ class Engine:
 
     def record(self, rec: LogRecord) -> None:
         """A decisions-log record, read back at start-up or from another replica live: an
-        action that happened counts against its budget and its service's cooldown runs from
-        its time; one that did not gives both back; the workload an eviction or shrink took a
-        pod from is marked, as when decided here. Reading a record twice changes nothing."""
+        action that happened counts against its budget and the cooldowns it started (its
+        service's and the service's pool's, or a grow's pool's) run from its time; one that
+        did not gives both back; the workload an eviction or shrink took a pod from is marked,
+        as when decided here. Reading a record twice changes nothing."""
         self._pools_seen = None  # the pool rules' budgets or cooldowns may have moved
         self._quiet = None
         if not self._ledger.record(rec):
             return
-        if rec.disrupts is not None and self._ledger.verdict(rec.id) != "not_done":
+        done = self._ledger.verdict(rec.id) != "not_done"
+        if rec.disrupts is not None and done:
             note_disrupted(self._disrupted, rec.disrupts, rec.at)  # replacements: no demand
-        if rec.cause is None:
-            return
-        if self._ledger.verdict(rec.id) != "not_done":
-            self._cooldowns.mark(rec.cause, rec.at)
-        else:
-            self._cooldowns.retry(rec.cause, rec.at, not_before=rec.at)
+        for key, _ in self._cooldowns_of(rec.cause, rec.pool):
+            if done:
+                self._cooldowns.mark(key, rec.at)
+            else:
+                self._cooldowns.retry(key, rec.at, not_before=rec.at)
+
+    def _cooldowns_of(self, cause: str | None, pool: str | None) -> list[tuple[str, float]]:
+        """The cooldowns an action started, with their length: a service's response starts
+        the service's and its pool's (:func:`~policies.rules.respond_to_breach`), a training
+        grow its pool's."""
+        spec = self._policy.spec
+        keys = []
+        svc = None if cause is None else self._services.get(cause)
+        if svc is not None:
+            quiet = svc.spec.cooldown
+            keys.append((svc.key, spec.cooldowns.service if quiet is None else quiet))
+            pool = svc.spec.pool
+        if pool is not None:
+            keys.append((f"pool:{pool}", spec.cooldowns.training_grow))
+        return keys
 
     def not_done(
         self,
@@ -931,30 +947,22 @@ class Engine:
         hold_until: float | None = None,
     ) -> None:
         """Feedback: ``decision`` was not carried out (refused, blocked, failed). Its budget
-        unit is given back, so budgets count actions that happened, and the cooldown it
-        started for its service (and the service's pool) is taken back: the next try comes
-        at ``retry_at`` (default: at once), never later than the cooldown would have allowed.
-        With ``hold_until``,
-        an eviction's pod (a PodDisruptionBudget answered 429) is not picked as a victim again
-        before then: the next one in victim order is taken instead; a MIG flow's node is not
-        planned for before then; a training shrink's workload (its resize failed) is not
-        shrunk again before then: other victims are taken instead."""
+        unit is given back, so budgets count actions that happened, and the cooldowns it
+        started (its service's and the service's pool's, or a grow's pool's) are taken back:
+        the next try comes at ``retry_at`` (default: at once), never later than the cooldown
+        would have allowed. With ``hold_until``, an eviction's pod (a PodDisruptionBudget
+        answered 429) is not picked as a victim again before then: the next one in victim
+        order is taken instead; a MIG flow's node is not planned for before then; a training
+        shrink's workload (its resize failed) is not shrunk again before then: other victims
+        are taken instead."""
         self._pools_seen = None  # a budget unit, a cooldown or a MIG slot came back
         self._quiet = None
         self._ledger.settle(decision.id, action=decision.action, done=False, at=decision.at)
-        svc = None if decision.cause is None else self._services.get(decision.cause)
-        if svc is not None:
-            spec = self._policy.spec
-            retry = decision.at if retry_at is None else retry_at
-            cooldown = (
-                svc.spec.cooldown if svc.spec.cooldown is not None else spec.cooldowns.service
-            )
-            for key, quiet in (
-                (svc.key, cooldown),
-                (f"pool:{svc.spec.pool}", spec.cooldowns.training_grow),
-            ):
-                not_before = min(retry, decision.at + quiet)
-                self._cooldowns.retry(key, decision.at, not_before=not_before)
+        retry = decision.at if retry_at is None else retry_at
+        pool = decision.pool if isinstance(decision, Scale) else None
+        for key, quiet in self._cooldowns_of(decision.cause, pool):
+            not_before = min(retry, decision.at + quiet)
+            self._cooldowns.retry(key, decision.at, not_before=not_before)
         if isinstance(decision, MigConvert | MigRevert):
             self._flights.drop(decision.node, hold_until=hold_until)
             if hold_until is not None:

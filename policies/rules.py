@@ -8,6 +8,9 @@ Design:
   shared, so the order of rules (breaches, then growth, then MIG) is the only coupling.
 * Every decision is emitted through :meth:`Round.emit`, which spends the matching budget, so a
   rule cannot forget to. Rules check the budget before planning and explain refusals.
+* A namespace's GPU quota is shared by the round too (:meth:`Round.quota_left`,
+  :meth:`Round.charge_quota`): the snapshot's quota use knows nothing of the replicas this
+  round already added, so two grows (or a scale-up and a grow) never both take its last GPU.
 * Breach response follows the Kubernetes HPA: ``desired = ceil(replicas * p / objective)``,
   nothing while ``p / objective`` is within ``1 + tolerance``, bounded by the service's replica
   bounds and ``maxStep``, and further by the GPUs that can be found (free, then freed by
@@ -76,6 +79,8 @@ class Round:
     their replacement pods are no demand (:class:`~policies.inventory.Inventory`)."""
     node_claimed: dict[str, int] = field(default_factory=dict)
     """Free whole GPUs per node that decisions of this round will take."""
+    quota_claimed: dict[str, int] = field(default_factory=dict)
+    """GPUs of each namespace's quota that replicas added by this round will take."""
 
     @property
     def dry_run(self) -> bool:
@@ -97,6 +102,19 @@ class Round:
         inv, claimed = self.inv, self.node_claimed
         free = {n: f - claimed.get(n, 0) for n, f in inv.node_free.items()}
         return room(inv.pool_nodes.get(pool, ()), free, where, gpus=gpus)
+
+    def quota_left(self, namespace: str) -> int | None:
+        """GPUs ``namespace``'s quota still allows once this round's additions are in;
+        ``None`` without a quota."""
+        left = self.inv.quota_left(namespace)
+        return None if left is None else max(0, left - self.quota_claimed.get(namespace, 0))
+
+    def charge_quota(self, namespace: str, gpus: int) -> None:
+        """Replicas added in ``namespace`` will take ``gpus`` of its quota when created. A GPU
+        freed in the round gives none back: an evicted or shrunk pod counts against the quota
+        until its grace period has passed (kubernetes ``pkg/quota/v1/evaluator/core/pods.go``,
+        ``QuotaV1Pod``)."""
+        self.quota_claimed[namespace] = self.quota_claimed.get(namespace, 0) + gpus
 
     def claim(self, pool: str, room: Mapping[str, int], *, gpus: int, replicas: int) -> None:
         """Take ``replicas`` of ``gpus`` GPUs out of ``room`` (best fit) and out of ``pool``."""
@@ -191,7 +209,7 @@ def respond_to_breach(
     if first:
         inputs["gpus_being_freed"] = soon
     shortfall = max(0, needed - free - soon)
-    left = rnd.inv.quota_left(workload.namespace) if workload is not None else None
+    left = rnd.quota_left(workload.namespace) if workload is not None else None
     if spec.scale is not None and left is not None and gpr > 0 and needed > left:
         # replicas the quota refuses would only wait: never free (or evict) GPUs for them
         inputs["quota_gpus_left"] = left
@@ -347,6 +365,7 @@ def respond_to_breach(
         consumed = needed if spec.scale is None else (target - current) * gpr
         rnd.claimed[pool] = rnd.claimed.get(pool, 0) + max(0, min(consumed, free))
     if spec.scale is not None and workload is not None and target > current:
+        rnd.charge_quota(workload.namespace, (target - current) * gpr)
         rnd.emit(
             Scale(
                 now,
@@ -443,7 +462,7 @@ def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, flo
                 spare=spare,
                 gpr=gpr,
                 fits=slots(space, gpr),
-                left=inv.quota_left(w.namespace),
+                left=rnd.quota_left(w.namespace),
             )
             if w.placement.unknown is not None:  # admitted nowhere: say why, not "0 fit"
                 step, why = 0, f"where it may run is unknown: {w.placement.unknown}"
@@ -464,7 +483,7 @@ def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, flo
             "idle_s": round(now - since, 1),
             "replicas_fit": slots(space, gpr),
         }
-        left = inv.quota_left(w.namespace)
+        left = rnd.quota_left(w.namespace)
         if left is not None:
             inputs["quota_gpus_left"] = left
         rnd.emit(
@@ -488,9 +507,11 @@ def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, flo
                     alternatives=(*refused, *later),
                 ),
                 dry_run=rnd.dry_run,
+                pool=pool,
             )
         )
         rnd.claim(pool, space, gpus=gpr, replicas=step)
+        rnd.charge_quota(w.namespace, step * gpr)
         rnd.cooldowns.mark(f"pool:{pool}", now)
         rnd.taken.add(w.key)
         free_since[pool] = now

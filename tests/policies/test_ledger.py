@@ -4,11 +4,11 @@ outcomes and the decisions log; and an action that did not happen starts no cool
 from __future__ import annotations
 
 import pytest
-from policy_fixtures import T0, make_policy, run, util
+from policy_fixtures import T0, cluster, make_policy, run, training, util
 from test_engine import breach_cluster
 
 from policies.budgets import Ledger, LogRecord
-from policies.decisions import Evict, Explanation, decision_to_dict
+from policies.decisions import Evict, Explanation, Scale, decision_to_dict
 from policies.engine import Engine
 
 SPEC = make_policy().spec.budgets  # evictions 4/10m, scale 20/10m, MIG 2/1h
@@ -156,3 +156,53 @@ def test_a_failed_mig_flow_gives_its_unit_back_but_holds_its_node_off() -> None:
         later += [d.target for d in engine.evaluate(T0 + s, snap) if isinstance(d, MigConvert)]
     assert later, "the other node was not converted meanwhile"
     assert first.target not in later
+
+
+def grow_cluster() -> object:
+    """Chat on w0, elastic training on w1 with six GPUs idle beside it, room to grow."""
+    b = cluster(whole_nodes=2)
+    training(b, "batch", replicas=2, nodes=["w1"], max_replicas=4)
+    return b.build()
+
+
+@pytest.mark.parametrize(
+    ("outcome", "next_grow"),
+    [
+        pytest.param("applied", T0 + 360, id="a-grow-that-happened-holds-the-pool-cooldown"),
+        pytest.param("refused", T0 + 121, id="a-refused-grow-gives-the-pool-cooldown-back"),
+    ],
+)
+def test_a_grow_read_back_holds_its_pools_grow_cooldown(outcome: str, next_grow: float) -> None:
+    """A new engine that reads back another replica's grow does not grow that pool again
+    within ``cooldowns.trainingGrow`` of it (issue 21, item 13); a refused grow does not hold."""
+    policy = make_policy(mig=None, cooldowns={"service": "30s", "trainingGrow": "5m"})
+    snap = grow_cluster()
+    first = Engine(policy)
+    assert first.evaluate(T0, snap) == []  # the pool's GPUs go free: growAfter 60s from now
+    (grow,) = first.evaluate(T0 + 60, snap)
+    assert isinstance(grow, Scale)
+    assert grow.explanation.rule == "grow-training"
+    second = Engine(policy)
+    for written in ("intent", outcome):
+        second.record(LogRecord.of(decision_to_dict(grow) | {"outcome": written}))
+    assert second.evaluate(T0 + 61, snap) == []  # its own growAfter starts
+    grows = [t for t in range(int(T0) + 62, int(T0) + 400) if second.evaluate(t, snap)]
+    assert grows[0] == next_grow
+
+
+def test_a_grow_refused_here_waits_the_hold_off_not_the_pools_cooldown() -> None:
+    """A grow the cluster refused starts no training-grow cooldown: the pool is grown again
+    once the hold-off has passed, as a read-back refusal would allow."""
+    elastic = {"growAfter": "10s", "growStep": 1}
+    policy = make_policy(
+        mig=None,
+        cooldowns={"service": "30s", "trainingGrow": "5m"},
+        training={"selector": {"ebbtide.io/class": "training"}, "elastic": elastic},
+    )
+    snap = grow_cluster()
+    engine = Engine(policy)
+    assert engine.evaluate(T0, snap) == []
+    (grow,) = engine.evaluate(T0 + 10, snap)
+    engine.not_done(grow, reason="refused", retry_at=T0 + 70)
+    grows = [t for t in range(int(T0) + 11, int(T0) + 400) if engine.evaluate(t, snap)]
+    assert grows[0] == T0 + 70
