@@ -460,7 +460,8 @@ class _Replay:
         devices, node_pool = self.devices, self.node_pool
         util_sum = self.util_sum
         next_tick = self.next_tick
-        accepted = 0
+        accepted = matched = 0
+        services = self.summary.services
         stats = SourceStats()
         self.summary.rejected_lines = stats.rejected_lines
         hook = self.hook
@@ -483,9 +484,15 @@ class _Replay:
                         util_sum = self.util_sum
                     next_tick = self.next_tick
                 if cls is Withheld:
+                    matched += 1  # a policy service's latency, modelled instead
                     continue
-                observe(item)  # type: ignore[arg-type]
-                if cls is GpuUtilization:
+                taken = observe(item)  # type: ignore[arg-type]
+                if cls is not GpuUtilization:
+                    if taken or item.key in services:  # type: ignore[union-attr]
+                        matched += 1  # taken, or late
+                    else:
+                        self.summary.not_in_policy(item.key)  # type: ignore[union-attr]
+                else:
                     ev: GpuUtilization = item  # type: ignore[assignment]
                     key = (ev.node, ev.gpu, ev.mig_instance)
                     cell = devices.get(key)
@@ -502,6 +509,7 @@ class _Replay:
                             util_sum[i] += util - cell[1]
                         cell[1] = util
         self.summary.accepted = accepted
+        self.summary.latency_matched = matched
         if self.timeline is not None:  # every event is at or before next_tick: one more covers them
             self._tick(self.next_tick)
             self._flush_uses()
