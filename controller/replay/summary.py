@@ -21,7 +21,9 @@ Definitions (the README and ``summary.json`` use exactly these):
   are listed per service; ``breaches_total`` counts them all.
 * **Pool utilization**: each GPU (or MIG instance) counts with the last utilization it reported
   (sample-and-hold); a pool's utilization at a tick is the mean over its devices that have
-  reported; ``mean_util_pct`` is the mean over the ticks that had one.
+  reported; ``mean_util_pct`` is the mean over the ticks that had one. A node's devices are
+  those of its current layout: a MIG conversion or revert drops the previous layout's
+  (:mod:`controller.replay.poolmeter`, the meter simulate uses too).
 * **GPUs by use** (from the simulated cluster's snapshot at each tick): ``inference`` — whole
   GPUs held by pods of a policy service's workload; ``training`` — whole GPUs held by any other
   pod; ``mig`` — GPUs of nodes partitioned (or being partitioned) into MIG; ``idle`` — the
