@@ -2,9 +2,11 @@
 
 Design:
 
-* Every model is frozen, forbids unknown keys (a misspelt key is an error, never silently
-  ignored) and uses camelCase aliases, so pydantic's error ``loc`` paths are exactly the keys the
-  author wrote; :mod:`policies.loader` maps them back to ``FILE:LINE:COL``.
+* Every model is frozen, strict (a quoted number or boolean is an error, as in the JSON
+  Schema: one set of rules for the CLI, editors and the chart), forbids unknown keys (a
+  misspelt key is an error, never silently ignored) and uses camelCase aliases, so pydantic's
+  error ``loc`` paths are exactly the keys the author wrote; :mod:`policies.loader` maps them
+  back to ``FILE:LINE:COL``.
 * Units are explicit in the text and normalised in the model: durations (``30s``, ``10m``,
   ``1h30m``, ``500ms``) become float seconds, percentages (``40%``) become fractions in
   ``[0, 1]``. Bare numbers are refused for both, so ``0.4`` versus ``40`` can never be confused.
@@ -154,7 +156,11 @@ VictimKey = Literal["priority", "newest", "oldest", "leastProgress"]
 
 
 class _Model(BaseModel):
+    # strict: a value of the wrong JSON type ("200" for a number, "true" for a boolean) is an
+    # error, as the shipped JSON Schema and the chart's values schema say, not coerced.
+    # Units stay strings (durations, percentages, steps): their own validators parse them.
     model_config = ConfigDict(
+        strict=True,
         extra="forbid",
         frozen=True,
         alias_generator=to_camel,

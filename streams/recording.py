@@ -26,7 +26,7 @@ import base64
 import gzip
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +43,7 @@ __all__ = [
     "BadLine",
     "RecordedMessage",
     "RecordingError",
+    "RecordingReader",
     "RecordingWriter",
     "damaged",
     "not_a_recording",
@@ -113,10 +114,10 @@ def not_a_recording(path: Path, first: tuple[int, bytes] | None) -> RecordingErr
     return RecordingError(f"{path}: not an Ebbtide recording (no header, no record): {found}")
 
 
-def _open(path: Path, mode: str) -> IO[bytes]:
+def _create(path: Path) -> IO[bytes]:
     if path.suffix == ".gz":
-        return gzip.open(path, mode + "b")  # type: ignore[return-value]
-    return open(path, mode + "b")
+        return gzip.open(path, "wb")  # type: ignore[return-value]
+    return open(path, "wb")
 
 
 _line_decoder = msgspec.json.Decoder(_Line)
@@ -124,41 +125,88 @@ _header_decoder = msgspec.json.Decoder(dict[str, Any])
 _string_decoder = msgspec.json.Decoder(str)
 
 
+class RecordingReader:
+    """The one way a recording is opened and read, so every command that reads one (replay
+    and its header read, the inferred cluster's scan, ``--model fit``, publish) says the same
+    one line for the same damage: a path that cannot be opened, a ``.gz`` that is not gzip, a
+    stream cut short, a file with neither a header nor a record.
+
+    :meth:`batches` yields the file's lines a batch at a time, the header line left out (it is
+    kept in :attr:`header`). The caller parses them and counts, in :attr:`records` and
+    :attr:`first`, what it found, so the damage message says after how many records it came
+    and an empty or foreign file is named as such when the lines run out.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.header: bytes | None = None
+        """Line 1 when it is a header."""
+        self.records = 0
+        """Records the caller has parsed so far."""
+        self.first: tuple[int, bytes] | None = None
+        """The first non-blank line that was not a record, and its number (set by the caller)."""
+        self.lines = 0
+        """Lines read so far, the header included."""
+
+    def batches(
+        self, batch_bytes: int, *, progress: Callable[[int], None] | None = None
+    ) -> Iterator[tuple[int, list[bytes]]]:
+        """``(number of the batch's first line, its lines)``, ``batch_bytes`` of the
+        decompressed file at a time (at least one line). ``progress`` gets the bytes of the file
+        as stored read so far after each batch. Raises :class:`RecordingError`."""
+        try:
+            raw = open(self.path, "rb")  # noqa: SIM115 -- closed by the with below
+        except OSError as exc:
+            raise RecordingError(f"{self.path}: cannot read it: {exc.strerror or exc}") from exc
+        gz = self.path.suffix == ".gz"
+        with raw, gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw as stream:
+            while True:
+                try:
+                    lines = stream.readlines(batch_bytes)
+                except DAMAGE as exc:
+                    raise damaged(self.path, exc, line=self.lines, records=self.records) from exc
+                if progress is not None:
+                    progress(raw.tell())
+                if not lines:
+                    break
+                start = self.lines + 1
+                self.lines += len(lines)
+                if start == 1 and b'"ebbtide_recording"' in lines[0]:
+                    self.header, lines, start = lines[0], lines[1:], 2
+                yield start, lines
+        if self.header is None and not self.records:
+            raise not_a_recording(self.path, self.first)
+
+
 def read_header(path: Path) -> dict[str, Any] | None:
-    """The recording's header object, or ``None`` when the first line is a record."""
-    with _open(path, "r") as stream:
-        first = stream.readline()
+    """The recording's header object, or ``None`` when the first line is a record. Raises
+    :class:`RecordingError` when the file cannot be read as far as its first line."""
+    reader = RecordingReader(path)
+    for _ in reader.batches(1):
+        break
+    if reader.header is None:
+        return None
     try:
-        header = _header_decoder.decode(first)
+        return _header_decoder.decode(reader.header)
     except msgspec.DecodeError:
         return None
-    return header if "ebbtide_recording" in header else None
 
 
 def read_recording(path: Path) -> Iterator[RecordedMessage | BadLine]:
     """Yield every message of the recording in file order; bad lines as :class:`BadLine`.
-    Raises :class:`RecordingError` for a damaged file, after yielding what it could read."""
-    number = records = 0
-    header = False
-    first: tuple[int, bytes] | None = None
-    with _open(path, "r") as stream:
-        try:
-            for number, line in enumerate(stream, start=1):
-                if number == 1 and b'"ebbtide_recording"' in line:
-                    header = True
-                    continue
-                if not line.strip():
-                    continue
-                message = parse_line(number, line)
-                if isinstance(message, RecordedMessage):
-                    records += 1
-                elif first is None:
-                    first = (number, line)
-                yield message
-        except DAMAGE as exc:
-            raise damaged(path, exc, line=number, records=records) from exc
-    if not (header or records):
-        raise not_a_recording(path, first)
+    Raises :class:`RecordingError` for a damaged file, after yielding what it could read
+    (a line at a time, so ``publish`` sends everything before the damage)."""
+    reader = RecordingReader(path)
+    for start, lines in reader.batches(1):
+        for number, line in enumerate(lines, start):
+            if not line.strip():
+                continue
+            message = parse_line(number, line)
+            if isinstance(message, RecordedMessage):
+                reader.records += 1
+            elif reader.first is None:
+                reader.first = (number, line)
+            yield message
 
 
 def parse_line(number: int, line: bytes) -> RecordedMessage | BadLine:
@@ -209,7 +257,7 @@ class RecordingWriter:
     def __init__(self, path: Path, *, source: str = "kafka", **header: Any) -> None:
         self.path = path
         self.count = 0
-        self._stream = _open(path, "w")
+        self._stream = _create(path)
         self._encoder = msgspec.json.Encoder()
         created = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         self._write_object(

@@ -75,10 +75,11 @@ def _print_summary(result: ReplayResult, report: Path) -> None:
     for name, p in s["pools"].items():
         util = "-" if p["mean_util_pct"] is None else f"{p['mean_util_pct']:.1f}%"
         click.echo(f"  pool {name}: mean utilization {util}, {p['idle_gpu_seconds']:g} idle GPU-s")
-    if s["events"]["engine"].get("unknown_service"):
+    if strangers := s["events"]["services_not_in_policy"]:
+        named = ", ".join(f"{key} ({n})" for key, n in list(strangers.items())[:5])
         click.echo(
-            f"  note: {s['events']['engine']['unknown_service']} latency events were for "
-            "services the policy does not name"
+            f"  note: {sum(strangers.values())} latency events were for services the policy "
+            f"does not name: {named}" + (", ..." if len(strangers) > 5 else "")
         )
     dropped = {k: n for k, n in s["events"]["engine"].items() if k.startswith("gpu_dropped_")}
     if dropped:
@@ -136,11 +137,20 @@ def replay_command(
             recording, policy, scenario=scenario, out=out, settings=settings, fit_under=fit_under
         )
     except RecordingError as exc:
-        if out.is_dir():
-            clear_outputs(out)
+        _no_report(out)
         raise click.ClickException(f"{exc}; no report written") from exc
+    empty = result.summary.nothing_replayed()
+    if empty is not None:
+        _no_report(out)
+        raise click.ClickException(f"{recording}: nothing replayed: {empty}; no report written")
     _, report = write_outputs(result, out)
     _print_summary(result, report)
+
+
+def _no_report(out: Path) -> None:
+    """A failed replay leaves no output that could pass for its report."""
+    if out.is_dir():
+        clear_outputs(out)
 
 
 def _replay(

@@ -26,8 +26,9 @@ Design:
   policy's services and the cluster's GPUs, decisions are written as they happen, the time
   series are downsampled to a fixed number of points, and breaches listed are capped.
 * **The hot loop** does per event: a type check, a comparison with the next tick, the engine's
-  ``observe`` and, for utilization, one dict lookup and two float updates (a pool's running sum
-  of its devices' last utilization). Per-tick work follows what changed. A tick the engine
+  ``observe`` and, for utilization, the pool meter's ``report``
+  (:mod:`controller.replay.poolmeter`: one dict lookup and two float updates). Per-tick work
+  follows what changed. A tick the engine
   says is idle (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to
   run, the pool rules quiet) while the simulated cluster's ``advance`` changed nothing, and
   that is not the first of a timeline bucket, is only accounted: no ``evaluate``, no
@@ -61,13 +62,13 @@ from typing import IO, Final, Protocol
 import msgspec
 
 from controller.cluster import ActionResult, Cluster, Outcome, feed_back
+from controller.replay.poolmeter import PoolMeter
 from controller.replay.source import SourceStats, read_event_batches
 from controller.replay.summary import USES, PoolAccount, Summary, sample_reclaimable
 from controller.replay.timeline import Timeline
 from controller.sim import GpuUse
 from policies.decisions import decision_to_dict
 from policies.engine import Engine
-from policies.inventory import matches
 from policies.model import Policy
 from policies.snapshot import Snapshot
 from streams.events import Event, EventDecoder, GpuUtilization, Rejection
@@ -221,11 +222,7 @@ class _Replay:
         self.wall0 = time.perf_counter()
         pools = policy.spec.pools
         self.pool_names = sorted(pools)
-        self.selectors = [pools[p].node_selector for p in self.pool_names]
-        self.node_pool: dict[str, int] = {}
-        self.devices: dict[tuple[str, int | str, int | None], list[float]] = {}
-        self.util_sum = [0.0] * len(self.pool_names)
-        self.util_n = [0] * len(self.pool_names)
+        self.meter = PoolMeter([(p, pools[p].node_selector) for p in self.pool_names])
         self.snap: Snapshot | None = None
         self.services = [
             (key, acc, policy.spec.services[key.split("/", 1)[1]].slo.percentile / 100.0)
@@ -258,22 +255,9 @@ class _Replay:
     # -- accounting helpers -----------------------------------------------------------------
 
     def _refresh_pools(self, snap: Snapshot) -> None:
-        """A new snapshot: nodes may have changed pools (MIG conversion); recount the sums."""
+        """A new snapshot: nodes may have changed pools or layouts (MIG conversion)."""
         self.snap = snap
-        self.node_pool = {}
-        for n in snap.nodes:
-            self.node_pool[n.name] = next(
-                (i for i, sel in enumerate(self.selectors) if matches(sel, n.labels)), -1
-            )
-        sums = [0.0] * len(self.pool_names)
-        counts = [0] * len(self.pool_names)
-        for (node, _, _), cell in self.devices.items():
-            i = self.node_pool.get(node, -1)
-            cell[0] = i
-            if i >= 0:
-                sums[i] += cell[1]
-                counts[i] += 1
-        self.util_sum, self.util_n = sums, counts
+        self.meter.refresh(snap)
 
     def _flush_uses(self) -> None:
         """Account the GPUs by use of the ticks since the last flush, all in one bucket and
@@ -414,10 +398,9 @@ class _Replay:
         """Every tick's end: the pools' utilization, the tick counted, the clock moved on."""
         tl, summary = self.timeline, self.summary
         assert tl is not None
-        util_n, util_sum = self.util_n, self.util_sum
+        pool_util = self.meter.pool_util
         for i, (add, account) in enumerate(self.util_sinks):
-            n = util_n[i]
-            util = util_sum[i] / n if n else None
+            util = pool_util(i)
             if util is not None:
                 add(b, util)
             account.tick_util(util)
@@ -457,10 +440,10 @@ class _Replay:
     ) -> None:
         observe = self.engine.observe
         rejected = self.summary.rejected
-        devices, node_pool = self.devices, self.node_pool
-        util_sum = self.util_sum
+        report = self.meter.report
         next_tick = self.next_tick
-        accepted = 0
+        accepted = matched = 0
+        services = self.summary.services
         stats = SourceStats()
         self.summary.rejected_lines = stats.rejected_lines
         hook = self.hook
@@ -479,29 +462,20 @@ class _Replay:
                         self._start(ts)
                     if ts > self.next_tick:
                         self._until(ts)
-                        devices, node_pool = self.devices, self.node_pool
-                        util_sum = self.util_sum
                     next_tick = self.next_tick
                 if cls is Withheld:
+                    matched += 1  # a policy service's latency, modelled instead
                     continue
-                observe(item)  # type: ignore[arg-type]
-                if cls is GpuUtilization:
-                    ev: GpuUtilization = item  # type: ignore[assignment]
-                    key = (ev.node, ev.gpu, ev.mig_instance)
-                    cell = devices.get(key)
-                    util = ev.util_pct
-                    if cell is None:
-                        i = node_pool.get(ev.node, -1)
-                        devices[key] = [float(i), util]
-                        if i >= 0:
-                            util_sum[i] += util
-                            self.util_n[i] += 1
+                taken = observe(item)  # type: ignore[arg-type]
+                if cls is not GpuUtilization:
+                    if taken or item.key in services:  # type: ignore[union-attr]
+                        matched += 1  # taken, or late
                     else:
-                        i = int(cell[0])
-                        if i >= 0:
-                            util_sum[i] += util - cell[1]
-                        cell[1] = util
+                        self.summary.not_in_policy(item.key)  # type: ignore[union-attr]
+                else:
+                    report(item)  # type: ignore[arg-type]
         self.summary.accepted = accepted
+        self.summary.latency_matched = matched
         if self.timeline is not None:  # every event is at or before next_tick: one more covers them
             self._tick(self.next_tick)
             self._flush_uses()

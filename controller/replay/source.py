@@ -18,25 +18,24 @@ Design:
   which produces the exact rejection; rare lines pay twice, common ones once.
 * Lines are read ``BATCH_BYTES`` at a time and yielded as lists, so the replay loop pays one
   generator step per batch, not per event. Memory is one batch, whatever the file's length.
-* A damaged file or one that is not a recording raises
-  :class:`~streams.recording.RecordingError` with the same words as ``read_recording``; the
+* The file is opened and read by :class:`~streams.recording.RecordingReader`, as every reader
+  of a recording is: a damaged file or one that is not a recording raises
+  :class:`~streams.recording.RecordingError` with the same words everywhere; the
   first :data:`MAX_LISTED` rejected lines are kept in :class:`SourceStats` with their numbers,
   so a report can say *where* the recording is bad, not only how often.
 """
 
 from __future__ import annotations
 
-import gzip
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import msgspec
 
 from streams.events import Event, EventDecoder, Rejection
-from streams.recording import DAMAGE, BadLine, damaged, not_a_recording, parse_line
+from streams.recording import BadLine, RecordingReader, parse_line
 
 __all__ = ["BATCH_BYTES", "MAX_LISTED", "SourceStats", "read_event_batches"]
 
@@ -71,12 +70,6 @@ class _FastLine(msgspec.Struct):
 _fast = msgspec.json.Decoder(_FastLine)
 
 
-def _open(raw: IO[bytes], path: Path) -> IO[bytes]:
-    if path.suffix == ".gz":
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    return raw
-
-
 def _slow(number: int, line: bytes, decoder: EventDecoder, stats: SourceStats) -> Event | Rejection:
     """What ``read_events`` yields for this line, accounted in ``stats``."""
     message = parse_line(number, line)
@@ -104,55 +97,39 @@ def read_event_batches(
     Each item is what :func:`streams.recording.read_events` yields as the second element for
     the same line. ``progress`` is called after each batch with the bytes of the file (as
     stored: compressed for ``.gz``) read so far; ``stats`` collects :class:`SourceStats`.
-    Raises ``OSError`` when the file cannot be opened and
-    :class:`~streams.recording.RecordingError` when it is damaged or not a recording.
+    Raises :class:`~streams.recording.RecordingError` when the file cannot be opened, is
+    damaged or is not a recording (:class:`~streams.recording.RecordingReader`'s words).
     """
     decoder = decoder or EventDecoder()
     stats = stats if stats is not None else SourceStats()
-    header = False
-    first: tuple[int, bytes] | None = None
+    reader = RecordingReader(path)
     limits = decoder.limits
     cap, max_batch, skew = limits.max_message_bytes, limits.max_batch, limits.max_future_skew_s
     decode = _fast.decode
-    number = 0
-    with open(path, "rb") as raw, _open(raw, path) as stream:
-        while True:
-            try:
-                lines = stream.readlines(batch_bytes)
-            except DAMAGE as exc:
-                raise damaged(path, exc, line=number, records=stats.records) from exc
-            if progress is not None:
-                progress(raw.tell())
-            if not lines:
-                if not (header or stats.records):
-                    raise not_a_recording(path, first)
-                return
-            out: list[Event | Rejection] = []
-            append = out.append
-            slow = 0
-            for line in lines:
-                number += 1
-                if number == 1 and b'"ebbtide_recording"' in line:
-                    header = True
-                    continue
-                if len(line) <= cap:
-                    try:
-                        record = decode(line)
-                    except (msgspec.DecodeError, ValueError):
-                        record = None
-                    if record is not None and not record.raw:
-                        event = record.value
-                        ts_ms = record.ts_ms
-                        if event.size <= max_batch and (
-                            ts_ms is None or event.ts <= ts_ms / 1000 + skew  # type: ignore[operator]
-                        ):
-                            append(event)
-                            continue
-                if not line.strip():
-                    continue
-                if first is None:
-                    first = (number, line)
-                slow += 1
-                append(_slow(number, line, decoder, stats))
-            stats.records += len(out) - slow  # each fast-path event is one record
-            yield out
+    for start, lines in reader.batches(batch_bytes, progress=progress):
+        out: list[Event | Rejection] = []
+        append = out.append
+        slow = 0
+        for number, line in enumerate(lines, start):
+            if len(line) <= cap:
+                try:
+                    record = decode(line)
+                except (msgspec.DecodeError, ValueError):
+                    record = None
+                if record is not None and not record.raw:
+                    event = record.value
+                    ts_ms = record.ts_ms
+                    if event.size <= max_batch and (
+                        ts_ms is None or event.ts <= ts_ms / 1000 + skew  # type: ignore[operator]
+                    ):
+                        append(event)
+                        continue
+            if not line.strip():
+                continue
+            if reader.first is None:
+                reader.first = (number, line)
+            slow += 1
+            append(_slow(number, line, decoder, stats))
+        stats.records += len(out) - slow  # each fast-path event is one record
+        reader.records = stats.records  # what the reader says damage came after
+        yield out

@@ -21,7 +21,9 @@ Definitions (the README and ``summary.json`` use exactly these):
   are listed per service; ``breaches_total`` counts them all.
 * **Pool utilization**: each GPU (or MIG instance) counts with the last utilization it reported
   (sample-and-hold); a pool's utilization at a tick is the mean over its devices that have
-  reported; ``mean_util_pct`` is the mean over the ticks that had one.
+  reported; ``mean_util_pct`` is the mean over the ticks that had one. A node's devices are
+  those of its current layout: a MIG conversion or revert drops the previous layout's
+  (:mod:`controller.replay.poolmeter`, the meter simulate uses too).
 * **GPUs by use** (from the simulated cluster's snapshot at each tick): ``inference`` — whole
   GPUs held by pods of a policy service's workload; ``training`` — whole GPUs held by any other
   pod; ``mig`` — GPUs of nodes partitioned (or being partitioned) into MIG; ``idle`` — the
@@ -54,6 +56,8 @@ __all__ = [
 ]
 
 MAX_BREACHES: Final = 1000
+#: Services the policy does not name whose latency events a summary counts.
+MAX_STRANGERS: Final = 100
 USES: Final = ("inference", "training", "idle", "mig", "reconfiguring")
 ACTIONS: Final = ("evict", "scale", "mig_convert", "mig_revert")
 
@@ -240,6 +244,40 @@ class Summary:
     :data:`MODELLED_FIT`)."""
     fit: dict[str, Any] | None = None
     """Per service, the fitted latency model and its validation (``--model fit`` only)."""
+    latency_matched: int = 0
+    """Latency events for a service of the policy: observed, late, or modelled instead."""
+    strangers: Counter[str] = field(default_factory=Counter)
+    """Latency events for services the policy does not name, by ``namespace/name`` (the first
+    :data:`MAX_STRANGERS` such services)."""
+
+    def not_in_policy(self, key: str) -> None:
+        """Count a latency event for ``key``, a service the policy does not name."""
+        if key in self.strangers or len(self.strangers) < MAX_STRANGERS:
+            self.strangers[key] += 1
+
+    def nothing_replayed(self) -> str | None:
+        """Why this replay replayed nothing, or ``None`` when it replayed something: every
+        event rejected (counted by reason, with the first rejected line), or latency events
+        only for services the policy does not name (both sides named). A replay of
+        utilization alone is a replay: it drives the pools' decisions."""
+        if not self.accepted:
+            if not self.rejected:
+                return "the recording holds no event"
+            reasons = ", ".join(f"{code} {n}" for code, n in self.rejected.most_common())
+            first = f"; first: line {self.rejected_lines[0][0]}: {self.rejected_lines[0][1][:120]}"
+            return f"all {sum(self.rejected.values())} events were rejected ({reasons})" + (
+                first if self.rejected_lines else ""
+            )
+        if self.strangers and not self.latency_matched:
+            seen = ", ".join(f"{key} ({n} events)" for key, n in self.strangers.most_common(5))
+            more = len(self.strangers) - 5
+            ours = ", ".join(self.services) or "no service"
+            return (
+                f"no latency event is for a service of the policy: the recording has {seen}"
+                + (f" and {more} more services" if more > 0 else "")
+                + f"; the policy names {ours}"
+            )
+        return None
 
     @classmethod
     def for_policy(cls, policy: Policy, sha256: str, dt: float) -> Summary:
@@ -276,6 +314,7 @@ class Summary:
                 "rejected": total_rejected,
                 "rejected_by_code": dict(sorted(self.rejected.items())),
                 "rejected_lines": [{"line": n, "reason": r} for n, r in self.rejected_lines],
+                "services_not_in_policy": dict(sorted(self.strangers.items())),
                 "engine": dict(sorted(self.engine.items())),
             },
             "time": {

@@ -69,7 +69,7 @@ from controller.simulate.goodput import Goodput
 from controller.simulate.latency import ServiceModel, ServiceQueue, default_model
 from controller.simulate.load import LoadShape, peak_factor, poisson
 from controller.simulate.peers import HpaPriority, KedaPriority, Peer
-from controller.simulate.telemetry import PoolMeter, Telemetry, running_replicas
+from controller.simulate.telemetry import PoolMeter, Telemetry, physical_mean, running_replicas
 from policies.decisions import Decision
 from policies.engine import Engine
 from policies.inventory import Inventory
@@ -357,7 +357,7 @@ class _Loop:
             for ev in readings:
                 self._emit(ev)
                 self.pool_meter.report(ev)
-            self.cluster_util = PoolMeter.physical_mean(readings)
+            self.cluster_util = physical_mean(readings)
         tl = self.timeline
         bucket = tl.bucket(k)
         self.sim.advance(now)

@@ -14,10 +14,11 @@ Design:
   latency model) ``50% *`` the load shape; a pod still starting, a free device or a node being
   reconfigured reports 0. Readings are published every ``util_every_s`` (15 s) as
   :class:`~streams.events.GpuUtilization` events, per MIG instance with its profile.
-* **Pool utilization** (:class:`PoolMeter`) is accounted exactly as ``ebbtide replay`` accounts
-  it from a recording: each device holds its last reading (sample and hold), a device belongs to
-  its node's pool as of the last snapshot, and a pool's utilization is the mean over its devices
-  that have reported. Replaying the recording of a run therefore reports the same utilization.
+* **Pool utilization** is accounted by ``ebbtide replay``'s own meter
+  (:class:`~controller.replay.poolmeter.PoolMeter`, re-exported here): each device holds its
+  last reading, a device belongs to its node's pool as of the last snapshot, a node's previous
+  MIG layout stops counting when it changes. Replaying the recording of a run therefore reports
+  the same utilization.
 """
 
 from __future__ import annotations
@@ -27,11 +28,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from controller.replay.poolmeter import PoolMeter
 from policies.inventory import matches
 from policies.snapshot import Snapshot
 from streams.events import GpuUtilization
 
-__all__ = ["Device", "PoolMeter", "Telemetry", "devices_of", "running_replicas"]
+__all__ = [
+    "Device",
+    "PoolMeter",
+    "Telemetry",
+    "devices_of",
+    "physical_mean",
+    "running_replicas",
+]
 
 Use = Literal["training", "service", "other", "idle"]
 
@@ -171,62 +180,13 @@ class Telemetry:
         return out
 
 
-class PoolMeter:
-    """Pool utilization from readings, exactly as replay computes it (see the module docs)."""
-
-    def __init__(self, pools: Sequence[tuple[str, Mapping[str, str]]]) -> None:
-        self.names = [name for name, _ in pools]
-        self.selectors = [sel for _, sel in pools]
-        self.node_pool: dict[str, int] = {}
-        self.cells: dict[tuple[str, int | str, int | None], list[float]] = {}
-        self.sums = [0.0] * len(pools)
-        self.counts = [0] * len(pools)
-        self._for: Snapshot | None = None
-
-    def refresh(self, snapshot: Snapshot) -> None:
-        """Nodes may have changed pools: recount the sums."""
-        if snapshot is self._for:
-            return
-        self._for = snapshot
-        self.node_pool = {
-            n.name: next((i for i, s in enumerate(self.selectors) if matches(s, n.labels)), -1)
-            for n in snapshot.nodes
-        }
-        sums, counts = [0.0] * len(self.names), [0] * len(self.names)
-        for (node, _, _), cell in self.cells.items():
-            i = self.node_pool.get(node, -1)
-            cell[0] = i
-            if i >= 0:
-                sums[i] += cell[1]
-                counts[i] += 1
-        self.sums, self.counts = sums, counts
-
-    def report(self, ev: GpuUtilization) -> None:
-        key = (ev.node, ev.gpu, ev.mig_instance)
-        cell = self.cells.get(key)
-        if cell is None:
-            i = self.node_pool.get(ev.node, -1)
-            self.cells[key] = [float(i), ev.util_pct]
-            if i >= 0:
-                self.sums[i] += ev.util_pct
-                self.counts[i] += 1
-        else:
-            i = int(cell[0])
-            if i >= 0:
-                self.sums[i] += ev.util_pct - cell[1]
-            cell[1] = ev.util_pct
-
-    def pool_util(self, i: int) -> float | None:
-        return self.sums[i] / self.counts[i] if self.counts[i] else None
-
-    @staticmethod
-    def physical_mean(readings: Sequence[GpuUtilization]) -> float | None:
-        """Mean utilization over physical GPUs (a MIG GPU: the mean of its instances)."""
-        per_gpu: dict[tuple[str, int | str], list[float]] = {}
-        for ev in readings:
-            cell = per_gpu.setdefault((ev.node, ev.gpu), [0.0, 0.0])
-            cell[0] += ev.util_pct
-            cell[1] += 1.0
-        if not per_gpu:
-            return None
-        return sum(s / n for s, n in per_gpu.values()) / len(per_gpu)
+def physical_mean(readings: Sequence[GpuUtilization]) -> float | None:
+    """Mean utilization over physical GPUs (a MIG GPU: the mean of its instances)."""
+    per_gpu: dict[tuple[str, int | str], list[float]] = {}
+    for ev in readings:
+        cell = per_gpu.setdefault((ev.node, ev.gpu), [0.0, 0.0])
+        cell[0] += ev.util_pct
+        cell[1] += 1.0
+    if not per_gpu:
+        return None
+    return sum(s / n for s, n in per_gpu.values()) / len(per_gpu)

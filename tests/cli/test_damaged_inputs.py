@@ -15,10 +15,11 @@ from click.testing import CliRunner
 from controller.cli import options, stream_commands
 from controller.cli.replay import replay_command
 from controller.cli.stream_commands import publish
+from controller.replay.inventory import scan_recording
 from controller.replay.source import read_event_batches
 from streams.broker import EmbeddedBroker
 from streams.producer import RawMessage
-from streams.recording import RecordingError, RecordingWriter, read_recording
+from streams.recording import RecordingError, RecordingWriter, read_header, read_recording
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "examples" / "sample-events.jsonl"
@@ -179,3 +180,70 @@ def test_publish_on_a_terminal_shows_progress_and_refuses_damage_up_front(
     result = CliRunner().invoke(publish, [str(_text(tmp_path)), "--bootstrap", boot])
     assert result.exit_code == 1
     assert result.output.strip().endswith("; published nothing")
+
+
+SCENARIO = ROOT / "examples" / "scenario-small.yaml"
+
+#: Every way `ebbtide replay` opens a recording: the inferred cluster's scan, the scenario's
+#: header read (--cluster), and the two passes of --model fit.
+REPLAY_PATHS: dict[str, list[str]] = {
+    "inferred cluster": [],
+    "--cluster": ["--cluster", str(SCENARIO)],
+    "--model fit": ["--model", "fit"],
+    "--cluster --model fit": ["--cluster", str(SCENARIO), "--model", "fit"],
+}
+
+
+@pytest.mark.parametrize("path_of", REPLAY_PATHS, ids=list(REPLAY_PATHS))
+@pytest.mark.parametrize("case", DAMAGED, ids=list(DAMAGED))
+def test_every_replay_path_reports_damage_in_one_line(
+    tmp_path: Path, case: str, path_of: str
+) -> None:
+    """Whichever way replay opens the recording first, a damaged one is `Error: FILE: why`,
+    exit 1, no traceback (--cluster read the header with a reader of its own and crashed)."""
+    make, words = DAMAGED[case]
+    path = make(tmp_path)
+    args = [str(path), "--policy", str(BALANCED), "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(replay_command, args + REPLAY_PATHS[path_of])
+    assert result.exit_code == 1, result.output
+    assert not isinstance(result.exception, RecordingError | OSError | EOFError)
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"Error: {path}: ")
+    assert words in line
+
+
+READERS: dict[str, Callable[[Path], object]] = {
+    "read_header": read_header,
+    "read_recording": lambda p: list(read_recording(p)),
+    "read_event_batches": lambda p: list(read_event_batches(p)),
+    "scan_recording": scan_recording,
+}
+
+
+READ_CASES = [
+    (case, reader)
+    for case in ("truncated gzip", "not gzip", "empty")
+    for reader in READERS
+    if (case, reader) != ("truncated gzip", "read_header")  # it reads line 1 only: intact
+]
+
+
+@pytest.mark.parametrize(("case", "reader"), READ_CASES, ids=[f"{c}-{r}" for c, r in READ_CASES])
+def test_every_reader_raises_the_same_recording_error(
+    tmp_path: Path, case: str, reader: str
+) -> None:
+    """Each function that opens a recording raises RecordingError `FILE: why` with the same
+    words (not BadGzipFile, EOFError or a silent None)."""
+    make, words = DAMAGED[case]
+    path = make(tmp_path)
+    with pytest.raises(RecordingError) as caught:
+        READERS[reader](path)
+    assert str(caught.value).startswith(f"{path}: ")
+    assert words in str(caught.value)
+
+
+def test_an_unreadable_path_is_a_recording_error(tmp_path: Path) -> None:
+    """A path that cannot be opened (here a directory) is one RecordingError naming it."""
+    for reader in READERS.values():
+        with pytest.raises(RecordingError, match=f"^{tmp_path}: cannot read it: "):
+            reader(tmp_path)

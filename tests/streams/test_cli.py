@@ -35,7 +35,7 @@ def test_demo_publishes_and_validates_the_sample() -> None:
     assert result.returncode == 0, result.stderr
     assert "published 437 messages" in result.stdout
     assert "consumed 437: accepted 432, rejected 5" in result.stdout
-    assert "prod/chat: 120 latency events" in result.stdout
+    assert "serving/chat: 120 latency events" in result.stdout
 
 
 @pytest.mark.slow
