@@ -44,7 +44,12 @@ from typing import Any
 import structlog
 import tenacity
 
-from controller.aggregate import PartialsFeed, ensure_aggregates_topic
+from controller.aggregate import (
+    PartialsFeed,
+    aggregates_retention_s,
+    ensure_aggregates_topic,
+    longest_window_s,
+)
 from controller.cluster import (
     NOT_FREED,
     NOT_LEADER,
@@ -58,7 +63,7 @@ from controller.metrics import Metrics, StateSources
 from controller.settings import Settings
 from policies.budgets import LogRecord
 from policies.decisions import Decision, Evict, Scale, decision_to_dict
-from policies.engine import DEFAULT_UTIL_WINDOW_S, Engine
+from policies.engine import Engine
 from policies.loader import check_policy, read_sources
 from policies.model import Policy
 from streams import prometheus as prom
@@ -158,12 +163,15 @@ class Controller:
         )
         await self.warm_start()
         await self._restore_actions()
-        rewind_s = _longest_window_s(self.policy) + s.kafka.rewind_margin_s
+        rewind_s = longest_window_s(self.policy) + s.kafka.rewind_margin_s
         async with KafkaProducer(kafka, linger_ms=20) as producer:
             self._producer = producer
             if s.shards.role == "decide":
                 await ensure_aggregates_topic(
-                    kafka, s.shards.aggregates_topic, replication_factor=s.kafka.replication_factor
+                    kafka,
+                    s.shards.aggregates_topic,
+                    retention_s=aggregates_retention_s(self.policy, s),
+                    replication_factor=s.kafka.replication_factor,
                 )
                 self._feed = PartialsFeed(
                     kafka,
@@ -568,14 +576,6 @@ class Controller:
         self.metrics.set_policy(policy.metadata.name, policy.digest())
         log.info("policy.reloaded", policy=policy.metadata.name, policy_hash=policy.digest())
         return True
-
-
-def _longest_window_s(policy: Policy) -> float:
-    """How far back the engine's windows reach: the longest SLO window, or the utilization
-    window (MIG ``convertAfter``, else the engine's default)."""
-    spec = policy.spec
-    util = spec.mig.convert_after if spec.mig is not None else DEFAULT_UTIL_WINDOW_S
-    return max([util, *(svc.slo.window for svc in spec.services.values())])
 
 
 def _parse_record(value: bytes) -> LogRecord | None:

@@ -189,6 +189,10 @@ class ShardSettings(_Group):
     merge the partials and decide (leader elected by the Lease, as with ``all``)."""
     aggregates_topic: str = "ebbtide.aggregates"
     """The compacted topic aggregators publish to and deciders read."""
+    aggregates_retention_s: float | None = Field(None, gt=0)
+    """``retention.ms`` of the aggregates topic when Ebbtide creates it (``compact,delete``).
+    Unset: the policy's longest window + ``kafka.rewind_margin_s`` + 1 h, what a restarted
+    decider reads back plus room for a late backlog."""
     group_id: str = "ebbtide-aggregators"
     """The aggregators' consumer group: Kafka splits the event partitions between them."""
     flush_every_s: float = Field(1.0, gt=0)
