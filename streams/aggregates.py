@@ -56,6 +56,9 @@ class LatencyCell(msgspec.Struct, array_like=True, frozen=True):
     n: int
     above_high: int
     above_low: int
+    overflow: dict[int, float] = msgspec.field(default_factory=dict)
+    """Sketch keys holding a histogram's overflow bucket -> the last bound they lie above
+    (:meth:`policies.windows.LatencyWindow.above_bound`); absent in older flushes."""
 
 
 class UtilCell(msgspec.Struct, array_like=True, frozen=True):
