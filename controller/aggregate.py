@@ -351,6 +351,11 @@ class PartialsFeed:
     def caught_up(self) -> bool:
         return self._reader.caught_up
 
+    @property
+    def unassigned(self) -> list[int]:
+        """Partitions of the aggregates topic not read yet (see :class:`TopicReader`)."""
+        return self._reader.unassigned
+
     async def run(self) -> None:
         """Merge flushes from ``rewind_s`` back, then as they come, until :meth:`stop`."""
         reading = asyncio.create_task(

@@ -124,6 +124,7 @@ class Controller:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._newest_event: float | None = None
+        self._warned_unresolved: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._crashed: list[str] = []
         self._audits: set[asyncio.Task[None]] = set()
@@ -273,6 +274,20 @@ class Controller:
 
     # -- ingest ---------------------------------------------------------------------------------
 
+    def _warn_unresolved(self) -> None:
+        """Once per service: its histograms cannot resolve its objective (see
+        ``ebbtide_histogram_last_bound_below_objective_ms``)."""
+        for key, bound in self.engine.unresolved.items():
+            if key not in self._warned_unresolved:
+                self._warned_unresolved.add(key)
+                log.warning(
+                    "slo.histogram_below_objective",
+                    service=key,
+                    last_bound_ms=bound,
+                    hint="requests above the histogram's last bound count as over the "
+                    "objective; add a bucket bound at the objective",
+                )
+
     async def observe(self, batch: Batch) -> None:
         """The consumer's handler: the engine ingests the batch; then it counts as applied.
         Events older than the longest SLO window count in no window: they are counted
@@ -281,6 +296,8 @@ class Controller:
         events = batch.events
         self.engine.advance(self._clock())  # the bound on event time: now, not the last tick
         self.engine.observe_many(events)
+        if len(self.engine.unresolved) > len(self._warned_unresolved):
+            self._warn_unresolved()
         if events:
             newest = max(e.time for e in events)
             if self._newest_event is None or newest > self._newest_event:
@@ -519,9 +536,13 @@ class Controller:
             problems.append(self._unrestored)
         if not self.runtime.cluster.synced:
             problems.append("cluster cache not synced")
+        if self._decisions_log is not None and (left := self._decisions_log.unassigned):
+            problems.append(f"decisions log partitions not read: {left}")
         if self._feed is not None:
             if not self._feed.caught_up:
                 problems.append("reading the partial aggregates back")
+            if left := self._feed.unassigned:
+                problems.append(f"aggregates partitions not read: {left}")
             return problems
         stats = self._consumer.stats if self._consumer else None
         http = self.settings.http
@@ -539,6 +560,9 @@ class Controller:
             problems.append(f"catching up with the events at start: {behind or 'nothing assigned'}")
         elif (lag := sum(stats.lag.values())) > http.ready_max_lag:
             problems.append(f"consumer lag {lag} > {http.ready_max_lag}")
+        if stats.unassigned:
+            unread = ", ".join(f"{topic}[{partition}]" for topic, partition in sorted(stats.unassigned))
+            problems.append(f"partitions not read: {unread}")
         return problems
 
     def _read_policy_text(self) -> str:
