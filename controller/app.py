@@ -561,7 +561,9 @@ class Controller:
         elif (lag := sum(stats.lag.values())) > http.ready_max_lag:
             problems.append(f"consumer lag {lag} > {http.ready_max_lag}")
         if stats.unassigned:
-            unread = ", ".join(f"{topic}[{partition}]" for topic, partition in sorted(stats.unassigned))
+            unread = ", ".join(
+                f"{topic}[{partition}]" for topic, partition in sorted(stats.unassigned)
+            )
             problems.append(f"partitions not read: {unread}")
         return problems
 

@@ -188,7 +188,7 @@ class ShardSettings(_Group):
     partitions the group assigns into partials and publish them; never decide. ``decide``:
     merge the partials and decide (leader elected by the Lease, as with ``all``)."""
     aggregates_topic: str = "ebbtide.aggregates"
-    """The compacted topic aggregators publish to and deciders read."""
+    """The topic aggregators publish to and deciders read (compacted, and time-limited)."""
     aggregates_retention_s: float | None = Field(None, gt=0)
     """``retention.ms`` of the aggregates topic when Ebbtide creates it (``compact,delete``).
     Unset: the policy's longest window + ``kafka.rewind_margin_s`` + 1 h, what a restarted

@@ -151,7 +151,9 @@ class ConsumerSettings:
 
     def __post_init__(self) -> None:
         if not self.partitions_refresh_s > 0:
-            raise ValueError(f"partitions_refresh_s must be positive; got {self.partitions_refresh_s}")
+            raise ValueError(
+                f"partitions_refresh_s must be positive; got {self.partitions_refresh_s}"
+            )
         if self.group_id is not None and self.rewind_s:
             raise ValueError(
                 "rewind_s applies without a group only: a group resumes from its offsets"

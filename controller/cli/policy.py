@@ -8,6 +8,7 @@ everything else is the pure core. Problems a user can fix end with exit status 1
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 from typing import NoReturn
 
@@ -49,7 +50,7 @@ def _bounds(_ctx: click.Context, _param: click.Parameter, text: str | None) -> l
         bounds = [float(b) for b in text.split(",")]
     except ValueError as exc:
         raise click.BadParameter(f"comma-separated milliseconds, e.g. 50,100,250: {exc}") from exc
-    if any(b <= a for a, b in zip(bounds, bounds[1:], strict=False)):
+    if any(b <= a for a, b in pairwise(bounds)):
         raise click.BadParameter("bounds must be strictly increasing")
     return bounds
 

@@ -23,7 +23,10 @@ spec:
   pools:
     whole: {nodeSelector: {ebbtide.io/pool: whole}, kind: whole}
   services:
-    chat: {namespace: serving, pool: whole, slo: {percentile: 99, objectiveMs: 100, window: 2h, resolution: 30s}}
+    chat:
+      namespace: serving
+      pool: whole
+      slo: {percentile: 99, objectiveMs: 100, window: 2h, resolution: 30s}
 """
 
 
@@ -31,7 +34,9 @@ async def _topic_configs(config: KafkaConfig, topic: str) -> dict[str, str]:
     admin = AIOKafkaAdminClient(**config.client_kwargs())
     await admin.start()
     try:
-        (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+        (response,) = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic)]
+        )
     finally:
         await admin.close()
     ((_, _, _, name, entries),) = response.resources

@@ -136,7 +136,8 @@ def test_histogram_bucket_representation() -> None:
     assert w.quantile(T0, 0.0) == pytest.approx(20.0, rel=ALPHA)
     for q in (0.5, 1.0):
         over = w.quantile(T0, q)
-        assert over is not None and 50.0 < over <= 50.0 * (1 + 2 * ALPHA) ** 2
+        assert over is not None
+        assert 50.0 < over <= 50.0 * (1 + 2 * ALPHA) ** 2
         assert w.above_bound(T0, q) == 50.0
     assert w.above_bound(T0, 0.0) is None
     z = window()

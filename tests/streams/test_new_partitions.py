@@ -19,12 +19,12 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.errors import KafkaConnectionError
+from test_consumer import Collector, Topics, consumer_for, wait_until
 
 from streams.capture import TopicReader
 from streams.connection import KafkaConfig, ensure_topics
 from streams.events import InferenceLatency, encode_event
 from streams.positions import PartitionWatch
-from test_consumer import Collector, Topics, consumer_for, wait_until
 
 
 class HiddenPartitions:
