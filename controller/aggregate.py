@@ -332,13 +332,14 @@ class PartialsFeed:
         engine: Engine,
         *,
         rewind_s: float,
+        partitions_refresh_s: float = 30.0,
         on_merged: Callable[[], None],
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._kafka, self._topic, self._rewind_s = kafka, topic, rewind_s
         self._on_merged, self._clock = on_merged, clock
         self.merger = Merger(engine)
-        self._reader = AggregatesReader(kafka, topic)
+        self._reader = AggregatesReader(kafka, topic, partitions_refresh_s=partitions_refresh_s)
         self.flushes = 0
         self.refused = 0
         self._stop = asyncio.Event()

@@ -179,6 +179,7 @@ class Controller:
                     s.shards.aggregates_topic,
                     self.engine,
                     rewind_s=rewind_s,
+                    partitions_refresh_s=s.kafka.partitions_refresh_s,
                     on_merged=self._wake.set,
                     clock=self._clock,
                 )
@@ -190,6 +191,7 @@ class Controller:
                 settings=ConsumerSettings(
                     group_id=None,
                     rewind_s=rewind_s,
+                    partitions_refresh_s=s.kafka.partitions_refresh_s,
                     topics=(s.kafka.latency_topic, s.kafka.gpu_topic),
                     drain_timeout_s=s.shutdown_timeout_s / 4,
                     close_timeout_s=s.shutdown_timeout_s / 8,
@@ -345,7 +347,11 @@ class Controller:
         topic = self.settings.kafka.decisions_topic
         if topic is None:
             return
-        self._decisions_log = TopicReader(self.settings.kafka.connection(), topic)
+        self._decisions_log = TopicReader(
+            self.settings.kafka.connection(),
+            topic,
+            partitions_refresh_s=self.settings.kafka.partitions_refresh_s,
+        )
         await self._decisions_log.start()
         await self._read_back()
 

@@ -57,6 +57,9 @@ class KafkaSettings(_Group):
     """No consumer group: each replica reads every partition from the policy's longest window
     plus this much before now (room for late events and producer clock skew), whether it is
     new or restarted, and is ready once caught up with the end offsets seen at start."""
+    partitions_refresh_s: float = Field(30.0, gt=0)
+    """No consumer group: how often the topics' partitions are listed again, so partitions
+    added later (``kafka-topics --alter --partitions``) are read, from their beginning."""
     latency_topic: str = "ebbtide.inference.latency"
     gpu_topic: str = "ebbtide.gpu.utilization"
     deadletter_topic: str = "ebbtide.deadletter"
