@@ -11,6 +11,7 @@ from policies.model import SloSpec
 from policies.slo import ExceedanceWindow
 from policies.windows import LatencyWindow
 from streams.events import InferenceLatency, LatencyHistogram
+from streams.prometheus import PromQuery, Translation, to_events
 
 SPEC = SloSpec.model_validate({"percentile": 99, "objectiveMs": 100, "recoverBelow": "80%"})
 BOUNDS = [50.0, 100.0]
@@ -78,3 +79,20 @@ def test_a_service_whose_every_request_overflows_breaches_and_scales_up() -> Non
     assert (scale.from_replicas, scale.to_replicas) == (1, 2)
     assert scale.explanation.inputs["p99_above_last_bound_ms"] == 100.0
     assert "P99 > 100ms (above the histogram's last bound)" in scale.explanation.reason
+
+
+def test_prometheus_inf_bucket_counts_above_the_objective() -> None:
+    """``record --from-prometheus``: a ``+Inf`` bucket holding every request (none at or under
+    0.1 s) becomes the overflow, which the counters put above a 100 ms objective."""
+    series = [
+        {"metric": {"service": "chat", "le": le}, "values": [[T0, v]]}
+        for le, v in (("0.05", "0"), ("0.1", "0"), ("+Inf", "20"))
+    ]
+    out = Translation()
+    to_events(PromQuery("latency", "x"), series, out)
+    (event,) = out.events
+    assert isinstance(event, InferenceLatency)
+    assert event.histogram is not None
+    exceed = ExceedanceWindow(window_s=30, interval_s=1, high=100.0, low=80.0)
+    exceed.add_histogram(T0, event.histogram.bounds_ms, event.histogram.counts)
+    assert exceed.level(T0, 0.99, 10) == ("above", 20)
