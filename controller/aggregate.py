@@ -24,13 +24,14 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import structlog
 from prometheus_client import CollectorRegistry
 
 from controller.http import HealthServer
 from controller.settings import Settings
-from policies.engine import Engine
+from policies.engine import DEFAULT_UTIL_WINDOW_S, Engine
 from policies.model import Policy
 from policies.partials import Fold, FoldSpec, Merger
 from streams.aggregates import decode_flush, encode_flush
@@ -44,23 +45,56 @@ __all__ = [
     "Aggregator",
     "AggregatorStats",
     "PartialsFeed",
+    "aggregates_retention_s",
     "ensure_aggregates_topic",
+    "longest_window_s",
     "run_aggregator",
 ]
 
 log = structlog.get_logger("ebbtide.aggregate")
 
 
+#: Kept on the aggregates topic past what a decider rewinds over: room for an aggregator that
+#: publishes a backlog late (its flushes carry event time, their Kafka timestamps are later) and
+#: for a decider that restarts while the topic is being cleaned.
+RETENTION_MARGIN_S: Final = 3600.0
+
+
+def longest_window_s(policy: Policy) -> float:
+    """How far back the engine's windows reach: the longest SLO window, or the utilization
+    window (MIG ``convertAfter``, else the engine's default)."""
+    spec = policy.spec
+    util = spec.mig.convert_after if spec.mig is not None else DEFAULT_UTIL_WINDOW_S
+    return max([util, *(svc.slo.window for svc in spec.services.values())])
+
+
+def aggregates_retention_s(policy: Policy, settings: Settings) -> float:
+    """How long the aggregates topic keeps a flush: ``shards.aggregates_retention_s`` when set,
+    else what a decider rewinds over (the longest window + ``kafka.rewind_margin_s``) plus
+    :data:`RETENTION_MARGIN_S`. Every flush has a key of its own, so compaction alone never
+    removes one: time is what bounds the topic."""
+    if settings.shards.aggregates_retention_s is not None:
+        return settings.shards.aggregates_retention_s
+    return longest_window_s(policy) + settings.kafka.rewind_margin_s + RETENTION_MARGIN_S
+
+
 async def ensure_aggregates_topic(
-    kafka: KafkaConfig, topic: str, *, replication_factor: int | None = None
+    kafka: KafkaConfig,
+    topic: str,
+    *,
+    retention_s: float,
+    replication_factor: int | None = None,
 ) -> None:
     """The aggregates topic: one partition (flushes of a source partition must stay in order;
-    the volume is a few messages per second per source partition), compacted by flush key."""
+    the volume is a few messages per second per source partition), compacted by flush key (a
+    re-sent flush replaces its predecessor) *and* deleted after ``retention_s`` (each flush
+    has a key of its own, so compaction alone would keep every flush for ever). An existing
+    topic is left as it is (docs/deploy.md says how to change it)."""
     await ensure_topics(
         kafka,
         [topic],
         replication_factor=replication_factor,
-        configs={"cleanup.policy": "compact"},
+        configs={"cleanup.policy": "compact,delete", "retention.ms": str(int(retention_s * 1000))},
     )
 
 
@@ -243,7 +277,10 @@ async def run_aggregator(settings: Settings, policy: Policy) -> None:
         replication_factor=k.replication_factor,
     )
     await ensure_aggregates_topic(
-        kafka, s.shards.aggregates_topic, replication_factor=k.replication_factor
+        kafka,
+        s.shards.aggregates_topic,
+        retention_s=aggregates_retention_s(policy, s),
+        replication_factor=k.replication_factor,
     )
     aggregator = Aggregator(
         kafka,
@@ -295,13 +332,14 @@ class PartialsFeed:
         engine: Engine,
         *,
         rewind_s: float,
+        partitions_refresh_s: float = 30.0,
         on_merged: Callable[[], None],
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._kafka, self._topic, self._rewind_s = kafka, topic, rewind_s
         self._on_merged, self._clock = on_merged, clock
         self.merger = Merger(engine)
-        self._reader = AggregatesReader(kafka, topic)
+        self._reader = AggregatesReader(kafka, topic, partitions_refresh_s=partitions_refresh_s)
         self.flushes = 0
         self.refused = 0
         self._stop = asyncio.Event()
@@ -313,6 +351,11 @@ class PartialsFeed:
     @property
     def caught_up(self) -> bool:
         return self._reader.caught_up
+
+    @property
+    def unassigned(self) -> list[int]:
+        """Partitions of the aggregates topic not read yet (see :class:`TopicReader`)."""
+        return self._reader.unassigned
 
     async def run(self) -> None:
         """Merge flushes from ``rewind_s`` back, then as they come, until :meth:`stop`."""

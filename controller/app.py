@@ -44,7 +44,12 @@ from typing import Any
 import structlog
 import tenacity
 
-from controller.aggregate import PartialsFeed, ensure_aggregates_topic
+from controller.aggregate import (
+    PartialsFeed,
+    aggregates_retention_s,
+    ensure_aggregates_topic,
+    longest_window_s,
+)
 from controller.cluster import (
     NOT_FREED,
     NOT_LEADER,
@@ -58,7 +63,7 @@ from controller.metrics import Metrics, StateSources
 from controller.settings import Settings
 from policies.budgets import LogRecord
 from policies.decisions import Decision, Evict, Scale, decision_to_dict
-from policies.engine import DEFAULT_UTIL_WINDOW_S, Engine
+from policies.engine import Engine
 from policies.loader import check_policy, read_sources
 from policies.model import Policy
 from streams import prometheus as prom
@@ -122,6 +127,7 @@ class Controller:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._newest_event: float | None = None
+        self._warned_unresolved: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._crashed: list[str] = []
         self._audits: set[asyncio.Task[None]] = set()
@@ -163,18 +169,22 @@ class Controller:
         )
         await self.warm_start()
         await self._restore_actions()
-        rewind_s = _longest_window_s(self.policy) + s.kafka.rewind_margin_s
+        rewind_s = longest_window_s(self.policy) + s.kafka.rewind_margin_s
         async with KafkaProducer(kafka, linger_ms=20) as producer:
             self._producer = producer
             if s.shards.role == "decide":
                 await ensure_aggregates_topic(
-                    kafka, s.shards.aggregates_topic, replication_factor=s.kafka.replication_factor
+                    kafka,
+                    s.shards.aggregates_topic,
+                    retention_s=aggregates_retention_s(self.policy, s),
+                    replication_factor=s.kafka.replication_factor,
                 )
                 self._feed = PartialsFeed(
                     kafka,
                     s.shards.aggregates_topic,
                     self.engine,
                     rewind_s=rewind_s,
+                    partitions_refresh_s=s.kafka.partitions_refresh_s,
                     on_merged=self._wake.set,
                     clock=self._clock,
                 )
@@ -186,6 +196,7 @@ class Controller:
                 settings=ConsumerSettings(
                     group_id=None,
                     rewind_s=rewind_s,
+                    partitions_refresh_s=s.kafka.partitions_refresh_s,
                     topics=(s.kafka.latency_topic, s.kafka.gpu_topic),
                     drain_timeout_s=s.shutdown_timeout_s / 4,
                     close_timeout_s=s.shutdown_timeout_s / 8,
@@ -270,6 +281,20 @@ class Controller:
 
     # -- ingest ---------------------------------------------------------------------------------
 
+    def _warn_unresolved(self) -> None:
+        """Once per service: its histograms cannot resolve its objective (see
+        ``ebbtide_histogram_last_bound_below_objective_ms``)."""
+        for key, bound in self.engine.unresolved.items():
+            if key not in self._warned_unresolved:
+                self._warned_unresolved.add(key)
+                log.warning(
+                    "slo.histogram_below_objective",
+                    service=key,
+                    last_bound_ms=bound,
+                    hint="requests above the histogram's last bound count as over the "
+                    "objective; add a bucket bound at the objective",
+                )
+
     async def observe(self, batch: Batch) -> None:
         """The consumer's handler: the engine ingests the batch; then it counts as applied.
         Events older than the longest SLO window count in no window: they are counted
@@ -278,6 +303,8 @@ class Controller:
         events = batch.events
         self.engine.advance(self._clock())  # the bound on event time: now, not the last tick
         self.engine.observe_many(events)
+        if len(self.engine.unresolved) > len(self._warned_unresolved):
+            self._warn_unresolved()
         if events:
             newest = max(e.time for e in events)
             if self._newest_event is None or newest > self._newest_event:
@@ -325,7 +352,11 @@ class Controller:
         topic = self.settings.kafka.decisions_topic
         if topic is None:
             return
-        self._decisions_log = TopicReader(self.settings.kafka.connection(), topic)
+        self._decisions_log = TopicReader(
+            self.settings.kafka.connection(),
+            topic,
+            partitions_refresh_s=self.settings.kafka.partitions_refresh_s,
+        )
         await self._decisions_log.start()
         await self._read_back()
 
@@ -534,9 +565,13 @@ class Controller:
             problems.append(self._unrestored)
         if not self.runtime.cluster.synced:
             problems.append("cluster cache not synced")
+        if self._decisions_log is not None and (left := self._decisions_log.unassigned):
+            problems.append(f"decisions log partitions not read: {left}")
         if self._feed is not None:
             if not self._feed.caught_up:
                 problems.append("reading the partial aggregates back")
+            if left := self._feed.unassigned:
+                problems.append(f"aggregates partitions not read: {left}")
             return problems
         stats = self._consumer.stats if self._consumer else None
         http = self.settings.http
@@ -554,6 +589,11 @@ class Controller:
             problems.append(f"catching up with the events at start: {behind or 'nothing assigned'}")
         elif (lag := sum(stats.lag.values())) > http.ready_max_lag:
             problems.append(f"consumer lag {lag} > {http.ready_max_lag}")
+        if stats.unassigned:
+            unread = ", ".join(
+                f"{topic}[{partition}]" for topic, partition in sorted(stats.unassigned)
+            )
+            problems.append(f"partitions not read: {unread}")
         return problems
 
     def _read_policy_text(self) -> str:
@@ -591,14 +631,6 @@ class Controller:
         self.metrics.set_policy(policy.metadata.name, policy.digest())
         log.info("policy.reloaded", policy=policy.metadata.name, policy_hash=policy.digest())
         return True
-
-
-def _longest_window_s(policy: Policy) -> float:
-    """How far back the engine's windows reach: the longest SLO window, or the utilization
-    window (MIG ``convertAfter``, else the engine's default)."""
-    spec = policy.spec
-    util = spec.mig.convert_after if spec.mig is not None else DEFAULT_UTIL_WINDOW_S
-    return max([util, *(svc.slo.window for svc in spec.services.values())])
 
 
 def _parse_record(value: bytes) -> LogRecord | None:

@@ -100,7 +100,15 @@ class _StateCollector(Collector):
         )
         for (topic, partition), n in stats.lag.items():
             lag.add_metric([topic, str(partition)], n)
-        yield from (consumed, accepted, rejected, lag)
+        unassigned = GaugeMetricFamily(
+            "ebbtide_partitions_unassigned",
+            "Partitions of the event topics the broker lists and this replica does not read "
+            "(added to a topic and not yet started: retried every partitions_refresh_s).",
+            labels=["topic"],
+        )
+        for topic in sorted({t for t, _ in stats.unassigned}):
+            unassigned.add_metric([topic], sum(1 for t, _ in stats.unassigned if t == topic))
+        yield from (consumed, accepted, rejected, lag, unassigned)
 
     def _engine(self) -> Iterator[Metric]:
         engine, now = self._s.engine(), self._s.clock()
@@ -161,7 +169,27 @@ class _StateCollector(Collector):
         )
         for reason, n in sorted(engine.dropped.items()):
             dropped.add_metric([reason], n)
-        yield from (state, quantile, objective, util, gpus, reclaimable, budget, skewed, dropped)
+        unresolved = GaugeMetricFamily(
+            "ebbtide_histogram_last_bound_below_objective_ms",
+            "Services whose latency histograms end (last bucket bound, the value) below the SLO "
+            "objective: requests in the overflow bucket count as over the objective, so the "
+            "SLO state errs towards breaching. Add a bucket bound at the objective.",
+            labels=["service"],
+        )
+        for key, bound in sorted(engine.unresolved.items()):
+            unresolved.add_metric([key], bound)
+        yield from (
+            state,
+            quantile,
+            objective,
+            util,
+            gpus,
+            reclaimable,
+            budget,
+            skewed,
+            dropped,
+            unresolved,
+        )
 
 
 class Metrics:

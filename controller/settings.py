@@ -57,6 +57,9 @@ class KafkaSettings(_Group):
     """No consumer group: each replica reads every partition from the policy's longest window
     plus this much before now (room for late events and producer clock skew), whether it is
     new or restarted, and is ready once caught up with the end offsets seen at start."""
+    partitions_refresh_s: float = Field(30.0, gt=0)
+    """No consumer group: how often the topics' partitions are listed again, so partitions
+    added later (``kafka-topics --alter --partitions``) are read, from their beginning."""
     latency_topic: str = "ebbtide.inference.latency"
     gpu_topic: str = "ebbtide.gpu.utilization"
     deadletter_topic: str = "ebbtide.deadletter"
@@ -188,7 +191,11 @@ class ShardSettings(_Group):
     partitions the group assigns into partials and publish them; never decide. ``decide``:
     merge the partials and decide (leader elected by the Lease, as with ``all``)."""
     aggregates_topic: str = "ebbtide.aggregates"
-    """The compacted topic aggregators publish to and deciders read."""
+    """The topic aggregators publish to and deciders read (compacted, and time-limited)."""
+    aggregates_retention_s: float | None = Field(None, gt=0)
+    """``retention.ms`` of the aggregates topic when Ebbtide creates it (``compact,delete``).
+    Unset: the policy's longest window + ``kafka.rewind_margin_s`` + 1 h, what a restarted
+    decider reads back plus room for a late backlog."""
     group_id: str = "ebbtide-aggregators"
     """The aggregators' consumer group: Kafka splits the event partitions between them."""
     flush_every_s: float = Field(1.0, gt=0)

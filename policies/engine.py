@@ -324,6 +324,9 @@ class Engine:
         #: GPU readings dropped, by reason: ``unknown_node`` (a node the last snapshot does not
         #: list), ``device_limit`` (past MAX_DEVICES_PER_NODE devices on one node).
         self.dropped: dict[str, int] = {}
+        #: Services whose latency histograms end below the objective -> that last bound: their
+        #: overflow counts as over the objective, so the objective cannot be judged.
+        self.unresolved: dict[str, float] = {}
         self._incremental = incremental
         #: Services due for an SLO tick (events arrived), and (wake, index) deadlines.
         self._due: list[_Service] = []
@@ -519,6 +522,8 @@ class Engine:
                 self.late += 1
                 return False
             svc.exceed.add_histogram(ts, h.bounds_ms, h.counts)
+            if svc.exceed.unresolved is not None and svc.key not in self.unresolved:
+                self.unresolved[svc.key] = svc.exceed.unresolved
         if not svc.due:
             svc.due = True
             self._due.append(svc)
@@ -1066,16 +1071,18 @@ class Engine:
         store: CollapsingLowestDenseStore,
         zeros: int,
         counts: tuple[int, int, int],
+        overflow: Mapping[int, float] | None = None,
     ) -> bool:
         """Make one interval of a service's windows hold a merge of partials: the sketch store,
-        the zeros and the exceedance counts ``(n, above_high, above_low)``. ``False`` when the
+        the zeros, the exceedance counts ``(n, above_high, above_low)`` and the histogram
+        overflow keys (:attr:`LatencyWindow.overflow`). ``False`` when the
         service is unknown or has another resolution (counted in ``unknown``) or the interval
         has left its window (``late``)."""
         svc = self._services.get(service_key)
         if svc is None or svc.interval != interval_s:
             self.unknown += 1
             return False
-        if not svc.latency.put_interval(slot, store, zeros):
+        if not svc.latency.put_interval(slot, store, zeros, overflow=overflow):
             self.late += 1
             return False
         svc.exceed.put_interval(slot, *counts)

@@ -250,7 +250,17 @@ def _latency_cell(
         lo, bins = 0, []
     _, n, above_high, above_low = counts
     return LatencyCell(
-        key, slot, fold.interval_s, lo, bins, store.is_collapsed, zeros, n, above_high, above_low
+        key,
+        slot,
+        fold.interval_s,
+        lo,
+        bins,
+        store.is_collapsed,
+        zeros,
+        n,
+        above_high,
+        above_low,
+        fold.window.overflow,
     )
 
 
@@ -321,8 +331,10 @@ class Merger:
             store = CollapsingLowestDenseStore(BIN_LIMIT)
             zeros = n = hi = lo = 0
             interval_s = 0.0
+            overflow: dict[int, float] = {}
             for cell in cells:
                 store.merge(_store(cell))
+                overflow.update(cell.overflow)
                 zeros += cell.zeros
                 n, hi, lo = n + cell.n, hi + cell.above_high, lo + cell.above_low
                 interval_s = cell.interval_s
@@ -334,6 +346,7 @@ class Merger:
                     store=store,
                     zeros=zeros,
                     counts=(n, hi, lo),
+                    overflow=overflow,
                 )
         for slot, interval_s in sorted(util):
             readings: dict[_Device, tuple[float, int, float]] = {}

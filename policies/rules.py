@@ -151,16 +151,21 @@ def respond_to_breach(
     p = window.quantile(now, q)
     if p is None and lead is None:
         return
+    # In a histogram's overflow bucket the percentile is only known to exceed the last bound.
+    floor = window.above_bound(now, q)
     objective = spec.slo.objective_ms
     ratio = p / objective if p is not None else 0.0
     pool = spec.pool
     gpr = spec.gpus_per_replica
+    pct = f"p{spec.slo.percentile:g}"
     inputs: dict[str, str | int | float | bool | None] = {
-        f"p{spec.slo.percentile:g}_ms": None if p is None else round(p, 2),
+        f"{pct}_ms": None if p is None else round(p, 2),
         "ratio": round(ratio, 3),
         "breaching_since": slo.since if breaching else None,
         "free_gpus": rnd.free(pool),
     }
+    if floor is not None:
+        inputs[f"{pct}_above_last_bound_ms"] = floor
     thresholds: dict[str, str | int | float | bool | None] = {
         "objective_ms": objective,
         "breach_after": format_duration(spec.slo.breach_after),
@@ -175,7 +180,10 @@ def respond_to_breach(
         thresholds["tolerance"] = f"{tolerance:.0%}"
         current = workload.replicas
         desired = current
-        if breaching and ratio > 1.0 + tolerance:
+        if breaching and floor is not None:
+            # the ratio is a floor: at least one more replica, however close to 1 it reads
+            desired = max(math.ceil(max(current, 1) * ratio), current + 1)
+        elif breaching and ratio > 1.0 + tolerance:
             desired = math.ceil(max(current, 1) * ratio)
         if lead is not None and spec.scale.leading is not None:
             inputs["request_rate"] = round(request_rate(spec, requests, window, now), 2)
@@ -304,6 +312,10 @@ def respond_to_breach(
         f"{key} breaching ({p_now} > objective {objective:g}ms)",
     )
     how = f"desired ceil({current} * {ratio:.2f}) bounded = {desired}"
+    if floor is not None:
+        p_now = f"P{spec.slo.percentile:g} > {floor:g}ms (above the histogram's last bound)"
+        cause_text = f"{key} breaching ({p_now}; objective {objective:g}ms)"
+        how = f"desired max(ceil({current} * {ratio:.2f}), {current} + 1) bounded = {desired}"
     if led and spec.scale is not None and spec.scale.leading is not None:
         rate, per = request_rate(spec, requests, window, now), spec.scale.leading.rate_per_replica
         rule = "leading-scale-up"

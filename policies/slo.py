@@ -183,6 +183,7 @@ class ExceedanceWindow:
         "_n",
         "_slots",
         "_totals",
+        "unresolved",
     )
 
     def __init__(self, *, window_s: float, interval_s: float, high: float, low: float) -> None:
@@ -195,6 +196,10 @@ class ExceedanceWindow:
         self._above_hi = [0] * self._length
         self._above_lo = [0] * self._length
         self._totals = [0, 0, 0]
+        self.unresolved: float | None = None
+        """The last bound of a histogram seen below the objective: its overflow cannot tell
+        requests over the objective from those between that bound and the objective (all
+        count as over), so the objective cannot be judged. ``None`` while none was seen."""
 
     @property
     def thresholds(self) -> tuple[float, float]:
@@ -256,15 +261,19 @@ class ExceedanceWindow:
         self._totals[2] += a_lo
 
     def add_histogram(self, ts: float, bounds: Sequence[float], counts: Sequence[int]) -> None:
-        """Buckets count at their upper bound (the overflow at the last bound), as the latency
-        window records them, so both agree on which side of a threshold a bucket falls."""
+        """Buckets count at their upper bound, as the latency window records them, so both
+        agree on which side of a threshold a bucket falls. The overflow bucket counts above
+        every threshold: its requests took more than the last bound, by an unknown amount
+        (with the last bound under the objective, that errs high; :attr:`unresolved` says so)."""
         i = self._index(ts)
         if i < 0:
             return
-        last = len(bounds) - 1
+        if bounds[-1] < self._hi:
+            self.unresolved = bounds[-1]
+        last = len(bounds)
         n = a_hi = a_lo = 0
         for b, c in enumerate(counts):
-            value = bounds[min(b, last)]
+            value = bounds[b] if b < last else math.inf
             n += c
             if value > self._lo:
                 a_lo += c

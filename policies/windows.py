@@ -42,11 +42,14 @@ Reads are cached on a signature of the live intervals (slot and count of each), 
 between writes cost one pass over the ring, and a read after writes to the newest interval only
 re-merges that interval onto a cached merge of the older ones.
 
-Histograms. A bucket's requests are recorded at the bucket's *upper* bound, and the overflow
-bucket at the last bound. A quantile then errs high by at most its bucket's width (the
-histogram's resolution, ``bounds[i] / bounds[i - 1] - 1``), plus ``relative_accuracy`` either
-way; in the overflow bucket the last bound is only a floor. Erring high is the safe side for an
-autoscaler.
+Histograms. A bucket's requests are recorded at the bucket's *upper* bound. A quantile then
+errs high by at most its bucket's width (the histogram's resolution,
+``bounds[i] / bounds[i - 1] - 1``), plus ``relative_accuracy`` either way. Erring high is the
+safe side for an autoscaler. The overflow bucket (above the last bound: Prometheus' ``+Inf``)
+has no upper bound; its requests are recorded one sketch key *above* the last bound's, so they
+read as more than it (never at it: with bounds ``[50, 100]`` and a 100 ms objective, requests
+over 100 ms must read as over the objective), and :meth:`LatencyWindow.above_bound` tells a
+reader that a quantile landing there is only known to exceed the last bound.
 
 Utilization. Per interval a sum, a count and a max: constant memory per GPU. A pool's mean is
 the mean of its GPUs' means, so a GPU whose exporter reports twice as often does not weigh twice
@@ -56,7 +59,7 @@ as much.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import pairwise
 from itertools import repeat as _repeat
 from operator import add as _add
@@ -143,6 +146,9 @@ _MAP_BATCH: Final = 8
 #: At most this many live intervals, a tail percentile is read by walking keys across them
 #: (:meth:`LatencyWindow._scan_quantile`) rather than from the running sum of the older ones.
 _SCAN_INTERVALS: Final = 8
+
+#: Where an overflow bucket is put when the last bound is (nearly) zero: 1 µs.
+_OVERFLOW_FLOOR_MS: Final = 0.001
 
 #: A slot number no real event time maps to: marks a ring cell that has never been written.
 _NO_SLOT: Final = -(1 << 62)
@@ -245,6 +251,7 @@ class LatencyWindow(_Ring):
         "_mapping",
         "_max_value",
         "_min_value",
+        "_overflow",
         "_read_key",
         "_scale",
     )
@@ -277,6 +284,9 @@ class LatencyWindow(_Ring):
         self._answers: dict[float, float | None] = {}
         self._hist_bounds: list[float] | None = None  # the bounds _hist_keys were made for
         self._hist_keys: list[int | None] = []
+        # Sketch key of an overflow bucket -> the last bound it lies above (one per distinct
+        # last bound a producer sends: a handful).
+        self._overflow: dict[int, float] = {}
         self._full_key: tuple[tuple[int, float, int], ...] = ()
         self._read_key: tuple[tuple[int, float, int], ...] = ()
         # The running sum of the older live intervals' bins (see _fast_quantile): bins from key
@@ -391,8 +401,9 @@ class LatencyWindow(_Ring):
         """Record a latency histogram at event time ``ts``; ``False`` when late.
 
         ``counts[i]`` requests took at most ``bounds_ms[i]`` (and more than the bound before);
-        ``counts[-1]`` is the overflow. Each bucket is recorded at its upper bound and the
-        overflow at the last bound, so quantiles err high by at most one bucket's width.
+        ``counts[-1]`` is the overflow. Each bucket is recorded at its upper bound, so quantiles
+        err high by at most one bucket's width; the overflow one key above the last bound (see
+        :meth:`above_bound`).
         """
         if bounds_ms != self._hist_bounds:
             self._hist_keys = self._bucket_keys(bounds_ms)
@@ -433,7 +444,9 @@ class LatencyWindow(_Ring):
                 keys.append(None)
             else:
                 raise ValueError(f"bounds must be finite and non-negative; got {bound}")
-        keys.append(keys[-1])
+        last = keys[-1] if keys[-1] is not None else self._mapping.key(_OVERFLOW_FLOOR_MS)
+        self._overflow[last + 1] = float(bounds_ms[-1])
+        keys.append(last + 1)
         return keys
 
     def _cell(self, slot: int) -> _Interval | None:
@@ -481,6 +494,15 @@ class LatencyWindow(_Ring):
             value = None if got is None else float(got)
         answers[q] = value
         return value
+
+    def above_bound(self, now: float, q: float) -> float | None:
+        """The histogram bound the ``q``-quantile at ``now`` is only known to exceed, when it
+        lands in a histogram's overflow bucket (``None`` otherwise): its value,
+        :meth:`quantile`'s answer, is then a floor, not a measurement."""
+        value = self.quantile(now, q)
+        if value is None or not self._overflow:
+            return None
+        return self._overflow.get(self._mapping.key(value))
 
     def count(self, now: float) -> int:
         """How many latencies the window holds at ``now``."""
@@ -712,10 +734,26 @@ class LatencyWindow(_Ring):
         cells.sort(key=_by_slot)
         return [(c.slot, c.store, c.zeros) for c in cells]
 
-    def put_interval(self, slot: int, store: CollapsingLowestDenseStore, zeros: int) -> bool:
+    @property
+    def overflow(self) -> dict[int, float]:
+        """The sketch keys of the histogram overflow buckets seen -> the last bound each lies
+        above, for partials to carry to a decider's window (:meth:`put_interval`)."""
+        return dict(self._overflow)
+
+    def put_interval(
+        self,
+        slot: int,
+        store: CollapsingLowestDenseStore,
+        zeros: int,
+        *,
+        overflow: Mapping[int, float] | None = None,
+    ) -> bool:
         """Make interval ``slot`` hold ``store`` and ``zeros`` (a merge of partials), replacing
         what it held; ``False`` (a late write) when the slot has left the ring. The store must
-        have this window's bin limit."""
+        have this window's bin limit; ``overflow`` is :attr:`overflow` of the windows the
+        partials came from."""
+        if overflow:
+            self._overflow.update(overflow)
         if store.bin_limit != self._bin_limit:
             raise ValueError(f"store has bin_limit {store.bin_limit}; expected {self._bin_limit}")
         if self._cell(slot) is None:

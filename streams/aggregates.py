@@ -13,7 +13,8 @@ the committed offset ``c``; its first flush also starts at ``c``. A decider that
 of a partition starting at ``c`` therefore drops every flush of that partition it holds starting
 at ``c`` or later (those offsets are being re-read) before adding the new one. The topic is
 compacted under ``topic/partition/first``, so a re-sent flush also replaces its predecessor on
-the broker.
+the broker; no two flushes share a key, so the topic is also time-limited (``compact,delete``,
+:func:`controller.aggregate.ensure_aggregates_topic`).
 
 Cells carry their interval (``slot`` and ``interval_s``), so a decider merges each into the
 window interval it belongs to, whenever it arrives. Latency cells carry the DDSketch store's bins
@@ -56,6 +57,9 @@ class LatencyCell(msgspec.Struct, array_like=True, frozen=True):
     n: int
     above_high: int
     above_low: int
+    overflow: dict[int, float] = msgspec.field(default_factory=dict)
+    """Sketch keys holding a histogram's overflow bucket -> the last bound they lie above
+    (:meth:`policies.windows.LatencyWindow.above_bound`); absent in older flushes."""
 
 
 class UtilCell(msgspec.Struct, array_like=True, frozen=True):

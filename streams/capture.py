@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from streams.connection import KafkaConfig
-from streams.positions import StartLine, partitions_of
+from streams.positions import PartitionWatch, StartLine, partitions_of
 from streams.producer import KafkaProducer, RawMessage
 from streams.recording import BadLine, RecordingError, RecordingWriter, read_recording
 
@@ -149,16 +149,27 @@ class TopicReader:
     each partition is read up to the end offset it had when the read began (its high watermark
     in the first fetch answer: ``highwater`` is what this broker reports right, ``end_offsets``
     is not), or raises :class:`IncompleteRead`: it never returns part of the data as if it were
-    all. :meth:`follow` continues from there, so nothing falls between the two.
+    all. :meth:`follow` continues from there, so nothing falls between the two, and reads
+    partitions added to the topic meanwhile from their beginning (listed every
+    ``partitions_refresh_s``, see :class:`~streams.positions.PartitionWatch`).
     """
 
-    def __init__(self, config: KafkaConfig, topic: str) -> None:
+    def __init__(
+        self, config: KafkaConfig, topic: str, *, partitions_refresh_s: float = 30.0
+    ) -> None:
         self.topic = topic
         self.caught_up = False
         """:meth:`follow` found nothing new once: it has read what there was."""
         self._consumer = AIOKafkaConsumer(
             **config.client_kwargs(), group_id=None, enable_auto_commit=False
         )
+        self._watch = PartitionWatch([topic], every_s=partitions_refresh_s)
+
+    @property
+    def unassigned(self) -> list[int]:
+        """Partitions of the topic the broker lists and this reader does not read yet (starting
+        them failed; retried every ``partitions_refresh_s``)."""
+        return sorted(tp.partition for tp in self._watch.unassigned)
 
     async def start(self) -> None:
         try:
@@ -205,6 +216,8 @@ class TopicReader:
         :attr:`caught_up` once a fetch found nothing new."""
         while True:
             try:
+                if self._watch.due():
+                    await self._watch.check(self._consumer)
                 batches = await self._consumer.getmany(timeout_ms=500)
             except KafkaError as exc:
                 log.warning("tail.fetch_failed", topic=self.topic, error=repr(exc))

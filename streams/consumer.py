@@ -8,7 +8,10 @@ Two ways to read, chosen by ``ConsumerSettings.group_id``:
   each at its first message ``rewind_s`` seconds back (or at its end), found by time. Nothing is
   committed and nothing is left behind on the broker. This is for consumers whose state is the
   recent past only, such as the controller's sliding windows: its state is in memory, so after
-  a restart it has to re-read its longest window whatever a group had committed.
+  a restart it has to re-read its longest window whatever a group had committed. Partitions
+  added to the topics later are found by re-listing them every ``partitions_refresh_s`` and
+  read from their beginning (:class:`~streams.positions.PartitionWatch`); a group gets them
+  from Kafka's rebalance.
 
 Either way the consumer is *caught up* (:attr:`ConsumerStats.caught_up`) once every assigned
 partition is applied up to the end offset it had when first fetched (see
@@ -55,7 +58,7 @@ from aiokafka.errors import IllegalStateError, KafkaError
 
 from streams.connection import KafkaConfig
 from streams.events import DEFAULT_TOPICS, Event, EventDecoder, Rejection
-from streams.positions import StartLine, partitions_of
+from streams.positions import PartitionWatch, StartLine, partitions_of
 from streams.producer import DeadLetter, RawMessage
 
 __all__ = [
@@ -139,8 +142,18 @@ class ConsumerSettings:
     """How often an idle consumer asks the broker for metadata to know it is still reachable."""
     close_timeout_s: float = 2.0
     """On stop, how long closing the client (leaving the group) may take."""
+    partitions_refresh_s: float = 30.0
+    """Without a group: how often the topics' partitions are listed again, so partitions added
+    later are read (from their beginning). Producers write to a new partition only once their
+    own metadata is refreshed (Kafka's ``metadata.max.age.ms``, 5 min), and nothing is lost by
+    a late check; 30 s keeps what lands there well inside an SLO window for one metadata
+    request per 30 s."""
 
     def __post_init__(self) -> None:
+        if not self.partitions_refresh_s > 0:
+            raise ValueError(
+                f"partitions_refresh_s must be positive; got {self.partitions_refresh_s}"
+            )
         if self.group_id is not None and self.rewind_s:
             raise ValueError(
                 "rewind_s applies without a group only: a group resumes from its offsets"
@@ -170,6 +183,9 @@ class ConsumerStats:
     behind: dict[tuple[str, int], tuple[int | None, int | None]] = field(default_factory=dict)
     """Until caught up, per (topic, partition) still behind: (applied offset or ``None``, end
     offset seen at start or ``None`` while not yet fetched)."""
+    unassigned: set[tuple[str, int]] = field(default_factory=set)
+    """Without a group: (topic, partition) the broker lists and this consumer does not read,
+    because assigning them failed (retried every ``partitions_refresh_s``)."""
 
 
 class _Backoff:
@@ -228,6 +244,11 @@ class EventConsumer:
         )
         self._queue: asyncio.Queue[Batch | None] = asyncio.Queue(self.settings.queue_batches)
         self._line = StartLine()
+        self._watch = (
+            PartitionWatch(self.settings.topics, every_s=self.settings.partitions_refresh_s)
+            if self.settings.group_id is None
+            else None
+        )
         self._fetched: dict[TopicPartition, int] = {}
         self._applied: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
@@ -326,6 +347,8 @@ class EventConsumer:
                 if time.monotonic() - last_probe >= self.settings.probe_every_s:
                     last_probe = time.monotonic()
                     await self._probe()
+                if self._watch is not None and self._watch.due():
+                    await self._assign_new_partitions(self._watch)
                 try:
                     fetched = await self._fetch(stopped)
                 except KafkaError as exc:
@@ -348,6 +371,15 @@ class EventConsumer:
         finally:
             stopped.cancel()
             await asyncio.wait((stopped,))
+
+    async def _assign_new_partitions(self, watch: PartitionWatch) -> None:
+        """Read partitions added to the topics since start (in the fetch task: ``assign``
+        must not run beside a ``getmany``)."""
+        try:
+            await watch.check(self._consumer)
+        except KafkaError as exc:
+            log.warning("ingest.partitions_check_failed", error=repr(exc))
+        self.stats.unassigned = {(tp.topic, tp.partition) for tp in watch.unassigned}
 
     async def _fetch(
         self, stopped: asyncio.Future[Any]

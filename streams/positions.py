@@ -12,18 +12,30 @@ dropped by their own timestamp: a reader may fetch more than it needs, never kee
 
 It has *caught up* once every partition is read up to the end offset it had when the reader
 first fetched it, the high watermark of that fetch answer (for the same reason).
+
+A reader without a group also has to notice partitions added to its topics later
+(``kafka-topics --alter --partitions``): Kafka's group coordinator rebalances a group onto them,
+but nothing does for a reader that assigned itself what it listed at start, and the keys that
+move to the new partitions would never be read again. :class:`PartitionWatch` re-lists the
+topics every so often (a metadata request, what the reader's broker probe already sends) and
+assigns what is new *from its beginning*: a partition created after the reader started holds
+only messages produced since, all newer than any start time, so its first offset is where a
+time lookup would land anyway (and needs no lookup this broker may answer wrongly).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-__all__ = ["StartLine", "partitions_of"]
+__all__ = ["PartitionWatch", "StartLine", "partitions_of"]
+
+log = structlog.get_logger(__name__)
 
 
 async def partitions_of(
@@ -102,3 +114,61 @@ class StartLine:
         for tp in partitions:
             self.ends.pop(tp, None)
             self._by_time.discard(tp)
+
+
+class PartitionWatch:
+    """Keeps a reader without a consumer group assigned to every partition of its topics.
+
+    :meth:`check` (when :meth:`due`, every ``every_s``) lists the topics' partitions with a
+    fresh metadata request (aiokafka's own cache is refreshed only every
+    ``metadata_max_age_ms``), assigns the new ones at their beginning and keeps every assigned
+    partition where it was (``assign`` replaces an assignment, positions included).
+    :attr:`unassigned` holds the partitions listed but not started: empty, unless starting
+    them failed (the next check tries again), for readiness and metrics to show.
+    """
+
+    def __init__(
+        self,
+        topics: Sequence[str],
+        *,
+        every_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.topics = tuple(topics)
+        self.every_s = every_s
+        self.unassigned: set[TopicPartition] = set()
+        self._clock = clock
+        self._last = clock()
+
+    def due(self) -> bool:
+        return self._clock() - self._last >= self.every_s
+
+    async def check(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
+        """Assign the partitions listed now and not assigned yet, each from its beginning;
+        return them. Broker errors (``KafkaError``) propagate, with :attr:`unassigned` telling
+        what is left to start."""
+        self._last = self._clock()
+        cluster = await consumer._client.fetch_all_metadata()
+        listed = {
+            TopicPartition(topic, p)
+            for topic in self.topics
+            for p in cluster.partitions_for_topic(topic) or ()
+        }
+        assigned = consumer.assignment()
+        new = sorted(listed - assigned)
+        if new:
+            self.unassigned |= set(new)
+            positions = {tp: await consumer.position(tp) for tp in assigned}
+            consumer.assign(sorted(assigned | set(new)))
+            for tp, offset in positions.items():
+                consumer.seek(tp, offset)
+        if self.unassigned:
+            # Assigned, not yet started: until this succeeds they count as unassigned, and a
+            # fetch meanwhile may start them by the client's reset policy, so start them again.
+            await consumer.seek_to_beginning(*sorted(self.unassigned))
+            log.info(
+                "ingest.partitions_added",
+                partitions=[f"{tp.topic}[{tp.partition}]" for tp in sorted(self.unassigned)],
+            )
+            self.unassigned = set()
+        return new

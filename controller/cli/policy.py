@@ -8,6 +8,7 @@ everything else is the pure core. Problems a user can fix end with exit status 1
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 from typing import NoReturn
 
@@ -17,7 +18,7 @@ from policies.casetest import load_cases, run_cases
 from policies.loader import PolicyError, PolicyLoadError, Source, load_policy, read_sources
 from policies.model import Policy, format_duration, policy_json_schema
 
-__all__ = ["COMMANDS", "explain_policy", "policy"]
+__all__ = ["COMMANDS", "explain_policy", "policy", "unresolved_objectives"]
 
 _files = click.argument(
     "files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path)
@@ -42,13 +43,49 @@ def policy() -> None:
     """Validate, explain and test policies."""
 
 
+def _bounds(_ctx: click.Context, _param: click.Parameter, text: str | None) -> list[float]:
+    if text is None:
+        return []
+    try:
+        bounds = [float(b) for b in text.split(",")]
+    except ValueError as exc:
+        raise click.BadParameter(f"comma-separated milliseconds, e.g. 50,100,250: {exc}") from exc
+    if any(b <= a for a, b in pairwise(bounds)):
+        raise click.BadParameter("bounds must be strictly increasing")
+    return bounds
+
+
 @policy.command()
 @_files
-def validate(files: tuple[Path, ...]) -> None:
+@click.option(
+    "--histogram-bounds",
+    callback=_bounds,
+    metavar="MS,MS,...",
+    help="The latency histogram bucket bounds (ms) your producers send: warn for each service "
+    "whose objective lies above the last bound (the policy alone does not know them; the "
+    "controller warns at run time too).",
+)
+def validate(files: tuple[Path, ...], histogram_bounds: list[float]) -> None:
     """Check policy FILES (merged); print every problem as FILE:LINE:COL and exit 1."""
     loaded = _load(files)
+    for warning in unresolved_objectives(loaded, histogram_bounds):
+        click.echo(f"warning: {warning}", err=True)
     names = ", ".join(str(f) for f in files)
     click.echo(f"ok: policy {loaded.metadata.name!r} ({names})")
+
+
+def unresolved_objectives(p: Policy, bounds: list[float]) -> list[str]:
+    """One line per service whose objective histograms with ``bounds`` cannot resolve: above
+    the last bound, where the overflow bucket counts every request as over the objective."""
+    if not bounds:
+        return []
+    return [
+        f"{svc.namespace}/{name}: objective {svc.slo.objective_ms:g}ms is above the histogram's "
+        f"last bound {bounds[-1]:g}ms: every request over {bounds[-1]:g}ms counts as over the "
+        "objective; add a bucket bound at the objective"
+        for name, svc in sorted(p.spec.services.items())
+        if svc.slo.objective_ms > bounds[-1]
+    ]
 
 
 @policy.command()

@@ -86,7 +86,7 @@ class Names:
 async def names(kafka_config: KafkaConfig) -> Names:
     names = Names(uuid.uuid4().hex[:8])
     await ensure_topics(kafka_config, [names.latency, names.gpu], partitions=PARTITIONS)
-    await ensure_aggregates_topic(kafka_config, names.aggregates)
+    await ensure_aggregates_topic(kafka_config, names.aggregates, retention_s=3600.0)
     return names
 
 
@@ -412,7 +412,7 @@ async def test_folding_goes_on_while_a_flush_waits_for_the_broker() -> None:
         (pid,) = _children() - before  # this test's own broker: it is paused below
         config, names = KafkaConfig(broker.bootstrap), Names(uuid.uuid4().hex[:8])
         await ensure_topics(config, [names.latency, names.gpu], partitions=PARTITIONS)
-        await ensure_aggregates_topic(config, names.aggregates)
+        await ensure_aggregates_topic(config, names.aggregates, retention_s=3600.0)
         aggregator = in_process(config, names, 600.0)  # checkpoints only when asked
         running = asyncio.create_task(aggregator.run())
         try:

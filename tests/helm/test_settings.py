@@ -60,6 +60,7 @@ def test_controller_env_loads_into_settings(
     assert settings.kube.lease_namespace == NAMESPACE
     assert settings.kube.lease_name == "ebb-ebbtide"
     assert settings.kafka.rewind_margin_s == 30
+    assert settings.kafka.partitions_refresh_s == 30
     assert settings.kafka.gpu_topic == "ebbtide.gpu.utilization"
     assert settings.http.address == "0.0.0.0:9108"
     assert settings.dry_run is (name != "live")
