@@ -55,6 +55,7 @@ __all__ = [
     "expected_resources",
     "layout_of",
     "mig_product",
+    "product_mig_profile",
     "single_mig_profile",
     "single_profile",
     "slices_per_gpu",
@@ -186,14 +187,20 @@ def mig_product(product: str, profile: str | None) -> str:
     return base if profile is None else f"{base}{_MIG_PRODUCT_INFIX}{profile}"
 
 
+def product_mig_profile(product: str | None) -> str | None:
+    """The MIG profile GFD appends to the product under ``single`` (``…-MIG-1g.10gb``), else
+    ``None`` (a whole card's product, ``…-MIG-INVALID``). Only a ``single``-strategy MIG node
+    carries such a product, so a pod selecting one asks for that profile's instances."""
+    head, infix, profile = (product or "").partition(_MIG_PRODUCT_INFIX)
+    return profile if head and infix and _PROFILE_RE.match(profile) else None
+
+
 def single_mig_profile(labels: Mapping[str, str]) -> str | None:
-    """The profile of a ``single``-strategy MIG node, by its product label (``…-MIG-1g.10gb``);
-    ``None`` for any other node (whole cards, ``mixed``, ``…-MIG-INVALID``)."""
-    product = labels.get(PRODUCT_LABEL) or ""
-    if strategy_of(labels) != "single" or _MIG_PRODUCT_INFIX not in product:
+    """The profile of a ``single``-strategy MIG node, by its product label; ``None`` for any
+    other node (whole cards, ``mixed``, ``…-MIG-INVALID``)."""
+    if strategy_of(labels) != "single":
         return None
-    profile = product.split(_MIG_PRODUCT_INFIX, 1)[1]
-    return profile if _PROFILE_RE.match(profile) else None
+    return product_mig_profile(labels.get(PRODUCT_LABEL))
 
 
 def cards_of(
