@@ -53,6 +53,7 @@ __all__ = [
     "cards_of",
     "choose_layout",
     "expected_resources",
+    "gfd_labels",
     "layout_of",
     "mig_product",
     "product_mig_profile",
@@ -185,6 +186,22 @@ def mig_product(product: str, profile: str | None) -> str:
     ``-MIG-<profile>`` for a MIG node (``None``: whole cards), whatever ``product`` had before."""
     base = product.split(_MIG_PRODUCT_INFIX, 1)[0]
     return base if profile is None else f"{base}{_MIG_PRODUCT_INFIX}{profile}"
+
+
+def gfd_labels(labels: Mapping[str, str], layout: MigLayout, cards: int) -> dict[str, str]:
+    """The node's labels once GPU feature discovery has relabelled it at ``layout`` on ``cards``
+    GPUs: under ``single`` the product names the profile and the count is the instances (the
+    card's product and the cards at whole cards); under ``mixed`` those stay the card's. Only
+    labels the node carries are rewritten; a layout ``single`` cannot serve is left alone (the
+    flow and the simulator never apply one)."""
+    out = dict(labels)
+    if strategy_of(labels) != "single" or unservable(layout, "single") is not None:
+        return out
+    if PRODUCT_LABEL in out:
+        out[PRODUCT_LABEL] = mig_product(out[PRODUCT_LABEL], single_profile(layout))
+    if COUNT_LABEL in out:
+        out[COUNT_LABEL] = str(sum(layout.per_gpu.values()) * cards if layout.per_gpu else cards)
+    return out
 
 
 def product_mig_profile(product: str | None) -> str | None:
