@@ -20,7 +20,7 @@ mig-strategy.go``):
 * ``mixed``: each profile is its own resource, ``nvidia.com/mig-<profile>``; a node may mix
   profiles (``all-balanced``) and whole cards.
 * ``single`` (the GPU operator's MIG guide installs with it): the instances are advertised as
-  ``nvidia.com/gpu`` — 8×A100-80GB at ``all-1g.10gb`` advertise ``nvidia.com/gpu: 56`` — and
+  ``nvidia.com/gpu`` — 8 A100-80GB at ``all-1g.10gb`` advertise ``nvidia.com/gpu: 56`` — and
   GFD relabels the node: ``nvidia.com/gpu.product`` gets ``-MIG-<profile>`` appended and
   ``nvidia.com/gpu.count`` counts *instances*. Every GPU of the node must carry the same single
   profile; any other layout makes GFD label the product ``…-MIG-INVALID`` with count 0, so a
@@ -33,10 +33,10 @@ unlabelled node has no MIG instances to advertise either way.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-import math
 from typing import Final, Literal
 
 from policies.snapshot import MIG_DISABLED

@@ -35,7 +35,7 @@ Convert (whole cards → MIG) and revert (MIG → ``all-disabled``) are the same
    for a while the node advertises the old resources or none. Finish only once its
    ``status.allocatable`` shows what the layout gives under the node's MIG strategy (GFD's
    ``nvidia.com/mig.strategy`` label, read at start): ``nvidia.com/mig-<profile>`` counts under
-   ``mixed``, the instances as ``nvidia.com/gpu`` under ``single`` (56 on 8×A100-80GB at
+   ``mixed``, the instances as ``nvidia.com/gpu`` under ``single`` (56 on 8 A100-80GB at
    ``all-1g.10gb``), whole ``nvidia.com/gpu`` for a revert (:func:`policies.miglayout.
    expected_resources`, recorded at start); past ``advertise_timeout_s`` roll back. Physical
    GPUs come from ``nvidia.com/gpu.count``, which under ``single`` counts a MIG node's

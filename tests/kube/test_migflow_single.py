@@ -1,7 +1,7 @@
 """The MIG flow on a cluster installed with ``mig.strategy=single`` (the GPU operator's MIG guide),
 over real HTTP with the fake MIG manager playing that strategy's device plugin and GPU feature
 discovery (NVIDIA/k8s-device-plugin ``internal/lm/mig-strategy.go``): the instances come back as
-``nvidia.com/gpu`` (56 on 8×A100-80GB at ``all-1g.10gb``) and ``nvidia.com/gpu.count`` counts
+``nvidia.com/gpu`` (56 on 8 A100-80GB at ``all-1g.10gb``) and ``nvidia.com/gpu.count`` counts
 them, so a flow waiting for ``nvidia.com/mig-1g.10gb`` or taking 56 for the cards rolls back."""
 
 from __future__ import annotations

@@ -188,7 +188,9 @@ class MigManager:
         labels = node["metadata"].get("labels") or {}
         if cards := cards_of(labels):
             self._gpu_counts[name] = cards
-        elif name not in self._gpu_counts and COUNT_LABEL not in labels and GPU_RESOURCE in capacity:
+        elif (
+            name not in self._gpu_counts and COUNT_LABEL not in labels and GPU_RESOURCE in capacity
+        ):
             self._gpu_counts[name] = int(capacity[GPU_RESOURCE])
 
     async def _reconfigure(self, name: str, config: str) -> None:
@@ -272,4 +274,6 @@ class MigManager:
         patch = {COUNT_LABEL: str(count)}
         if PRODUCT_LABEL in labels:
             patch[PRODUCT_LABEL] = mig_product(labels[PRODUCT_LABEL], profile or None)
-        await self._server.patch("nodes", None, node["metadata"]["name"], {"metadata": {"labels": patch}})
+        await self._server.patch(
+            "nodes", None, node["metadata"]["name"], {"metadata": {"labels": patch}}
+        )
