@@ -3,7 +3,8 @@
 A scenario is ``apiVersion: ebbtide.io/v1alpha1``, ``kind: Scenario``, ``metadata`` and a
 ``spec`` holding the seed, the :class:`~controller.sim.cluster.SimDelays`, pools, priority
 classes, nodes (or node groups with a ``count``, with taints), workloads and standalone pods
-(with tolerations and a node selector) and namespaces' GPU quotas. See
+(with tolerations and a node selector), namespaces' GPU quotas and the cluster's MIG strategy
+(``migStrategy``, written on every node as GPU feature discovery does). See
 ``docs/scenarios.md`` for the format with a complete example.
 
 Design:
