@@ -11,7 +11,18 @@ from typing import Any
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
-from test_migflow import MIG, TARGET, WHY, assert_released, convert, drive, node_of, policy
+from test_migflow import (
+    MIG,
+    TARGET,
+    WHY,
+    assert_released,
+    convert,
+    drive,
+    node_of,
+    policy,
+    settle_restore,
+    settled,
+)
 
 from controller.cluster import Outcome
 from controller.kube.actuator import ApiLimits, KubeActuator, MigFlowSettings
@@ -154,3 +165,21 @@ async def test_a_mixed_layout_on_a_single_strategy_node_fails_before_touching_it
     node = node_of(kubeapi)
     assert FLOW_ANNOTATION not in (node["metadata"].get("annotations") or {})
     assert act.gate.budgets.mig_conversions.used(act.gate.now()) == 0
+
+
+async def test_a_failed_conversion_under_single_waits_for_the_whole_cards_back(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, single_manager: MigManager
+) -> None:
+    """The manager fails the conversion: the rollback keeps the node cordoned until the whole
+    cards are advertised again (nvidia.com/gpu 8, the card's product), then uncordons it."""
+    await kubeapi.create(whole_node())
+    await settled(single_manager)
+    single_manager.script("gpu-1", "failed", then="success")
+    act = actuator(kube_client, kubeapi)
+    await act.apply([convert()])
+    assert (await drive(act)).outcome is Outcome.FAILED
+    await settle_restore(act, kubeapi)
+    node = node_of(kubeapi)
+    assert gpu_state(node) == ({"nvidia.com/gpu": "8"}, "8", PRODUCT)
+    assert node["metadata"]["labels"][CONFIG_LABEL] == "all-disabled"
+    assert_released(node)
