@@ -90,10 +90,10 @@ def selecting(pod: PodObj, product: str) -> PodObj:
     return pod
 
 
-def by_affinity(pod: PodObj, product: str) -> PodObj:
+def by_affinity(pod: PodObj, *products: str) -> PodObj:
     term = {
         "matchExpressions": [
-            {"key": "nvidia.com/gpu.product", "operator": "In", "values": [product]}
+            {"key": "nvidia.com/gpu.product", "operator": "In", "values": list(products)}
         ]
     }
     pod.spec["affinity"] = {
@@ -129,6 +129,18 @@ def by_affinity(pod: PodObj, product: str) -> PodObj:
             selecting(PodObj("ml", "p").container(1), f"{A100}-MIG-INVALID"), 1, {}, id="invalid"
         ),
         pytest.param(PodObj("ml", "p").container(1), 1, {}, id="no-selector"),
+        pytest.param(
+            by_affinity(PodObj("ml", "p").container(1), SLICE, "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb"),
+            0,
+            {"1g.10gb": 1},
+            id="affinity-two-cards-one-profile",
+        ),
+        pytest.param(
+            by_affinity(PodObj("ml", "p").container(1), SLICE, A100),
+            1,
+            {},
+            id="affinity-mig-or-whole",
+        ),
     ],
 )
 def test_pod_requests_under_both_strategies(pod: PodObj, gpus: int, mig: dict[str, int]) -> None:
