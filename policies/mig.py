@@ -13,7 +13,10 @@ Design:
 * **Layout.** When the policy lists several configs for the node's GPU model, the conversion
   takes the one that covers most of the pending MIG demand (:func:`policies.miglayout.
   choose_layout`); what the first candidates of a tick cover is taken off the demand the next
-  ones see, so two conversions do not both chase the same pending pods.
+  ones see, so two conversions do not both chase the same pending pods. On a node labelled
+  ``nvidia.com/mig.strategy=single`` only one-profile layouts are candidates: the device
+  plugin there cannot advertise a mixed one (:func:`policies.miglayout.unservable`), and the
+  Kubernetes flow would fail it every time.
 * **Revert** MIG nodes of the MIG pool when pending pods, and elastic training below its
   maximum (it shrank for a service in the morning and would grow back), have demanded more
   whole GPUs than the whole-card pool has free for ``revertAfter``: as many nodes as cover the
@@ -41,7 +44,7 @@ from dataclasses import dataclass
 from policies.decisions import Alternative, Scalar
 from policies.drain import DrainPlan, disrupt_forbidden, plan_drain
 from policies.inventory import Inventory
-from policies.miglayout import choose_layout, layout_of
+from policies.miglayout import choose_layout, layout_of, strategy_of, unservable
 from policies.model import MigSpec
 from policies.snapshot import MIG_DISABLED, Node
 
@@ -218,7 +221,18 @@ def plan_conversions(
             if len(rejected) < 4 and since is not None:
                 rejected.append(Alternative(f"convert {name}", f"idle for {now - since:.0f}s only"))
             continue
-        layout = choose_layout([layout_of(n, spec.configs) for n in names], demand, len(node.gpus))
+        strategy = strategy_of(node.labels)
+        layouts = [
+            layout
+            for layout in (layout_of(n, spec.configs) for n in names)
+            if unservable(layout, strategy) is None
+        ]
+        if not layouts:
+            if len(rejected) < 4:
+                why = f"no layout of {', '.join(names)} serves mig.strategy={strategy}"
+                rejected.append(Alternative(f"convert {name}", why))
+            continue
+        layout = choose_layout(layouts, demand, len(node.gpus))
         for profile, n in layout.per_gpu.items():  # the next node serves what this one does not
             demand[profile] = max(0, demand.get(profile, 0) - n * len(node.gpus))
         out.append(

@@ -33,9 +33,16 @@ Convert (whole cards → MIG) and revert (MIG → ``all-disabled``) are the same
 3b. **advertising** — the manager reports ``success`` and *then* lets the device plugin back
    (it re-enables the ``nvidia.com/gpu.deploy.*`` components after applying the layout), so
    for a while the node advertises the old resources or none. Finish only once its
-   ``status.allocatable`` shows the layout's ``nvidia.com/mig-<profile>`` counts (whole
-   ``nvidia.com/gpu`` for a revert; :func:`policies.miglayout.expected_resources`, recorded at
-   start); past ``advertise_timeout_s`` roll back.
+   ``status.allocatable`` shows what the layout gives under the node's MIG strategy (GFD's
+   ``nvidia.com/mig.strategy`` label, read at start): ``nvidia.com/mig-<profile>`` counts under
+   ``mixed``, the instances as ``nvidia.com/gpu`` under ``single`` (56 on 8 A100-80GB at
+   ``all-1g.10gb``), whole ``nvidia.com/gpu`` for a revert (:func:`policies.miglayout.
+   expected_resources`, recorded at start); past ``advertise_timeout_s`` roll back. Physical
+   GPUs come from ``nvidia.com/gpu.count``, which under ``single`` counts a MIG node's
+   instances (:func:`policies.miglayout.cards_of`). A layout of several profiles on a
+   ``single`` node fails at start, like an unknown config: the device plugin cannot advertise
+   it. (Under ``single``, ``all-7g.80gb`` and whole cards advertise the same count: there the
+   flow cannot tell the restarted plugin from the old one and finishes on ``success``.)
 4. **finish** — one patch: move the node to the destination pool (its label key/values come from
    the policy's pool ``nodeSelector``; keys only the source pool uses are removed), write the
    destination pool's ``taints`` and drop the source pool's (matched by key and effect; other
@@ -112,7 +119,7 @@ from controller.kube.translate import (
 from controller.safety import SafetyGate, Target, Verdict
 from policies.decisions import Evict, Explanation, MigConvert
 from policies.drain import DrainRule, plan_drain
-from policies.miglayout import expected_resources, layout_of
+from policies.miglayout import expected_resources, layout_of, strategy_of
 from policies.model import PoolSpec
 from policies.snapshot import MIG_DISABLED
 
@@ -306,7 +313,11 @@ class MigFlow:
         pool = self._pool_move(direction)
         configs = self._gate.policy.spec.mig.configs if self._gate.policy.spec.mig else {}
         try:
-            expect = expected_resources(layout_of(target, configs), gpu_count(node))
+            expect = expected_resources(
+                layout_of(target, configs),
+                gpu_count(node, configs),
+                strategy=strategy_of(labels),
+            )
         except ValueError as exc:
             return await self._done(decision, Outcome.FAILED, str(exc), ref)
         if self._already_done(node, target, pool):

@@ -23,7 +23,13 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, Final, Literal
 
 from policies.decisions import Explanation, MigConvert, MigRevert, Scalar
-from policies.miglayout import GPU_RESOURCE, MIG_RESOURCE_PREFIX
+from policies.miglayout import (
+    CONFIG_LABEL,
+    GPU_RESOURCE,
+    MIG_RESOURCE_PREFIX,
+    cards_of,
+    single_mig_profile,
+)
 
 __all__ = [
     "AUTOSCALER_HOLD",
@@ -45,7 +51,6 @@ __all__ = [
     "uses_gpus",
 ]
 
-CONFIG_LABEL: Final = "nvidia.com/mig.config"
 STATE_LABEL: Final = "nvidia.com/mig.config.state"
 FLOW_ANNOTATION: Final = "ebbtide.io/mig-flow"
 #: Set to ``"true"`` while a flow runs, so Karpenter does not consolidate the node and the
@@ -214,11 +219,16 @@ def gpu_resources(node: Obj) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def gpu_count(node: Obj) -> int:
-    """Physical GPUs: the ``nvidia.com/gpu.count`` label (GPU feature discovery), else the
-    whole GPUs allocatable; 0 when neither says."""
-    label = _count(labels_of(node).get("nvidia.com/gpu.count", ""))
-    return label or gpu_resources(node).get(GPU_RESOURCE, 0)
+def gpu_count(node: Obj, configs: Mapping[str, Mapping[str, int]] | None = None) -> int:
+    """Physical GPUs: by GPU feature discovery's labels (:func:`policies.miglayout.cards_of`:
+    ``nvidia.com/gpu.count``, which counts instances on a ``single``-strategy MIG node), else
+    the whole GPUs allocatable; 0 when neither says. A ``single``-strategy MIG node's allocatable
+    ``nvidia.com/gpu`` are instances, so it is never read there."""
+    labels = labels_of(node)
+    cards = cards_of(labels, configs)
+    if cards or single_mig_profile(labels) is not None:
+        return cards
+    return gpu_resources(node).get(GPU_RESOURCE, 0)
 
 
 def advertised(node: Obj, expect: Mapping[str, int]) -> bool:

@@ -9,8 +9,10 @@ Design:
   GPU resources): ``nvidia.com/gpu`` counts whole cards and ``nvidia.com/mig-<profile>`` counts
   MIG instances. Physical MIG-partitioned GPUs are derived from the ``nvidia.com/gpu.count``
   label (GPU feature discovery) minus the whole cards, else from the instances per GPU of the
-  profile. Under the ``single`` MIG strategy the instances are advertised as ``nvidia.com/gpu``
-  and the product label ends in ``-MIG-<profile>``; that is recognised too. While the device
+  profile. Under the ``single`` MIG strategy (``nvidia.com/mig.strategy=single``) the instances
+  are advertised as ``nvidia.com/gpu``, the product label ends in ``-MIG-<profile>`` and
+  ``nvidia.com/gpu.count`` counts instances (:func:`policies.miglayout.cards_of`): the node's
+  GPUs are MIG slices all the same, never whole cards. While the device
   plugin restarts during a MIG reconfiguration a node can advertise no GPU resource at all: its
   GPUs are then taken from ``nvidia.com/gpu.count`` and the ``nvidia.com/mig.config`` layout.
   The model comes from ``nvidia.com/gpu.product`` (``NVIDIA-A100-SXM4-80GB`` → ``A100-80GB``);
@@ -26,7 +28,12 @@ Design:
   StatefulSet, or a configured custom kind, directly or by a pod label such as
   ``training.kubeflow.org/job-name`` (a label wins: a JobSet's pods are owned by its Jobs).
   Succeeded and Failed pods are dropped (:func:`pod_from` returns None); :func:`keep_pod` keeps
-  GPU pods and pods of tracked workloads.
+  GPU pods and pods of tracked workloads. A ``nvidia.com/gpu`` request whose placement pins
+  a ``single``-strategy MIG product (``nvidia.com/gpu.product: …-MIG-1g.10gb`` in the
+  ``nodeSelector``, or ``In`` such products in every required affinity term) asks for MIG
+  instances of that profile, and is one (pods and workload templates alike). A pod that asks
+  for ``nvidia.com/gpu`` without such a selector and lands on a ``single`` MIG node anyway is
+  read as a whole-GPU pod: nothing on the pod says which it got.
 * **Placement** (pods and workload templates, :func:`placement_from`): ``nodeSelector``, the
   required node affinity as kube-scheduler matches it (:mod:`policies.nodeaffinity`: every
   operator, several terms, ``matchFields`` on the node name) and tolerations as written.
@@ -51,7 +58,13 @@ from datetime import datetime
 from typing import Any, Final, cast
 
 from controller.kube.migrecord import FLOW_ANNOTATION
-from policies.miglayout import slices_per_gpu
+from policies.miglayout import (
+    PRODUCT_LABEL,
+    cards_of,
+    product_mig_profile,
+    single_mig_profile,
+    slices_per_gpu,
+)
 from policies.nodeaffinity import NodeAffinity, UnknownAffinity
 from policies.snapshot import (
     ANYWHERE,
@@ -102,11 +115,8 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 #: The ResourceQuota key that caps a namespace's GPU requests.
 GPU_QUOTA: Final = "requests.nvidia.com/gpu"
 MIG_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
-_GPU_COUNT_LABEL: Final = "nvidia.com/gpu.count"
-_GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
 _MIG_CONFIG_LABEL: Final = "nvidia.com/mig.config"
 _MIG_STATE_LABEL: Final = "nvidia.com/mig.config.state"
-_MIG_STRATEGY_LABEL: Final = "nvidia.com/mig.strategy"
 _TEMPLATE_HASH_LABEL: Final = "pod-template-hash"
 _PHASES: Final = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
 
@@ -237,10 +247,10 @@ def node_from(obj: Obj) -> Node | None:
         for k, v in resources.items()
         if k.startswith(MIG_RESOURCE_PREFIX) and (n := _int(v)) > 0
     }
-    product = labels.get(_GPU_PRODUCT_LABEL)
-    if labels.get(_MIG_STRATEGY_LABEL) == "single" and product and "-MIG-" in product and whole:
-        mig, whole = {product.split("-MIG-", 1)[1]: whole}, 0
-    physical = _int(labels.get(_GPU_COUNT_LABEL))
+    product = labels.get(PRODUCT_LABEL)
+    if (single := single_mig_profile(labels)) is not None and whole:
+        mig, whole = {single: whole}, 0
+    physical = cards_of(labels)
     mig_config = labels.get(_MIG_CONFIG_LABEL) or None
     if not whole and not mig and physical:
         # Between layouts (device plugin restarting): what the configured layout will give.
@@ -409,15 +419,16 @@ def pod_from(obj: Obj, *, priorities: Priorities, kinds: Sequence[WorkloadKind])
     phase = str((obj.get("status") or {}).get("phase") or "Pending")
     if phase in ("Succeeded", "Failed"):
         return None
-    requests = gpu_requests(spec)
+    placement = placement_from(spec)
+    gpus, mig = _gpus_and_mig(gpu_requests(spec), placement)
     priority, class_name = priorities.resolve(spec)
     return Pod(
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name", "")),
         node=spec.get("nodeName") or None,
         phase=cast(PodPhase, phase if phase in _PHASES else "Unknown"),
-        gpus=requests.pop(GPU_RESOURCE, 0),
-        mig=FrozenMap({k.removeprefix(MIG_RESOURCE_PREFIX): v for k, v in requests.items()}),
+        gpus=gpus,
+        mig=FrozenMap(mig),
         priority=priority,
         priority_class=class_name,
         workload=pod_workload(obj, kinds),
@@ -425,8 +436,49 @@ def pod_from(obj: Obj, *, priorities: Priorities, kinds: Sequence[WorkloadKind])
         annotations=frozen_map(meta.get("annotations")),
         created=_epoch(meta.get("creationTimestamp")),
         gated=bool(spec.get("schedulingGates")),
-        placement=placement_from(spec),
+        placement=placement,
     )
+
+
+def _pinned_mig_profile(placement: Placement) -> str | None:
+    """The MIG profile of the ``single``-strategy product a placement pins: its
+    ``nodeSelector``'s ``nvidia.com/gpu.product``, else one profile that every required
+    affinity term's ``In`` on that label names (``[A100-…-MIG-1g.10gb, H100-…-MIG-1g.10gb]``
+    pins ``1g.10gb``); ``None`` when it pins none or several."""
+    if (product := placement.node_selector.get(PRODUCT_LABEL)) is not None:
+        return product_mig_profile(product)
+    if placement.affinity is None or not placement.affinity.terms:
+        return None
+    profiles: set[str | None] = set()
+    for term in placement.affinity.terms:
+        pins = [
+            {product_mig_profile(v) for v in r.values}
+            for r in term
+            if not r.field and r.key == PRODUCT_LABEL and r.operator == "In"
+        ]
+        if not pins:
+            return None
+        profiles |= set.intersection(*pins) if len(pins) > 1 else pins[0]
+    return profiles.pop() if len(profiles) == 1 else None
+
+
+def _gpus_and_mig(requests: Mapping[str, int], placement: Placement) -> tuple[int, dict[str, int]]:
+    """Whole GPUs and MIG instances by profile of GPU ``requests``. Under the ``single`` MIG
+    strategy a pod asks for instances as ``nvidia.com/gpu`` and picks the profile by selecting
+    the product GFD writes on such nodes (``nvidia.com/gpu.product: …-MIG-1g.10gb``, NVIDIA's
+    MIG guide): those are instances, never whole cards, so MIG demand finds them and whole-card
+    demand and training do not count them."""
+    gpus = requests.get(GPU_RESOURCE, 0)
+    mig = {
+        k.removeprefix(MIG_RESOURCE_PREFIX): n
+        for k, n in requests.items()
+        if k.startswith(MIG_RESOURCE_PREFIX)
+    }
+    profile = _pinned_mig_profile(placement)
+    if gpus and profile is not None:
+        mig[profile] = mig.get(profile, 0) + gpus
+        gpus = 0
+    return gpus, mig
 
 
 def keep_pod(pod: Pod, tracked: Container[str]) -> bool:
@@ -444,18 +496,19 @@ def workload_from(obj: Obj, kind: WorkloadKind, *, priorities: Priorities) -> Wo
     template = get_path(obj, kind.template_path) or {}
     template_spec = (template.get("spec") or {}) if isinstance(template, Mapping) else {}
     priority, class_name = priorities.resolve(template_spec)
+    placement = placement_from(template_spec)
     return Workload(
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name", "")),
         kind=kind.kind,
         replicas=1 if replicas is None else _int(replicas),
-        gpus_per_replica=gpu_requests(template_spec).get(GPU_RESOURCE, 0),
+        gpus_per_replica=_gpus_and_mig(gpu_requests(template_spec), placement)[0],
         labels=frozen_map(meta.get("labels")),
         annotations=frozen_map(meta.get("annotations")),
         priority=priority,
         priority_class=class_name,
         created=_epoch(meta.get("creationTimestamp")),
-        placement=placement_from(template_spec),
+        placement=placement,
     )
 
 

@@ -28,12 +28,18 @@ Design:
   :attr:`SimCluster.drain`): when a GPU pod on the node may not be evicted (inference, protected
   namespace, ``do-not-disrupt``, not training) the flow fails before changing anything
   (``FAILED``, a ``mig_failed`` effect), as the Kubernetes flow rolls back before evicting
-  anything. Otherwise they cordon the node (``mig.config.state: pending``), evict its GPU pods
+  anything; so does a layout the node's MIG strategy cannot serve (a node labelled
+  ``nvidia.com/mig.strategy=single`` and a config of several profiles,
+  :func:`policies.miglayout.unservable`), as the Kubernetes flow fails it at start. Otherwise
+  they cordon the node (``mig.config.state: pending``), evict its GPU pods
   with the default grace (pods without GPUs stay), then set ``nvidia.com/mig.config`` and
   reconfigure for ``mig_reconfigure_s``; with probability ``mig_failure_probability`` that fails
   and the node rolls back to its previous layout (``state: failed``), else its GPUs become MIG
   slices (or whole cards) and it is relabelled into the target pool using the pool's
-  ``nodeSelector``. Either way it is uncordoned unless it was cordoned before.
+  ``nodeSelector``, and, under ``single``, as GPU feature discovery relabels it
+  (``nvidia.com/gpu.product`` ``…-MIG-<profile>``, ``nvidia.com/gpu.count`` the instances:
+  :func:`policies.miglayout.gfd_labels`) when it carries those labels. Either way it is
+  uncordoned unless it was cordoned before.
 * **Quota admission.** A namespace with a ``requests.nvidia.com/gpu`` quota in the starting
   snapshot gets no pod that would take its live pods' GPUs past ``hard``: a workload controller
   stays short of replicas (no effect is logged) and tries again when a pod of the namespace
@@ -89,6 +95,7 @@ from controller.sim.values import (
 from policies.decisions import Decision, Evict, MigConvert, MigRevert, Scale
 from policies.drain import DrainRule, must_leave, plan_drain
 from policies.inventory import matches
+from policies.miglayout import gfd_labels, layout_of, strategy_of, unservable
 from policies.model import PolicySpec, PoolSpec
 from policies.snapshot import (
     MIG_DISABLED,
@@ -355,6 +362,11 @@ class SimCluster:
             return Outcome.IN_PROGRESS, f"{d.node} is {rec.flight.phase} to {rec.flight.target}"
         if (node.mig_config or MIG_DISABLED) == target:
             return Outcome.ALREADY_DONE, f"{d.node} is at {target}"
+        if (
+            why := unservable(layout_of(target, self._mig_configs), strategy_of(node.labels))
+        ) is not None:
+            self._log("mig_failed", d.node, why)
+            return Outcome.FAILED, why
         drain = plan_drain(
             self.drain, [r.pod for k in rec.pods if not (r := self._pods[k]).terminating]
         )
@@ -418,7 +430,9 @@ class SimCluster:
             self._log("mig_failed", node.name, f"rolled back to {flight.previous or 'whole'}")
         else:
             gpus = mig_layout(node.gpus, flight.target, self._mig_configs)
-            labels = self._relabel(node, flight.to_pool)
+            cards = len({g.index for g in node.gpus})
+            layout = layout_of(flight.target, self._mig_configs)
+            labels = gfd_labels(self._relabel(node, flight.to_pool), layout, cards)
             node = replace(node, gpus=gpus, labels=labels, mig_config=flight.target)
             node = replace(node, mig_state="success")
             self._log("mig_done", node.name, f"{flight.target} in pool {self.pool_of(node)}")

@@ -3,7 +3,8 @@
 A scenario is ``apiVersion: ebbtide.io/v1alpha1``, ``kind: Scenario``, ``metadata`` and a
 ``spec`` holding the seed, the :class:`~controller.sim.cluster.SimDelays`, pools, priority
 classes, nodes (or node groups with a ``count``, with taints), workloads and standalone pods
-(with tolerations and a node selector) and namespaces' GPU quotas. See
+(with tolerations and a node selector), namespaces' GPU quotas and the cluster's MIG strategy
+(``migStrategy``, written on every node as GPU feature discovery does). See
 ``docs/scenarios.md`` for the format with a complete example.
 
 Design:
@@ -35,6 +36,7 @@ from controller.sim.values import EPOCH, PodTemplate, SimDelays
 from policies.casetest import NodeSpec, PodSpec, WorkloadSpec
 from policies.drain import DrainRule
 from policies.loader import PolicyError, Source, validate_document
+from policies.miglayout import STRATEGY_LABEL
 from policies.model import API_VERSION, Duration, Loc, Metadata, Percent, PoolSpec, _Model
 from policies.nodeaffinity import NodeAffinity, Operator
 from policies.snapshot import FrozenMap, Placement, Snapshot, SnapshotBuilder, Taint, Toleration
@@ -257,6 +259,13 @@ class ScenarioSpec(_Model):
     pods: list[ScenarioPod] = Field(default_factory=list)
     quotas: dict[str, QuotaSpec] = Field(default_factory=dict)
     """GPU quotas by namespace: the simulated cluster admits no pod past ``hard``."""
+    mig_strategy: Literal["single", "mixed"] = "mixed"
+    """The GPU operator's ``mig.strategy``, written on every node as GPU feature discovery
+    does (``nvidia.com/mig.strategy``; a node's own label wins). Under ``single`` a node takes
+    only one-profile layouts. ``mixed`` by default: the simulator counts instances the same
+    either way, so the strategy only decides whether a policy's layouts of several profiles
+    (``mig.configs``, e.g. ``all-balanced``) can be applied, and a scenario written before the
+    field existed keeps applying them."""
 
     @model_validator(mode="after")
     def _references(self) -> ScenarioSpec:
@@ -389,7 +398,7 @@ def build_cluster(
                 name,
                 gpus=n.gpus,
                 model=n.model,
-                labels=n.labels,
+                labels={STRATEGY_LABEL: spec.mig_strategy, **n.labels},
                 annotations=n.annotations,
                 cordoned=n.cordoned,
                 mig_config=n.mig_config,

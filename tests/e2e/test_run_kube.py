@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from streams.broker import free_port
 from support.e2e import HERE, World, eventually, ready
 
 pytestmark = pytest.mark.slow
+Obj = dict[str, Any]
 
 
 async def delete_surplus_pods(world: World, namespace: str, deploy: str) -> None:
@@ -62,9 +64,10 @@ async def test_breach_shrinks_training_and_recovery_grows_it_back(world: World) 
     assert controller.stop() == 0
 
 
-async def test_an_idle_node_is_converted_to_mig(world: World) -> None:
-    """Idle-GPU utilization events convert the idle whole-card node to MIG through the fake
-    MIG manager: relabelled, moved to the MIG pool, uncordoned, flow annotation gone."""
+async def convert_the_idle_node(world: World) -> Obj:
+    """Feed utilization until the idle whole-card node ``gpu-2`` is converted to MIG through
+    the fake MIG manager (relabelled, moved to the MIG pool, uncordoned, flow annotation gone),
+    check the others stayed whole, stop the controller and return the node."""
     controller = world.start()
     await ready(controller)
 
@@ -92,6 +95,30 @@ async def test_an_idle_node_is_converted_to_mig(world: World) -> None:
         assert node["metadata"]["labels"]["ebbtide.io/pool"] == "whole"
     assert world.mig.applied[0][:2] == ("gpu-2", "all-1g.10gb")
     assert controller.stop() == 0
+    node = world.kubeapi.get("Node", None, "gpu-2")
+    assert node is not None
+    return node
+
+
+async def test_an_idle_node_is_converted_to_mig(world: World) -> None:
+    """Idle-GPU utilization events convert the idle whole-card node to MIG (mixed strategy:
+    the instances as nvidia.com/mig-1g.10gb)."""
+    node = await convert_the_idle_node(world)
+    assert node["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] == "28"
+
+
+@pytest.mark.mig_single
+async def test_an_idle_node_is_converted_to_mig_under_the_single_strategy(world: World) -> None:
+    """Under mig.strategy=single (the GPU operator's MIG guide) the same conversion finishes:
+    the node advertises its 28 instances as nvidia.com/gpu, GFD's product names the profile,
+    and no conversion failed or rolled back."""
+    node = await convert_the_idle_node(world)
+    gpu = {k: v for k, v in node["status"]["allocatable"].items() if k.startswith("nvidia.com/")}
+    assert gpu == {"nvidia.com/gpu": "28"}
+    labels = node["metadata"]["labels"]
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"
+    assert labels["nvidia.com/gpu.count"] == "28"
+    assert [a for a in world.mig.applied if a[1] != "all-1g.10gb"] == []
 
 
 @pytest.mark.parametrize(

@@ -323,19 +323,6 @@ A100 = "NVIDIA-A100-SXM4-80GB"
             id="mig-one-instance-unhealthy",
         ),
         pytest.param(
-            NodeObj("n")
-            .gpus(56)
-            .count(8)
-            .product("NVIDIA-A100-SXM4-80GB-MIG-1g.10gb")
-            .label("nvidia.com/mig.strategy", "single")
-            .mig_config("all-1g.10gb"),
-            sliced(8, "1g.10gb", 7),
-            "all-1g.10gb",
-            "success",
-            False,
-            id="mig-single-strategy",
-        ),
-        pytest.param(
             NodeObj("n").gpus(4).mig("3g.40gb", 8).count(8).product(A100),
             (*whole(4), *sliced(4, "3g.40gb", 2, start=4)),
             None,

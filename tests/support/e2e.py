@@ -33,6 +33,7 @@ from confluent_kafka import Producer
 from controller.app import Controller, load_policy_files
 from controller.kube.runtime import KubeRuntime
 from controller.settings import load_settings
+from policies.miglayout import MigStrategy
 from streams.broker import EmbeddedBroker, free_port
 from support.kubeapi import KubeAPIServer
 from support.kubeapi_objects import make_node, make_pod
@@ -89,15 +90,21 @@ def workload_pod(namespace: str, deploy: str, i: int, node: str, labels: dict[st
     return pod
 
 
-async def build_cluster(kubeapi: KubeAPIServer, *, full: bool = False) -> None:
-    """The test cluster; ``full`` also runs training on ``gpu-2`` (10 replicas): no GPU free."""
+async def build_cluster(
+    kubeapi: KubeAPIServer, *, full: bool = False, strategy: MigStrategy = "mixed"
+) -> None:
+    """The test cluster; ``full`` also runs training on ``gpu-2`` (10 replicas): no GPU free.
+    Under ``strategy="single"`` the nodes carry the labels GFD writes there (the strategy and
+    the cards' product)."""
     for name, value in (("training-low", 100), ("serving-high", 100000)):
         await kubeapi.create(
             {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
              "metadata": {"name": name}, "value": value}
         )  # fmt: skip
+    gfd = {"nvidia.com/mig.strategy": "single", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    labels = {**WHOLE, **(gfd if strategy == "single" else {})}
     for n in range(3):
-        await kubeapi.create(make_node(f"gpu-{n}", labels=WHOLE, gpus=4))
+        await kubeapi.create(make_node(f"gpu-{n}", labels=labels, gpus=4))
     chat_labels = {"app": "chat"}
     await kubeapi.create(deployment("serving", "chat", 2, labels=chat_labels,
                                     priority_class="serving-high"))  # fmt: skip

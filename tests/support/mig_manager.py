@@ -21,7 +21,19 @@ GPU reset fails and it reboots the node. Resources come from a profile table, pe
 An empty profile means MIG disabled: the node advertises ``nvidia.com/gpu`` again. Every
 ``nvidia.com/mig-*`` and ``nvidia.com/gpu`` resource not in the profile is removed. An unknown
 profile name fails, as it does for the real manager. The GPU count is the node's
-``nvidia.com/gpu.count`` label, else the ``nvidia.com/gpu`` capacity first seen, else 1.
+``nvidia.com/gpu.count`` label (read as :func:`policies.miglayout.cards_of` reads it), else the
+``nvidia.com/gpu`` capacity first seen, else 1.
+
+The profile table is written as the ``mixed`` strategy advertises it. With ``strategy="single"``
+the fake plays the device plugin and GPU feature discovery of a cluster installed with
+``mig.strategy=single`` (NVIDIA/k8s-device-plugin ``internal/rm`` and ``internal/lm/
+mig-strategy.go``): the instances of a one-profile layout are advertised as ``nvidia.com/gpu``
+(8 GPUs at ``all-1g.10gb``: ``nvidia.com/gpu: 56``), and GFD relabels the node,
+``nvidia.com/gpu.product`` ``<card>-MIG-<profile>`` and ``nvidia.com/gpu.count`` the number of
+instances; back at whole cards, the card's product and count. A layout of several profiles makes
+the plugin refuse to start (no GPU resource at all) and GFD label the product
+``<card>-MIG-INVALID`` with count 0, while the manager itself reports ``success``. The nodes'
+``nvidia.com/mig.strategy`` label is the test's to set, as GFD would from the same setting.
 """
 
 from __future__ import annotations
@@ -33,6 +45,16 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Self
 
+from policies.miglayout import (
+    COUNT_LABEL,
+    GPU_RESOURCE,
+    MIG_RESOURCE_PREFIX,
+    PRODUCT_LABEL,
+    MigStrategy,
+    cards_of,
+    mig_product,
+)
+
 from .kubeapi import KubeAPIServer
 from .kubeapi_objects import MERGE_PATCH, ApiError, Obj
 from .kubeapi_store import Watcher, WatchEvent
@@ -41,7 +63,6 @@ __all__ = ["A100_80GB_PROFILES", "CONFIG_LABEL", "STATE_LABEL", "MigManager", "O
 
 CONFIG_LABEL = "nvidia.com/mig.config"
 STATE_LABEL = "nvidia.com/mig.config.state"
-COUNT_LABEL = "nvidia.com/gpu.count"
 Outcome = Literal["success", "failed", "never"]
 
 A100_80GB_PROFILES: Mapping[str, Mapping[str, int]] = {
@@ -78,9 +99,11 @@ class MigManager:
         *,
         profiles: Mapping[str, Mapping[str, int]],
         delay: float = 0.1,
+        strategy: MigStrategy = "mixed",
     ) -> None:
         self._server = server
         self._profiles = profiles
+        self._strategy = strategy
         self._delay = delay
         self._scripts: dict[str, _Script] = {}
         self._gpu_counts: dict[str, int] = {}
@@ -162,11 +185,13 @@ class MigManager:
     def _remember_gpus(self, node: Obj) -> None:
         name = node["metadata"]["name"]
         capacity = (node.get("status") or {}).get("capacity") or {}
-        label = (node["metadata"].get("labels") or {}).get(COUNT_LABEL)
-        if label is not None:
-            self._gpu_counts[name] = int(label)
-        elif name not in self._gpu_counts and "nvidia.com/gpu" in capacity:
-            self._gpu_counts[name] = int(capacity["nvidia.com/gpu"])
+        labels = node["metadata"].get("labels") or {}
+        if cards := cards_of(labels):
+            self._gpu_counts[name] = cards
+        elif (
+            name not in self._gpu_counts and COUNT_LABEL not in labels and GPU_RESOURCE in capacity
+        ):
+            self._gpu_counts[name] = int(capacity[GPU_RESOURCE])
 
     async def _reconfigure(self, name: str, config: str) -> None:
         script = self._scripts.get(name, _Script("success", None))
@@ -202,12 +227,26 @@ class MigManager:
         patch = {"metadata": {"labels": {STATE_LABEL: state}}}
         await self._server.patch("nodes", None, name, patch)
 
+    def _advertised(self, gpus: int, profile: Mapping[str, int]) -> tuple[dict[str, int], str]:
+        """The resources the device plugin advertises for ``profile`` on ``gpus`` GPUs, and
+        the MIG profile GFD writes into the product label under ``single`` (see the module
+        docstring; ``""``: whole cards, ``"INVALID"``: a layout the strategy cannot serve)."""
+        if not profile:
+            return {GPU_RESOURCE: gpus}, ""
+        if self._strategy == "mixed":
+            return {key: count * gpus for key, count in profile.items()}, ""
+        if len(profile) != 1:
+            return {}, "INVALID"
+        ((key, count),) = profile.items()
+        return {GPU_RESOURCE: count * gpus}, key.removeprefix(MIG_RESOURCE_PREFIX)
+
     async def _set_resources(self, name: str, profile: Mapping[str, int]) -> None:
         gpus = self._gpu_counts.get(name, 1)
-        wanted = {key: str(count * gpus) for key, count in profile.items()}
-        if not wanted:
-            wanted = {"nvidia.com/gpu": str(gpus)}
+        counts, product_profile = self._advertised(gpus, profile)
+        wanted = {key: str(n) for key, n in counts.items()}
         node = self._server.store.get(self._server.store.resolve("nodes"), None, name)
+        if self._strategy == "single":
+            await self._relabel_as_gfd(node, sum(counts.values()), product_profile)
         status: Obj = {}
         for field in ("capacity", "allocatable"):
             current = (node.get("status") or {}).get(field) or {}
@@ -226,4 +265,15 @@ class MigManager:
             {"status": status},
             MERGE_PATCH,
             subresource="status",
+        )
+
+    async def _relabel_as_gfd(self, node: Obj, count: int, profile: str) -> None:
+        """GFD under ``single``: ``nvidia.com/gpu.count`` counts what ``nvidia.com/gpu`` is now
+        and the product names the MIG profile (``internal/lm/mig-strategy.go``)."""
+        labels = node["metadata"].get("labels") or {}
+        patch = {COUNT_LABEL: str(count)}
+        if PRODUCT_LABEL in labels:
+            patch[PRODUCT_LABEL] = mig_product(labels[PRODUCT_LABEL], profile or None)
+        await self._server.patch(
+            "nodes", None, node["metadata"]["name"], {"metadata": {"labels": patch}}
         )
