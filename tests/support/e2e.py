@@ -192,7 +192,7 @@ class ControllerProcess:
         settings_env = {
             "KUBECONFIG": str(world.kubeconfig),
             "EBBTIDE_LOG_FORMAT": "json",
-            "EBBTIDE_KUBE__LEASE_NAMESPACE": "default",
+            "EBBTIDE_KUBE__LEASE_NAMESPACE": "ebbtide-system",
             "EBBTIDE_KUBE__LEASE_DURATION_S": "2",
             "EBBTIDE_KUBE__RENEW_DEADLINE_S": "1.5",
             "EBBTIDE_KUBE__RETRY_PERIOD_S": "1",
@@ -275,7 +275,7 @@ async def in_process_controller(
     settings = load_settings(
         policies=[policy],
         kube={"kubeconfig": kubeapi.write_kubeconfig(tmp / "kubeconfig"),
-              "lease_namespace": "default", "lease_duration_s": 2, "renew_deadline_s": 1.5,
+              "lease_namespace": "ebbtide-system", "lease_duration_s": 2, "renew_deadline_s": 1.5,
               "retry_period_s": 1},
         http={"address": "127.0.0.1:0"},
         dry_run=False,
