@@ -37,6 +37,7 @@ def test_what_the_controller_does_is_allowed(method: str, path: str, query: dict
     ("method", "path", "why"),
     [
         ("DELETE", "/api/v1/namespaces/ml/pods/p-0", 'cannot delete resource "pods"'),
+        ("DELETE", "/api/v1/namespaces/ml/pods", 'cannot deletecollection resource "pods"'),
         (
             "PATCH",
             "/apis/apps/v1/namespaces/ml/deployments/train",

@@ -127,6 +127,8 @@ def attributes(method: str, path: str, query: Mapping[str, str]) -> Attributes |
             verb = "watch"
         else:
             verb = "get" if m["name"] is not None else "list"
+    elif method == "DELETE" and m["name"] is None:
+        verb = "deletecollection"
     else:
         verb = _VERBS.get(method, method.lower())
     resource = m["resource"] + (f"/{m['sub']}" if m["sub"] else "")
