@@ -8,9 +8,9 @@ code path needs it.
 Verbs per resource, and who needs them:
 
 * nodes — get/list/watch (cluster state, MIG flow), patch (cordon, MIG labels, flow annotation);
-* pods — get/list/watch (cluster state, drain), patch (the checkpoint handshake's notice and
-  its removal when it expired, whatever kinds are tracked); pods/eviction — create (preemption,
-  drain);
+* pods — get/list/watch (cluster state, drain), patch (the checkpoint handshake's notice on a
+  training pod of any kind and its removal when it expired, a Deployment's pod-deletion-cost);
+  pods/eviction — create (preemption, drain);
 * events — create (an Event for every action and refusal);
 * priorityclasses, poddisruptionbudgets — list/watch (victim order, PDB-aware planning);
 * horizontalpodautoscalers, KEDA scaledobjects — list/watch (never fight another autoscaler);
@@ -19,11 +19,14 @@ Verbs per resource, and who needs them:
 * each tracked workload kind (the ``kube.workload_kinds`` setting: Deployments, StatefulSets,
   PyTorchJobs by default; JobSets, RayClusters, Jobs on request) — get/list/watch, and its
   ``/scale`` subresource get/patch, or patch on the object for kinds without ``/scale``
-  (JobSet, RayCluster, Job); Jobs also get/list/patch Kueue ``workloads`` (preemption through
-  Kueue), and so does any kind when Kueue support is on (``kueue=True``, the chart's
-  ``controller.kueue``: a Kueue-admitted JobSet, RayCluster or PyTorchJob is stopped through
-  its Workload too). :func:`cluster_rules` derives them from the setting; the chart renders the
-  same rules from the same values (``controller.workloadKinds``, ``controller.kueue``);
+  (RayCluster, Job); JobSets are never resized (JobSet's webhook refuses any change of
+  ``replicatedJobs``), so they get no write. Jobs also get/list/patch Kueue ``workloads``
+  (preemption through Kueue), and so does any kind when Kueue support is on (``kueue=True``,
+  the chart's ``controller.kueue``: a Kueue-admitted JobSet, RayCluster, PyTorchJob,
+  Deployment… is stopped through its Workload too), which also needs patch on the object of
+  every kind (the preemption's mark). :func:`cluster_rules` derives them from the setting; the
+  chart renders the same rules from the same values (``controller.workloadKinds``,
+  ``controller.kueue``), and a test renders the chart for many settings and compares;
 * leases (in the controller's own namespace only: a Role) — get/create/update (leader election).
 """
 
@@ -72,19 +75,20 @@ _BASE_RULES: tuple[Rule, ...] = (
 )
 
 
-def kind_rules(kind: WorkloadKind) -> tuple[Rule, ...]:
+def kind_rules(kind: WorkloadKind, *, kueue_support: bool = False) -> tuple[Rule, ...]:
     """What acting on ``kind`` needs: read it, write its size the way its adapter does (the
-    ``/scale`` subresource, or a patch of the object for kinds without one), and whatever else
-    its owner is reached through (a Job's Kueue Workloads)."""
+    ``/scale`` subresource, or a patch of the object for kinds without one; nothing for a kind
+    Ebbtide never resizes), and whatever else its owner is reached through (a Job's Kueue
+    Workloads). With ``kueue_support`` the object itself is patched too, whatever its kind: a
+    Kueue preemption marks the job before it deactivates the Workload, and a resume clears the
+    mark."""
     adapter = ADAPTERS.get(kind.kind) or Adapter(kind)
-    rules: tuple[Rule, ...]
-    if adapter.via_scale:
-        rules = (
-            Rule(kind.group, (kind.plural,), ("get", "list", "watch")),
-            Rule(kind.group, (f"{kind.plural}/scale",), ("get", "patch")),
-        )
-    else:
-        rules = (Rule(kind.group, (kind.plural,), ("get", "list", "watch", "patch")),)
+    resizes = adapter.fixed_size is None
+    patches_object = kueue_support or (resizes and not adapter.via_scale)
+    verbs = ("get", "list", "watch", "patch") if patches_object else ("get", "list", "watch")
+    rules: tuple[Rule, ...] = (Rule(kind.group, (kind.plural,), verbs),)
+    if resizes and adapter.via_scale:
+        rules = (*rules, Rule(kind.group, (f"{kind.plural}/scale",), ("get", "patch")))
     extra = (Rule(group, (resource,), verbs) for group, resource, verbs in adapter.extra_rules)
     return (*rules, *extra)
 
@@ -94,11 +98,15 @@ def cluster_rules(
 ) -> tuple[Rule, ...]:
     """The ClusterRole for the tracked workload ``kinds``: the base rules, then each kind's
     rules (:func:`kind_rules`), in the setting's order; with ``kueue_support``, Kueue's
-    Workloads last unless a kind already brought them."""
-    rules = (*_BASE_RULES, *(rule for kind in kinds for rule in kind_rules(kind)))
+    Workloads last unless a kind already brought them. A kind that always reaches Kueue (Job)
+    turns Kueue support on for every kind: what it preempts through Kueue is marked too."""
+    kinds = tuple(kinds)
     group, resource, verbs = kueue.RULE
     kueues = Rule(group, (resource,), verbs)
-    return (*rules, kueues) if kueue_support and kueues not in rules else rules
+    adapters = [ADAPTERS.get(kind.kind) or Adapter(kind) for kind in kinds]
+    on = kueue_support or any(kueue.RULE in a.extra_rules for a in adapters)
+    rules = (*_BASE_RULES, *(rule for kind in kinds for rule in kind_rules(kind, kueue_support=on)))
+    return (*rules, kueues) if on and kueues not in rules else rules
 
 
 #: The ClusterRole with the default setting: everything the controller reads and changes.

@@ -60,6 +60,7 @@ from controller.kube.translate import (
     Obj,
     WorkloadKind,
     gpu_requests,
+    pod_owner,
 )
 from controller.kube.workloads import ADAPTERS, Adapter, Io, Patch, kueue
 from controller.kube.workloads.apps import mark_for_removal
@@ -492,29 +493,19 @@ class KubeActuator:
 
     async def _owner(self, pod: Obj) -> tuple[Adapter, Obj] | None:
         """The tracked workload owning ``pod`` (its owner may have rules about its pods, or be
-        Kueue's); None when it has none or it is gone. A pod label naming a workload (a JobSet,
-        a RayCluster) wins over an ownerReference to an intermediate object (the JobSet's Job)."""
-        meta = _meta(pod)
-        namespace = str(meta.get("namespace") or "default")
-        labels: dict[str, str] = meta.get("labels") or {}
-        refs = meta.get("ownerReferences") or []
-        by_label = (
-            (a, labels.get(a.kind.pod_label)) for a in self._adapters.values() if a.kind.pod_label
-        )
-        by_ref = (
-            (a, r.get("name"))
-            for a in self._adapters.values()
-            for r in refs
-            if r.get("kind") == a.kind.kind
-            and str(r.get("apiVersion", "")).rpartition("/")[0] == a.kind.group
-        )
-        for adapter, name in (*by_label, *by_ref):
-            if name:
-                try:
-                    return adapter, await self._read_workload(adapter.kind, namespace, str(name))
-                except NotFound:
-                    return None
-        return None
+        Kueue's), found as the snapshot finds it (:func:`~controller.kube.translate.pod_owner`:
+        a Deployment through its ReplicaSet, a JobSet by its pod label); None when it has none
+        or it is gone."""
+        owner = pod_owner(pod, [a.kind for a in self._adapters.values()])
+        if owner is None:
+            return None
+        kind, name = owner
+        adapter = self._adapters[kind.kind]
+        namespace = str(_meta(pod).get("namespace") or "default")
+        try:
+            return adapter, await self._read_workload(adapter.kind, namespace, name)
+        except NotFound:
+            return None
 
     async def _preempt(
         self, d: Evict, adapter: Adapter, workload: Obj, permit: Permit

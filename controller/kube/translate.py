@@ -101,6 +101,7 @@ __all__ = [
     "node_from",
     "placement_from",
     "pod_from",
+    "pod_owner",
     "pod_workload",
     "priorities_from",
     "quota_from",
@@ -389,14 +390,15 @@ def _add(into: dict[str, int], more: Mapping[str, int]) -> None:
         into[name] = into.get(name, 0) + count
 
 
-def pod_workload(obj: Obj, kinds: Sequence[WorkloadKind]) -> str | None:
-    """``namespace/name`` of the tracked workload owning a pod, if any."""
+def pod_owner(obj: Obj, kinds: Sequence[WorkloadKind]) -> tuple[WorkloadKind, str] | None:
+    """The tracked kind and name of the workload owning a pod, if any: a pod label naming the
+    top workload first (a JobSet's pod is owned by its Job), then the controlling owner
+    reference (a Deployment's through its ReplicaSet, by the pod-template-hash)."""
     meta = _meta(obj)
-    namespace = meta.get("namespace") or ""
     labels: Mapping[str, str] = meta.get("labels") or {}
-    for tracked in kinds:  # a label naming the top workload beats a direct owner (a JobSet's Job)
+    for tracked in kinds:
         if tracked.pod_label and labels.get(tracked.pod_label):
-            return f"{namespace}/{labels[tracked.pod_label]}"
+            return tracked, labels[tracked.pod_label]
     refs = meta.get("ownerReferences") or []
     controllers = [r for r in refs if r.get("controller")] or refs
     for ref in controllers:
@@ -405,12 +407,18 @@ def pod_workload(obj: Obj, kinds: Sequence[WorkloadKind]) -> str | None:
         if kind == "ReplicaSet" and group == "apps" and DEPLOYMENT in kinds:
             template_hash = labels.get(_TEMPLATE_HASH_LABEL)
             if template_hash and name.endswith(f"-{template_hash}"):
-                return f"{namespace}/{name.removesuffix(f'-{template_hash}')}"
+                return DEPLOYMENT, name.removesuffix(f"-{template_hash}")
             continue
         for tracked in kinds:
             if (tracked.kind, tracked.group) == (kind, group):
-                return f"{namespace}/{name}"
+                return tracked, name
     return None
+
+
+def pod_workload(obj: Obj, kinds: Sequence[WorkloadKind]) -> str | None:
+    """``namespace/name`` of the tracked workload owning a pod, if any (:func:`pod_owner`)."""
+    owner = pod_owner(obj, kinds)
+    return None if owner is None else f"{_meta(obj).get('namespace') or ''}/{owner[1]}"
 
 
 def pod_from(obj: Obj, *, priorities: Priorities, kinds: Sequence[WorkloadKind]) -> Pod | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,8 @@ def test_bindings_name_the_controller_account(rendered: dict[str, Rendered]) -> 
         (["JobSet", "RayCluster", "Job"], False),
         (["JobSet", "RayCluster", "Job"], True),
         (["JobSet", "RayCluster"], True),
+        (["PyTorchJob"], True),
+        (["Deployment", "StatefulSet"], True),
     ],
     ids=[
         "deployments-only",
@@ -80,6 +83,8 @@ def test_bindings_name_the_controller_account(rendered: dict[str, Rendered]) -> 
         "jobset-ray-job",
         "jobset-ray-job-kueue",
         "jobset-ray-kueue",
+        "pytorchjob-kueue",
+        "apps-kueue",
     ],
 )
 def test_cluster_role_follows_the_workload_kinds_setting(
@@ -89,8 +94,6 @@ def test_cluster_role_follows_the_workload_kinds_setting(
     the ClusterRole is exactly controller.rbac.cluster_rules for those kinds and
     controller.kueue."""
     out = render(chart, {"controller": {"workloadKinds": kinds, "kueue": kueue}})
-    docs = load_yaml_all(out["ebbtide/templates/rbac.yaml"])
-    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     container = load_yaml(out["ebbtide/templates/deployment.yaml"])["spec"]["template"]["spec"][
         "containers"
     ][0]
@@ -98,7 +101,28 @@ def test_cluster_role_follows_the_workload_kinds_setting(
     monkeypatch.setenv("EBBTIDE_KUBE__WORKLOAD_KINDS", env)
     setting = Settings(policies=[Path("p.yaml")]).kube.workload_kinds
     assert list(setting) == kinds
-    assert _as_rules(role) == list(cluster_rules(workload_kinds(setting), kueue_support=kueue))
+    assert cluster_role(out) == list(cluster_rules(workload_kinds(setting), kueue_support=kueue))
+
+
+def cluster_role(out: dict[str, str]) -> list[Rule]:
+    """The controller's ClusterRole in a render, as rules."""
+    docs = load_yaml_all(out["ebbtide/templates/rbac.yaml"])
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    return _as_rules(role)
+
+
+def test_every_setting_renders_exactly_the_code_list(chart: Any) -> None:
+    """For every subset of the workload kinds, with and without controller.kueue, the chart's
+    ClusterRole is controller.rbac.cluster_rules for the same values (what the test API server
+    authorizes with is what the controller declares)."""
+    kinds = ["Deployment", "StatefulSet", "PyTorchJob", "JobSet", "RayCluster", "Job"]
+    for subset in itertools.chain.from_iterable(
+        itertools.combinations(kinds, n) for n in range(len(kinds) + 1)
+    ):
+        for kueue in (False, True):
+            out = render(chart, {"controller": {"workloadKinds": list(subset), "kueue": kueue}})
+            want = cluster_rules(workload_kinds(subset), kueue_support=kueue)
+            assert cluster_role(out) == list(want), (subset, kueue)
 
 
 def test_default_policy_is_the_library_balanced_policy(rendered: dict[str, Rendered]) -> None:

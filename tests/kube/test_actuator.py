@@ -20,6 +20,7 @@ from policies.decisions import Decision, Evict, Explanation, Scale
 from policies.model import Policy
 from support.kubeapi import KubeAPIServer
 from support.kubeapi_objects import make_pod
+from support.kubeapi_rbac import chart_authorizer
 
 Obj = dict[str, Any]
 TRAINING = {"ebbtide.io/class": "training"}
@@ -328,7 +329,8 @@ async def test_budget_holds_for_random_decision_sequences(
     picks: list[int], limit: int, concurrent: bool
 ) -> None:
     """Random (repeated, overlapping) eviction sequences never evict more pods than the budget."""
-    async with KubeAPIServer() as server, ApiClient(Configuration(host=server.url)) as api:
+    server = KubeAPIServer(authorizer=chart_authorizer())
+    async with server, ApiClient(Configuration(host=server.url)) as api:
         for i in range(6):
             await server.create(gpu_pod(f"train-{i}"))
         act = actuator(api, p=policy(evictions=limit))
@@ -342,6 +344,7 @@ async def test_budget_holds_for_random_decision_sequences(
         applied = sum(r.outcome is Outcome.APPLIED for r in results)
         assert evicted == applied <= limit
         assert len([r for r in writes(server, "/eviction") if r.status == 201]) == evicted
+        assert server.forbidden == []
 
 
 # --- faults --------------------------------------------------------------------------------------

@@ -28,6 +28,9 @@ from support.mig_manager import CONFIG_LABEL, STATE_LABEL, MigManager
 MERGE = "application/merge-patch+json"
 Obj = dict[str, Any]
 
+#: These tests drive the server as a cluster admin would; its authorizer is tested on its own.
+pytestmark = pytest.mark.kube_rbac(None)
+
 
 # --- builders ----------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from structlog.testing import capture_logs
 from controller.kube.informer import Backoff, Change, Informer, Resource
 from support.kubeapi import KubeAPIServer
 from support.kubeapi_objects import make_node, make_pod
+from support.kubeapi_rbac import chart_authorizer
 
 PODS = Resource(plural="pods")
 NODES = Resource(plural="nodes", namespaced=False)
@@ -284,7 +285,7 @@ async def test_crd_deleted_while_watched_empties_an_optional_informer(
 async def test_server_down_then_back_catches_up() -> None:
     """While the server is down the informer keeps retrying; when it returns on the same
     address it catches up with what changed meanwhile."""
-    first = KubeAPIServer()
+    first = KubeAPIServer(authorizer=chart_authorizer())
     await first.start()
     port = int(first.url.rsplit(":", 1)[1])
     await first.create(make_pod("a"))
@@ -296,9 +297,11 @@ async def test_server_down_then_back_catches_up() -> None:
                 store = first.store
                 await eventually(lambda: any(e["event"] == "informer.retry" for e in logs))
                 store.create(store.resolve("pods"), "default", make_pod("b"), keep_status=True)
-                async with KubeAPIServer(port=port, store=store):
+                authorizer = chart_authorizer()
+                async with KubeAPIServer(port=port, store=store, authorizer=authorizer) as back:
                     await eventually(lambda: names(informer) == ["default/a", "default/b"])
     assert "transport" in next(e for e in logs if e["event"] == "informer.retry")["error"]
+    assert first.forbidden == back.forbidden == []
 
 
 async def test_cancel_and_stop_leave_no_tasks(

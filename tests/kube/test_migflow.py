@@ -473,7 +473,7 @@ async def held_drain(
     await gpu_node(kubeapi)
     await gpu_pod(kubeapi, "train-0", app="train")
     await block_with_pdb(kubeapi)
-    lease = {"lease_namespace": "default", "lease_duration_s": 2, "renew_deadline_s": 1.5}
+    lease = {"lease_namespace": "ebbtide-system", "lease_duration_s": 2, "renew_deadline_s": 1.5}
     settings = Settings(
         policies=[tmp_path / "p.yaml"], kube={**lease, "retry_period_s": 1}, dry_run=False
     )

@@ -24,6 +24,7 @@ from policies.model import Policy
 from policies.snapshot import Snapshot
 from support.kubeapi import KubeAPIServer, LoggedRequest
 from support.kubeapi_objects import make_node, make_pod
+from support.kubeapi_rbac import chart_authorizer
 from support.kubeapi_store import PYTORCHJOB as PYTORCHJOB_CRD
 from support.workload_kinds import synced_state
 
@@ -252,7 +253,8 @@ async def test_finished_pods_and_deleted_workloads_leave_the_snapshot(
 async def test_a_kind_whose_crd_is_not_installed_is_skipped_then_rediscovered() -> None:
     """Without the Kubeflow CRD (its LIST answers 404) the state still syncs, says so once, and
     tracks PyTorchJobs as soon as the CRD is installed."""
-    async with KubeAPIServer(resources=()) as server, ApiClient(Configuration(server.url)) as api:
+    server = KubeAPIServer(resources=(), authorizer=chart_authorizer())
+    async with server, ApiClient(Configuration(server.url)) as api:
         settings = ClusterStateSettings(backoff=FAST, rediscover_s=0.05)
 
         def jobs() -> list[LoggedRequest]:
@@ -275,6 +277,7 @@ async def test_a_kind_whose_crd_is_not_installed_is_skipped_then_rediscovered() 
             "informer.api_absent",
             "informer.api_installed",
         ]
+    assert server.forbidden == []
 
 
 def test_the_workload_kinds_setting_chooses_what_is_watched_and_scaled(

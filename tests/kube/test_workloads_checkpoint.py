@@ -128,3 +128,28 @@ async def test_the_policy_sets_the_deadline_of_training_pods(
     assert (result.outcome is Outcome.APPLIED) is evicted, result.detail
     if not evicted:
         assert result.outcome is Outcome.BLOCKED
+
+
+@pytest.mark.parametrize(
+    "kinds",
+    [
+        pytest.param(("PyTorchJob",), marks=pytest.mark.kube_rbac(kinds=["PyTorchJob"])),
+        pytest.param(("RayCluster",), marks=pytest.mark.kube_rbac(kinds=["RayCluster"])),
+    ],
+    ids=["PyTorchJob", "RayCluster"],
+)
+async def test_the_notice_is_allowed_whatever_kinds_are_tracked(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, kinds: tuple[str, ...]
+) -> None:
+    """With the chart's RBAC for workloadKinds without Deployment, the notice (a patch of the
+    pod) is still granted: the pod is noticed and the eviction BLOCKED, not failed with 403."""
+    pod = make_pod("train-0", namespace="ml", labels=TRAINING, gpus=1)
+    pod["metadata"]["annotations"] = {HANDSHAKE: "true"}
+    await kubeapi.create(pod)
+    (noticed,) = await kind_actuator(kube_client, kinds, clock=lambda: T0).apply(
+        [evict("ml/train-0")]
+    )
+    assert noticed.outcome is Outcome.BLOCKED, noticed.detail
+    stored = kubeapi.get("Pod", "ml", "train-0")
+    assert stored is not None
+    assert stored["metadata"]["annotations"][NOTICE] == stamp(T0)

@@ -30,6 +30,7 @@ from support.workload_kinds import (
 )
 
 Obj = dict[str, Any]
+pytestmark = pytest.mark.kube_rbac(kinds=["Job"])
 WORKLOAD = "job-sample-job-3f1c7"
 WORKLOADS = "/apis/kueue.x-k8s.io/v1beta1/namespaces/ml/workloads"
 JOB_PATH = "/apis/batch/v1/namespaces/ml/jobs/sample-job"

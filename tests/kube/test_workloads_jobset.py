@@ -1,21 +1,27 @@
-"""JobSet (no ``/scale``): resized through its replicated job's ``replicas`` with a conditional
-merge patch, the other replicated jobs left as they are; a Kueue-admitted JobSet's pods are never
-evicted behind Kueue's back (its Workload, found by its owner reference, is deactivated instead,
-then reactivated on a grow) — against the test API server with the JobSet example manifest."""
+"""JobSet (no ``/scale``): never resized, since JobSet's webhook refuses any change of
+``replicatedJobs`` (the test API server refuses as it does); a Kueue-admitted JobSet's pods are
+never evicted behind Kueue's back (its Workload, found by its owner reference, is deactivated
+instead, then reactivated on a grow) — against the test API server with the JobSet example
+manifest."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kubernetes_asyncio.client import ApiClient
+import pytest
+from kubernetes_asyncio.client import ApiClient, Configuration
 
 from controller.cluster import Outcome
+from controller.kube.client import KubeError
 from controller.kube.state import workload_kinds
 from controller.kube.translate import Priorities
-from controller.kube.workloads import ADAPTERS
+from controller.kube.workloads import ADAPTERS, Io
 from controller.kube.workloads.jobset import JOBSETS
 from controller.settings import Settings
+from policies.inventory import Inventory
+from policies.snapshot import Snapshot
 from support.kubeapi import KubeAPIServer
 from support.kubeapi_objects import make_pod
 from support.workload_kinds import (
@@ -29,6 +35,7 @@ from support.workload_kinds import (
     manifest,
     scale,
     synced_state,
+    training_policy,
     writes,
 )
 
@@ -47,55 +54,111 @@ def worker_pod() -> Obj:
     return pod
 
 
-def test_a_replica_is_a_whole_job_of_pods() -> None:
-    """The first replicated job (the driver) is sized unless ebbtide.io/scale-group names
-    another; a workers replica takes parallelism (2) times 1 GPU."""
+def test_a_replica_is_a_whole_job_of_pods_and_the_size_is_fixed() -> None:
+    """The first replicated job (the driver) is counted unless ebbtide.io/scale-group names
+    another; a workers replica takes parallelism (2) times 1 GPU; the bounds are the size
+    itself, whatever Ebbtide's annotations say, and any resize is refused with the reason."""
     job = manifest("jobset.yaml")
     assert (JOBSETS.replicas(job), JOBSETS.workload(job, Priorities()).gpus_per_replica) == (1, 0)
-    job["metadata"]["annotations"] = {"ebbtide.io/scale-group": "workers"}
+    job["metadata"]["annotations"] = {
+        "ebbtide.io/scale-group": "workers",
+        "ebbtide.io/min-replicas": "1",
+        "ebbtide.io/max-replicas": "8",
+    }
     w = JOBSETS.workload(job, Priorities())
-    assert (w.replicas, w.gpus_per_replica, w.min_replicas) == (4, 2, None)
+    assert (w.replicas, w.gpus_per_replica, w.min_replicas, w.max_replicas) == (4, 2, 4, 4)
+    view = Inventory(Snapshot(workloads=(w,)), training_policy()).training["ml/pytorch"]
+    assert (view.min_replicas, view.max_replicas) == (4, 4)
+    assert "webhook refuses any change of spec.replicatedJobs" in (JOBSETS.refusal(job, 2) or "")
 
 
-async def test_a_jobset_shrinks_and_grows_through_its_replicated_job(
-    kubeapi: KubeAPIServer, kube_client: ApiClient
+PATH = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/ml/jobsets/pytorch"
+
+
+def fewer_jobs(workers: Obj) -> None:
+    workers["replicas"] = 2
+
+
+def fewer_pods(workers: Obj) -> None:
+    workers["template"]["spec"].update(parallelism=1, completions=1)
+
+
+def elsewhere(workers: Obj) -> None:
+    pod = workers["template"]["spec"]["template"]["spec"]
+    pod.update(nodeSelector={"pool": "b"}, tolerations=[{"key": "k", "operator": "Exists"}])
+
+
+def nothing(workers: Obj) -> None:
+    return None
+
+
+@pytest.mark.kube_rbac(None)
+@pytest.mark.parametrize(
+    ("suspended", "change", "refused"),
+    [
+        (False, fewer_jobs, True),
+        (False, fewer_pods, True),
+        (True, fewer_jobs, True),
+        (False, elsewhere, True),
+        (True, elsewhere, False),
+        (False, nothing, False),
+    ],
+    ids=[
+        "replicas",
+        "parallelism",
+        "replicas-while-suspended",
+        "placement-while-running",
+        "placement-while-suspended",
+        "metadata-only",
+    ],
+)
+async def test_the_server_refuses_what_jobsets_webhook_refuses(
+    kubeapi: KubeAPIServer, suspended: bool, change: Callable[[Obj], None], refused: bool
 ) -> None:
-    """4→2 then 2→3 write replicatedJobs[workers].replicas on the JobSet itself; the driver's
-    replicated job is untouched."""
+    """A merge patch of the JobSet's spec (with a mark in metadata, as Kueue's preemption
+    writes) is a 422 from the webhook exactly when it changes more than a suspended JobSet's
+    pod placement; a refused one changes nothing."""
+    kubeapi.add_resource(JOBSET)
+    job = manifest("jobset.yaml")
+    job["spec"]["suspend"] = suspended
+    await kubeapi.create(job)
+    change(job["spec"]["replicatedJobs"][1])
+    body = {"metadata": {"annotations": {"ebbtide.io/preempted": "w"}}, "spec": job["spec"]}
+    async with ApiClient(Configuration(host=kubeapi.url)) as api:
+        io = Io(api, attempts=1)
+        if not refused:
+            await io.request("PATCH", PATH, body)
+            return
+        with pytest.raises(KubeError) as caught:
+            await io.request("PATCH", PATH, body)
+    assert caught.value.status == 422
+    assert 'admission webhook "vjobset.kb.io" denied the request' in str(caught.value)
+    assert 'JobSet.jobset.x-k8s.io "pytorch" is invalid: spec.replicatedJobs' in str(caught.value)
+    assert "field is immutable" in str(caught.value)
+    stored = kubeapi.get("JobSet", "ml", "pytorch")
+    assert stored is not None
+    assert "annotations" not in stored["metadata"]
+
+
+@pytest.mark.kube_rbac(kinds=["JobSet"])
+async def test_a_jobset_is_never_resized(kubeapi: KubeAPIServer, kube_client: ApiClient) -> None:
+    """4→2 and 4→6 of the workers are refused before any write, with the webhook's reason and
+    an Event, under the chart's RBAC for JobSet (which grants no write)."""
     kubeapi.add_resource(JOBSET)
     job = manifest("jobset.yaml")
     job["metadata"]["annotations"] = {"ebbtide.io/scale-group": "workers"}
     await kubeapi.create(job)
     act = kind_actuator(kube_client, ("JobSet",))
     results = await act.apply(
-        [scale("ml/pytorch", "JobSet", 4, 2), scale("ml/pytorch", "JobSet", 2, 3)]
+        [scale("ml/pytorch", "JobSet", 4, 2), scale("ml/pytorch", "JobSet", 4, 6)]
     )
-    assert [r.outcome for r in results] == [Outcome.APPLIED, Outcome.APPLIED], results
-    stored = kubeapi.get("JobSet", "ml", "pytorch")
-    assert stored is not None
-    driver, workers = stored["spec"]["replicatedJobs"]
-    assert (driver["name"], driver["replicas"], workers["replicas"]) == ("driver", 1, 3)
-    assert workers["template"] == job["spec"]["replicatedJobs"][1]["template"]
-    path = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/ml/jobsets/pytorch"
-    assert writes(kubeapi) == [("PATCH", path), ("PATCH", path)]
-
-
-async def test_a_jobset_changed_since_the_decision_is_refused(
-    kubeapi: KubeAPIServer, kube_client: ApiClient
-) -> None:
-    """Decided on 3→2 but the JobSet has 4 workers: refused as changed under us, no write."""
-    kubeapi.add_resource(JOBSET)
-    job = manifest("jobset.yaml")
-    job["metadata"]["annotations"] = {"ebbtide.io/scale-group": "workers"}
-    await kubeapi.create(job)
-    (result,) = await kind_actuator(kube_client, ("JobSet",)).apply(
-        [scale("ml/pytorch", "JobSet", 3, 2)]
-    )
-    assert result.outcome is Outcome.REFUSED
-    assert "changed under us" in result.detail
+    assert [r.outcome for r in results] == [Outcome.REFUSED, Outcome.REFUSED], results
+    assert all("webhook refuses any change" in r.detail for r in results)
     assert writes(kubeapi) == []
+    assert {e["reason"] for e in kubeapi.objects("events", "ml")} == {"EbbtideRefused"}
 
 
+@pytest.mark.kube_rbac(kinds=["JobSet", "Job"])
 async def test_the_setting_tracks_jobsets_and_their_pods(
     kubeapi: KubeAPIServer, kube_client: ApiClient
 ) -> None:
@@ -153,6 +216,7 @@ def mark(kubeapi: KubeAPIServer) -> str | None:
     return kueue_state(kubeapi, JOBSET_WORKLOAD, "JobSet", "pytorch")[1]
 
 
+@pytest.mark.kube_rbac(kinds=["Job", "JobSet"])
 async def test_a_kueue_jobset_pod_is_not_evicted_its_workload_is_deactivated(
     kubeapi: KubeAPIServer, kube_client: ApiClient
 ) -> None:
@@ -169,6 +233,7 @@ async def test_a_kueue_jobset_pod_is_not_evicted_its_workload_is_deactivated(
     assert mark(kubeapi) == JOBSET_WORKLOAD
 
 
+@pytest.mark.kube_rbac(kinds=["JobSet"], kueue=True)
 async def test_a_preempted_jobset_resumes_when_grown(
     kubeapi: KubeAPIServer, kube_client: ApiClient
 ) -> None:

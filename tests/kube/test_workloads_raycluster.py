@@ -15,8 +15,11 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from controller.cluster import Outcome
 from support.kubeapi import KubeAPIServer
 from support.kubeapi_objects import make_pod
+from support.kubeapi_rbac import Authorizer
 from support.kubeapi_store import Store
 from support.workload_kinds import RAYCLUSTER, TRAINING, kind_actuator, manifest, scale, writes
+
+pytestmark = pytest.mark.kube_rbac(kinds=["RayCluster"])
 
 
 def worker(name: str, group: str = "gpu-group") -> dict[str, Any]:
@@ -28,12 +31,15 @@ def worker(name: str, group: str = "gpu-group") -> dict[str, Any]:
 
 
 @pytest.fixture
-async def hourly() -> AsyncIterator[KubeAPIServer]:
-    """A test API server whose clock moves an hour per object created (distinct ages)."""
+async def hourly(kube_authorizer: Authorizer | None) -> AsyncIterator[KubeAPIServer]:
+    """A test API server whose clock moves an hour per object created (distinct ages),
+    authorizing as ``kubeapi`` does."""
     ticks = itertools.count()
-    async with KubeAPIServer(store=Store(clock=lambda: 1.8e9 + 3600 * next(ticks))) as server:
+    store = Store(clock=lambda: 1.8e9 + 3600 * next(ticks))
+    async with KubeAPIServer(store=store, authorizer=kube_authorizer) as server:
         server.add_resource(RAYCLUSTER)
         yield server
+    assert server.forbidden == []
 
 
 async def test_a_shrink_names_the_newest_workers_to_delete(hourly: KubeAPIServer) -> None:

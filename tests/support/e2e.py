@@ -199,7 +199,7 @@ class ControllerProcess:
         settings_env = {
             "KUBECONFIG": str(world.kubeconfig),
             "EBBTIDE_LOG_FORMAT": "json",
-            "EBBTIDE_KUBE__LEASE_NAMESPACE": "default",
+            "EBBTIDE_KUBE__LEASE_NAMESPACE": "ebbtide-system",
             "EBBTIDE_KUBE__LEASE_DURATION_S": "2",
             "EBBTIDE_KUBE__RENEW_DEADLINE_S": "1.5",
             "EBBTIDE_KUBE__RETRY_PERIOD_S": "1",
@@ -284,7 +284,7 @@ async def in_process_controller(
         # The production lease timings: no other replica competes for the lease here, and a
         # 2 s lease is lost on a loaded machine (a test then sees "not the leader").
         kube={"kubeconfig": kubeapi.write_kubeconfig(tmp / "kubeconfig"),
-              "lease_namespace": "default"},
+              "lease_namespace": "ebbtide-system"},
         http={"address": "127.0.0.1:0"},
         dry_run=False,
     )  # fmt: skip

@@ -15,10 +15,12 @@ aiohttp server of its own (aiohttp ships with kubernetes_asyncio), in four modul
 - ``kubeapi_store``: the synchronous store: resource versions, conflicts, finalizers, watch
   history with 410 Expired, pod defaults and PDB status upkeep.
 - ``kubeapi_faults``: scripted faults and the request log.
+- ``kubeapi_rbac``: the RBAC authorizer, over the roles the Helm chart renders.
 - ``kubeapi`` (this module): URL routing, list/watch streaming, ``/status``, ``/scale``,
   ``pods/NAME/eviction``, kubeconfig, direct-store helpers for tests.
 
-Requests flow: log → fault (which answers before the store is touched, so a fault never changes
+Requests flow: log → authorize (a request the roles do not grant is a 403, kept in
+``forbidden``) → fault (which answers before the store is touched, so a fault never changes
 state) → route → store. The handler of a request whose client hung up is cancelled
 (``handler_cancellation``), so a fault that delays past the client's timeout changes nothing
 either. ``close()`` ends every open watch before stopping the site, so teardown never hangs.
@@ -53,6 +55,7 @@ from .kubeapi_objects import (
     set_path,
     status_object,
 )
+from .kubeapi_rbac import Authorizer
 from .kubeapi_store import PYTORCHJOB, ResourceType, Store, WatchEvent
 
 __all__ = ["Fault", "Faults", "KubeAPIServer", "LoggedRequest"]
@@ -85,6 +88,7 @@ class KubeAPIServer:
         resources: tuple[ResourceType, ...] = (PYTORCHJOB,),
         history_limit: int = 1000,
         store: Store | None = None,
+        authorizer: Authorizer | None = None,
     ) -> None:
         self.store = store or Store(history_limit=history_limit)
         for resource in resources:
@@ -93,6 +97,10 @@ class KubeAPIServer:
         self.requests: list[LoggedRequest] = []
         self.errors: list[Exception] = []
         """Unexpected exceptions in request handlers (server bugs); each was answered 500."""
+        self.authorizer = authorizer
+        """Decides every request as RBAC would (None: everything is allowed)."""
+        self.forbidden: list[str] = []
+        """The message of every 403 the authorizer answered."""
         self._host, self._port = host, port
         self._closing = asyncio.Event()
         self._activity = asyncio.Condition()
@@ -252,6 +260,11 @@ class KubeAPIServer:
     ) -> web.StreamResponse:
         try:
             entry.body = self._decode(raw, content_type)
+            if self.authorizer is not None and (
+                refusal := self.authorizer.refusal(request.method, request.path, request.query)
+            ):
+                self.forbidden.append(refusal.message)
+                raise refusal
             fault = self.faults.take(request.method, request.path)
             if fault is not None and fault.commit:
                 response = await self._route(request, entry.body, content_type)

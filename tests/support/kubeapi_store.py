@@ -13,6 +13,8 @@ What it keeps as an apiserver does:
   409 Conflict, as is a create of a name that exists (AlreadyExists);
 - a ``status`` subresource per resource type: the main resource cannot change ``status`` and
   ``/status`` can change nothing else;
+- a validating admission webhook per resource type where its owner runs one
+  (``ResourceType.validate_update``, e.g. JobSet's), refusing an update before it is stored;
 - finalizers: deleting an object with finalizers only sets ``deletionTimestamp``; it goes away
   when an update empties ``metadata.finalizers``;
 - a bounded history of watch events. A watch from a version older than the history reaches is
@@ -67,6 +69,9 @@ class ResourceType:
     """Dotted path of the observed replica count for ``Scale.status.replicas``."""
     selector_path: str | None = None
     """Dotted path of a label selector (string or ``LabelSelector``) for ``Scale.status``."""
+    validate_update: Callable[[Obj, Obj], ApiError | None] | None = None
+    """The owner's validating admission webhook on update of the resource itself (not its
+    subresources): the refusal of ``(old, new)``, or None to admit it."""
 
     @property
     def api_version(self) -> str:
@@ -343,6 +348,10 @@ class Store:
             else:
                 meta.pop(key, None)
         new["apiVersion"], new["kind"] = resource.api_version, resource.kind
+        if subresource is None and resource.validate_update is not None:
+            refusal = resource.validate_update(old, new)
+            if refusal is not None:
+                raise refusal
         if _spec_part(new) != _spec_part(old):
             meta["generation"] = old["metadata"].get("generation", 1) + 1
         return self._commit(resource, old, new)

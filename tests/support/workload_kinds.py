@@ -1,6 +1,7 @@
 """Realistic manifests of the workload kinds Ebbtide acts on (``manifests/``), and the resource
-types the test API server serves them as: JobSet, RayCluster, batch/v1 Job, Kueue Workload and
-KEDA ScaledObject (PyTorchJob and HorizontalPodAutoscalers are served by default)."""
+types the test API server serves them as: JobSet (with its admission webhook), RayCluster,
+batch/v1 Job, Kueue Workload and KEDA ScaledObject (PyTorchJob and HorizontalPodAutoscalers are
+served by default)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from controller.safety import SafetyGate
 from policies.decisions import Evict, Explanation, Scale
 from policies.model import Policy
 
+from .jobset_webhook import validate_jobset_update
 from .kubeapi import KubeAPIServer
 from .kubeapi_store import ResourceType
 
@@ -51,7 +53,14 @@ __all__ = [
     "writes",
 ]
 
-JOBSET = ResourceType(group="jobset.x-k8s.io", version="v1alpha2", plural="jobsets", kind="JobSet")
+JOBSET = ResourceType(
+    group="jobset.x-k8s.io",
+    version="v1alpha2",
+    plural="jobsets",
+    kind="JobSet",
+    validate_update=validate_jobset_update,
+)
+"""JobSet, behind its validating webhook (``replicatedJobs`` immutable: :mod:`.jobset_webhook`)."""
 RAYCLUSTER = ResourceType(group="ray.io", version="v1", plural="rayclusters", kind="RayCluster")
 JOB = ResourceType(group="batch", version="v1", plural="jobs", kind="Job")
 KUEUE_WORKLOAD = ResourceType(

@@ -31,11 +31,7 @@ class ScaleAdapter(Adapter):
         return Patch({"spec": {"replicas": to}}, sub="scale")
 
 
-class _ReplicaSetOwner(ScaleAdapter):
-    extra_rules = (("", "pods", ("patch",)),)  # the deletion cost of the pods a shrink names
-
-
-DEPLOYMENTS = _ReplicaSetOwner(DEPLOYMENT)
+DEPLOYMENTS = ScaleAdapter(DEPLOYMENT)
 STATEFULSETS = ScaleAdapter(STATEFULSET)
 
 

@@ -48,8 +48,8 @@ __all__ = [
 
 MERGE_PATCH: Final = "application/merge-patch+json"
 SCALE_GROUP: Final = "ebbtide.io/scale-group"
-"""Names the JobSet replicated job or RayCluster worker group Ebbtide resizes (default: the
-first)."""
+"""Names the RayCluster worker group Ebbtide resizes, or the JobSet replicated job it counts
+(default: the first)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +151,10 @@ class Adapter:
 
     via_scale: bool = False
     """Read and write the replica count through the ``/scale`` subresource."""
+    fixed_size: str | None = None
+    """Why its owner never lets its replica count change (None: it may). Such a kind has fixed
+    bounds, so the engine plans no resize of it; it is only preempted (its pods evicted, or
+    through Kueue), and its RBAC has no write for a resize."""
     suspend_path: str = "spec.suspend"
     """Where the kind is suspended (by Kueue, or whoever runs it): 0 replicas while set."""
     extra_rules: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
@@ -195,15 +199,16 @@ class Adapter:
         if self.stopped(obj):
             top = self.size(obj) if kueue.marked(obj) else 0
             return replace(w, min_replicas=0, max_replicas=top)
-        bounds = (w.replicas, w.replicas) if kueue.managed(obj) else self.bounds(obj)
+        fixed = kueue.managed(obj) or self.fixed_size is not None
+        bounds = (w.replicas, w.replicas) if fixed else self.bounds(obj)
         if bounds is not None:
             w = replace(w, min_replicas=bounds[0], max_replicas=bounds[1])
         return w
 
     def refusal(self, obj: Obj, to: int) -> str | None:
         """Why resizing to ``to`` replicas is forbidden (None: allowed): a stopped workload is
-        only resumed, and only when Ebbtide stopped it; Kueue's is never resized; then the
-        owner's own rules (:meth:`owner_refusal`)."""
+        only resumed, and only when Ebbtide stopped it; Kueue's is never resized, nor a kind of
+        :attr:`fixed_size`; then the owner's own rules (:meth:`owner_refusal`)."""
         kind = self.kind.kind
         if self.stopped(obj):
             if kueue.marked(obj) is None:
@@ -214,6 +219,8 @@ class Adapter:
                 f"Kueue manages the {kind}: a resize behind Kueue's back makes it suspend and "
                 "requeue it; it is preempted through its Kueue Workload instead"
             )
+        if self.fixed_size is not None:
+            return self.fixed_size
         return self.owner_refusal(obj, to)
 
     def owner_refusal(self, obj: Obj, to: int) -> str | None:

@@ -1,10 +1,20 @@
-"""JobSet (``jobset.x-k8s.io/v1alpha2``): no ``/scale`` subresource.
+"""JobSet (``jobset.x-k8s.io/v1alpha2``): never resized, only preempted.
 
-A JobSet runs ``replicas`` Jobs per replicated job, each of ``parallelism`` pods. Ebbtide resizes
-one replicated job (the first, or the one :data:`~controller.kube.workloads.base.SCALE_GROUP`
-names) by writing its ``replicas`` (elastic JobSets allow it; the JobSet controller removes the
-highest job indexes first). A replica is a whole Job, so it takes ``parallelism`` times the pod's
-GPUs. JobSet has no bounds of its own: they come from Ebbtide's annotations.
+A JobSet runs ``replicas`` Jobs per replicated job, each of ``parallelism`` pods; the replicas
+Ebbtide counts are one replicated job's (the first, or the one
+:data:`~controller.kube.workloads.base.SCALE_GROUP` names), and a replica is a whole Job, so it
+takes ``parallelism`` times the pod's GPUs.
+
+JobSet's validating webhook makes ``spec.replicatedJobs`` immutable (kubernetes-sigs/jobset
+``pkg/webhooks/jobset_webhook.go`` ``ValidateUpdate``): only the pod template's metadata,
+nodeSelector, tolerations and scheduling gates of a suspended JobSet may change, so any write of
+``replicas`` is a 422. The alpha ``ElasticJobSet`` gate (off by default) lets ``parallelism`` and
+``completions`` of Indexed jobs change, never ``replicas``; that would resize every Job of the
+replicated job at once, pods not replicas, and is not used. So a JobSet's size is fixed
+(:attr:`~controller.kube.workloads.base.Adapter.fixed_size`): the engine plans no shrink or grow
+of it, whatever its annotations say; it is preempted whole through Kueue when Kueue admits it,
+else by evicting its pods (the whole gang when a PodGroup's minMember says so), and its RBAC
+grants no write unless Kueue support is on (the preemption's mark).
 """
 
 from __future__ import annotations
@@ -29,6 +39,11 @@ JOBSET: Final = WorkloadKind(
 
 class JobSetAdapter(Adapter):
     """See the module docstring."""
+
+    fixed_size = (
+        "JobSet's webhook refuses any change of spec.replicatedJobs (replicas included): a "
+        "JobSet is never resized, only preempted"
+    )
 
     def located(self, obj: Obj) -> WorkloadKind:
         return in_group(self.kind, obj, "spec.replicatedJobs", "name", "template.spec.template")
