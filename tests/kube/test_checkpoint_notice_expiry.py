@@ -9,8 +9,6 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from controller.cluster import Outcome
-from controller.kube.state import workload_kinds
-from controller.rbac import allowed, cluster_rules
 from policies.checkpoint import (
     ACK,
     DEFAULT_DEADLINE_S,
@@ -131,10 +129,3 @@ async def test_a_notice_counts_against_the_eviction_budget(
     assert other.outcome is Outcome.REFUSED, other.detail
     assert "budget spent" in other.detail
     assert kubeapi.get("Pod", "ml", "plain") is not None
-
-
-@pytest.mark.parametrize("kinds", [("PyTorchJob",), ("StatefulSet",), ("JobSet",)])
-def test_the_notice_write_is_granted_whatever_kinds_are_tracked(kinds: tuple[str, ...]) -> None:
-    """The notice (and its removal) patches the pod: the ClusterRole grants it for every
-    ``workloadKinds`` setting, not only when Deployments bring it (their deletion cost)."""
-    assert allowed(cluster_rules(workload_kinds(kinds)), "", "pods", "patch")
