@@ -59,6 +59,9 @@ from typing import Any, Final, cast
 
 from controller.kube.migrecord import FLOW_ANNOTATION
 from policies.miglayout import (
+    CONFIG_LABEL,
+    GPU_RESOURCE,
+    MIG_RESOURCE_PREFIX,
     PRODUCT_LABEL,
     cards_of,
     product_mig_profile,
@@ -86,8 +89,6 @@ from policies.snapshot import (
 
 __all__ = [
     "DEPLOYMENT",
-    "GPU_RESOURCE",
-    "MIG_RESOURCE_PREFIX",
     "PYTORCHJOB",
     "STATEFULSET",
     "Obj",
@@ -112,11 +113,8 @@ __all__ = [
 
 Obj = Mapping[str, Any]
 
-GPU_RESOURCE: Final = "nvidia.com/gpu"
 #: The ResourceQuota key that caps a namespace's GPU requests.
 GPU_QUOTA: Final = "requests.nvidia.com/gpu"
-MIG_RESOURCE_PREFIX: Final = "nvidia.com/mig-"
-_MIG_CONFIG_LABEL: Final = "nvidia.com/mig.config"
 _MIG_STATE_LABEL: Final = "nvidia.com/mig.config.state"
 _TEMPLATE_HASH_LABEL: Final = "pod-template-hash"
 _PHASES: Final = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
@@ -252,7 +250,7 @@ def node_from(obj: Obj) -> Node | None:
     if (single := single_mig_profile(labels)) is not None and whole:
         mig, whole = {single: whole}, 0
     physical = cards_of(labels)
-    mig_config = labels.get(_MIG_CONFIG_LABEL) or None
+    mig_config = labels.get(CONFIG_LABEL) or None
     if not whole and not mig and physical:
         # Between layouts (device plugin restarting): what the configured layout will give.
         profile = (mig_config or MIG_DISABLED).removeprefix("all-")
