@@ -81,6 +81,9 @@ class ActionResult:
     detail: str = ""
     wasted_gpu_hours: float = 0.0
     """GPU-hours of work a preemption threw away (since the pod's last checkpoint)."""
+    transient: bool = False
+    """A failure the next try may not meet again (a conflict, throttling, a server error or a
+    timeout), as opposed to one that repeats itself (a webhook's or a validation's refusal)."""
 
 
 class Cluster(Protocol):
@@ -158,8 +161,9 @@ def feed_back(engine: Engine, results: Iterable[ActionResult], *, now: float) ->
     the service waits :data:`RETRY_HOLD_OFF_S` before the next try. A node whose MIG flow
     failed is left out of MIG planning for :data:`MIG_FAILED_HOLD_OFF_S`: its budget unit
     comes back, but another try would likely fail again after draining its training. A
-    training workload whose shrink failed is not shrunk again for
-    :data:`RESIZE_FAILED_HOLD_OFF_S`: the next try plans other victims instead."""
+    training workload whose shrink failed in a way that repeats itself is not shrunk again for
+    :data:`RESIZE_FAILED_HOLD_OFF_S`: the next try plans other victims instead (a transient
+    failure is retried after the hold-off, as any other)."""
     for r in results:
         if r.outcome not in _NOT_DONE:
             continue
@@ -170,7 +174,7 @@ def feed_back(engine: Engine, results: Iterable[ActionResult], *, now: float) ->
             hold = now + RETRY_HOLD_OFF_S
         elif r.outcome is Outcome.FAILED and r.decision.action in ("mig_convert", "mig_revert"):
             hold = now + MIG_FAILED_HOLD_OFF_S
-        elif r.outcome is Outcome.FAILED and _shrinks_training(r.decision):
+        elif r.outcome is Outcome.FAILED and not r.transient and _shrinks_training(r.decision):
             hold = now + RESIZE_FAILED_HOLD_OFF_S
         engine.not_done(
             r.decision,

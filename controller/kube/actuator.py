@@ -49,12 +49,11 @@ import structlog
 from kubernetes_asyncio import client
 
 from controller.cluster import ActionResult, Outcome
-from controller.kube.client import Conflict, KubeError, NotFound, TooManyRequests
+from controller.kube.client import Conflict, KubeError, NotFound, TooManyRequests, Transient
 from controller.kube.migflow import ApiLimits, MigFlow, MigFlowSettings
 from controller.kube.recorder import ActionStats, ObjectRef, Recorder
 from controller.kube.translate import (
     DEPLOYMENT,
-    GPU_RESOURCE,
     PYTORCHJOB,
     STATEFULSET,
     Obj,
@@ -78,6 +77,7 @@ from policies.checkpoint import (
     wasted_gpu_hours,
 )
 from policies.decisions import Decision, Evict, MigConvert, MigRevert, Scale
+from policies.miglayout import GPU_RESOURCE
 from policies.snapshot import Pod
 
 __all__ = [
@@ -301,6 +301,9 @@ class KubeActuator:
                 if replicas == d.to_replicas:
                     permit.spend()
                     return await self._done(d, Outcome.APPLIED, f"scaled {step} ({exc})", ref)
+            if isinstance(exc, Conflict | Transient):
+                failed = ActionResult(d, Outcome.FAILED, detail, transient=True)
+                return await self.recorder.record(failed, ref)
         return await self._done(d, Outcome.FAILED, detail, ref)
 
     async def _read_workload(self, kind: WorkloadKind, namespace: str, name: str) -> Any:

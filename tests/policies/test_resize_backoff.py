@@ -45,7 +45,7 @@ def answer(decisions: Sequence[Decision], shrink: ActionResult | None) -> list[A
     out = []
     for d in decisions:
         if isinstance(d, Scale) and d.role == "training" and shrink is not None:
-            out.append(ActionResult(d, shrink.outcome, shrink.detail))
+            out.append(ActionResult(d, shrink.outcome, shrink.detail, transient=shrink.transient))
         elif isinstance(d, Scale) and d.role != "training" and shrink is not None:
             out.append(ActionResult(d, Outcome.REFUSED, f"{NOT_FREED}: scale {shrink.outcome}"))
         else:
@@ -54,23 +54,32 @@ def answer(decisions: Sequence[Decision], shrink: ActionResult | None) -> list[A
 
 
 @pytest.mark.parametrize(
-    ("outcome", "detail", "shrunk_again"),
+    ("outcome", "detail", "transient", "shrunk_again"),
     [
-        pytest.param(Outcome.FAILED, REFUSED_BY_WEBHOOK, False, id="failed-is-held-off"),
-        pytest.param(Outcome.REFUSED, NOT_LEADER, True, id="not-leader-is-tried-again"),
-        pytest.param(Outcome.BLOCKED, "refused by a PDB", True, id="blocked-is-tried-again"),
+        pytest.param(Outcome.FAILED, REFUSED_BY_WEBHOOK, False, False, id="failed-is-held-off"),
+        pytest.param(
+            Outcome.FAILED,
+            "API error: 409 Conflict",
+            True,
+            True,
+            id="failed-transiently-is-retried",
+        ),
+        pytest.param(Outcome.REFUSED, NOT_LEADER, False, True, id="not-leader-is-tried-again"),
+        pytest.param(Outcome.BLOCKED, "refused by a PDB", False, True, id="blocked-is-tried-again"),
     ],
 )
 def test_a_failed_shrink_is_not_planned_again_and_other_victims_are(
-    outcome: Outcome, detail: str, shrunk_again: bool
+    outcome: Outcome, detail: str, transient: bool, shrunk_again: bool
 ) -> None:
     """After a FAILED shrink the next try evicts instead and says why the workload was passed
-    over; an outcome that may well succeed next time (not the leader) shrinks it again."""
+    over; an outcome that may well succeed next time (not the leader, a conflict or a server
+    error) shrinks it again."""
     engine = Engine(make_policy())
     snap = full_node().build()
     t, first = next((t, ds) for t, ds in run(engine, snap, T0, T0 + 30, 150.0) if ds)
     assert shrinks(first) == ["ml/elastic"]
-    feed_back(engine, answer(first, ActionResult(first[0], outcome, detail)), now=t)
+    result = ActionResult(first[0], outcome, detail, transient=transient)
+    feed_back(engine, answer(first, result), now=t)
     t2, second = next((t2, ds) for t2, ds in run(engine, snap, t, t + 200, 150.0) if ds)
     assert t2 <= t + RETRY_HOLD_OFF_S + 1
     if shrunk_again:
