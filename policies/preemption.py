@@ -358,10 +358,16 @@ def plan_capacity(
     else:
         # per node, its evictable candidates in victim order (refusals do not change in a plan)
         per_node: dict[str, list[tuple[tuple[float | str, ...], Pod, TrainingView | None]]] = {}
+        said: set[str] = set()
         for c in candidates:
             node = c[1].node
-            if node is not None and node in fit.free and refusal(c[1], c[2]) is None:
+            if node is None or node not in fit.free:
+                continue
+            if (why := refusal(c[1], c[2])) is None:
                 per_node.setdefault(node, []).append(c)
+            elif (who := c[2].key if c[2] else c[1].key) not in said:
+                said.add(who)  # once per workload: its pods share the reason
+                reject(f"evict pods of {who}" if c[2] else f"evict {who}", why)
         victims = {n: [(k[:-1], p.gpus) for k, p, _ in cs] for n, cs in per_node.items()}
         tried: set[str] = set()
         while not enough():
