@@ -49,12 +49,12 @@ Design:
 * **Scheduler** (:mod:`controller.sim.placement`): pending pods, highest priority first, then
   oldest (kube-scheduler's queue order, ``PrioritySort.Less`` in kubernetes
   ``pkg/scheduler/framework/plugins/queuesort/priority_sort.go``; ties here go by creation,
-  there by the time a pod was last queued), go to the fitting node with the fewest free GPUs: whole cards on non-MIG nodes, MIG
-  requests on nodes with free instances of each profile, never on cordoned or reconfiguring
-  nodes, only on nodes carrying the pod's selector (its workload's pool and template), meeting
-  its required node affinity and whose taints it tolerates (:func:`policies.placement.admits`,
-  as the engine plans). A bound
-  pod is ``Pending`` until ``pod_startup_s`` passes, then ``Running``.
+  there by the time a pod was last queued), go to the fitting node with the fewest free GPUs:
+  whole cards on non-MIG nodes, MIG requests on nodes with free instances of each profile,
+  never on cordoned or reconfiguring nodes, only on nodes carrying the pod's selector (its
+  workload's pool and template), meeting its required node affinity and whose taints it
+  tolerates (:func:`policies.placement.admits`, as the engine plans). A bound pod is
+  ``Pending`` until ``pod_startup_s`` passes, then ``Running``.
 * **Scheduler preemption** (off unless :attr:`SimCluster.preemption` is set; never while the
   starting cluster settles): kube-scheduler's DefaultPreemption with PriorityClasses. A pending
   pod that fits nowhere picks a node where evicting pods of *lower* priority makes it fit

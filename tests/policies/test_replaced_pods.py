@@ -81,7 +81,8 @@ def test_a_deployment_ebbtide_grows_back_is_shrunk_in_place_of_evictions() -> No
         [step] = p.shrinks
         assert (step.workload, step.from_replicas, step.to_replicas) == ("ml/train", 4, 2)
         assert step.remove == ("ml/train-0", "ml/train-1")  # victim order: equal, by name
-        assert step.gpus_freed == 2 and p.freed == 2
+        assert step.gpus_freed == 2
+        assert p.freed == 2
 
 
 @pytest.mark.parametrize(
@@ -103,7 +104,8 @@ def test_a_recreated_pod_is_evicted_only_for_pods_that_outrank_it(
     assert [v.pod.key for v in p.evictions] == (["ml/train-0", "ml/train-1"] if evicts else [])
     if not evicts:
         assert p.freed == 0
-        assert p.rejected and all("would recreate it" in r.why_not for r in p.rejected)
+        assert p.rejected
+        assert all("would recreate it" in r.why_not for r in p.rejected)
 
 
 @pytest.mark.parametrize("kind", ["StatefulSet", "PyTorchJob"])
@@ -112,7 +114,8 @@ def test_only_a_deployment_is_shrunk_instead(kind: str) -> None:
     their pods fall under the priority rule, even with a maximum to grow back to."""
     assert plan(one_node(kind, **PINNED), 2, claimant=100).freed == 0
     p = plan(one_node(kind, **PINNED), 2, claimant=1000)
-    assert p.shrinks == () and len(p.evictions) == 2
+    assert p.shrinks == ()
+    assert len(p.evictions) == 2
 
 
 def test_without_a_scale_step_left_the_priority_rule_decides() -> None:
@@ -120,7 +123,8 @@ def test_without_a_scale_step_left_the_priority_rule_decides() -> None:
     that outrank them."""
     assert plan(one_node(**PINNED), 2, claimant=100, scales=0).freed == 0
     p = plan(one_node(**PINNED), 2, claimant=1000, scales=0)
-    assert p.shrinks == () and len(p.evictions) == 2
+    assert p.shrinks == ()
+    assert len(p.evictions) == 2
 
 
 def test_per_node_planning_says_why_a_recreated_pod_is_not_taken() -> None:
@@ -129,7 +133,8 @@ def test_per_node_planning_says_why_a_recreated_pod_is_not_taken() -> None:
     snap = train(SnapshotBuilder().node("w0", gpus=4, labels=WHOLE), 4, ["w0"], "Deployment")
     assert plan(snap, 2, claimant=100, fit=fit).freed == 0
     why = [r for r in plan(snap, 2, claimant=100, fit=fit).rejected if "ml/train" in r.option]
-    assert len(why) == 1 and "would recreate it" in why[0].why_not
+    assert len(why) == 1
+    assert "would recreate it" in why[0].why_not
 
 
 def test_a_shrink_in_place_of_evictions_leaves_pending_pods_out_of_the_count() -> None:
