@@ -300,6 +300,8 @@ def plan_capacity(
             candidates.append((key, pod, None))
         candidates.sort(key=lambda c: c[0])
     gone: set[str] = set()
+    took: list[Pod] = []
+    """Every pod taken, evicted or shrunk away, in order."""
 
     def take(pod: Pod, cview: TrainingView | None) -> bool:
         """Evict ``pod`` (and its gang when it would drop below its minimum), or say why not."""
@@ -339,6 +341,7 @@ def plan_capacity(
             return False
         for victim in group:
             gone.add(victim.key)
+            took.append(victim)
             gain = victim.gpus if pod_pool.get(victim.node or "") == pool else 0
             credit(victim.node, gain)
             if shrink and cview is not None:
@@ -378,20 +381,20 @@ def plan_capacity(
             node = order[0]
             tried.add(node)
             want = slots({node: now_free[node]}, fit.gpus) + 1
-            before = len(evictions)
+            before = len(took)
             for _, pod, cview in per_node[node]:
                 take(pod, cview)
                 if slots({node: fit.free[node] + gained.get(node, 0)}, fit.gpus) >= want:
                     tried.discard(node)
                     break
-            moved = {v.pod.node for v in evictions[before:] if v.pod.node is not None}
+            moved = {p.node for p in took[before:] if p.node is not None}
             for touched in sorted(moved & per_node.keys()):
                 left = [c for c in per_node[touched] if c[1].key not in gone]
                 per_node[touched] = left
                 victims[touched] = [(k[:-1], p.gpus) for k, p, _ in left]
     by_key = {v.key: v for v in views}
-    for key, pods in replaced.items():
-        shrinks.append(_shrink_instead(by_key[key], pods, pool=pool, pod_pool=pod_pool))
+    for wkey, pods in replaced.items():
+        shrinks.append(_shrink_instead(by_key[wkey], pods, pool=pool, pod_pool=pod_pool))
     return Plan(tuple(shrinks), tuple(evictions), freed, tuple(rejected), FrozenMap(gained))
 
 
