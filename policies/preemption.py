@@ -60,7 +60,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from policies.checkpoint import Notices
+from policies.checkpoint import HANDSHAKE, Notices
 from policies.decisions import Alternative
 from policies.drain import protection
 from policies.inventory import TrainingView
@@ -400,8 +400,9 @@ def plan_capacity(
 
 def _shrinks_instead(view: TrainingView) -> bool:
     """A shrink of ``view`` can take the pods an eviction would (module docstring, 4): its
-    controller is told which pods go, Ebbtide sizes it and grows it back, and its owner sets
-    no bounds of its own (a Kueue-admitted workload is fixed: it is preempted whole)."""
+    controller is told which pods go, Ebbtide sizes it and grows it back, its owner sets no
+    bounds of its own (a Kueue-admitted workload is fixed: it is preempted whole), and its pods
+    do not ask for the checkpoint handshake (a shrink gives them no notice)."""
     w = view.workload
     return (
         w.kind in NAMED_REMOVAL_KINDS
@@ -409,6 +410,9 @@ def _shrinks_instead(view: TrainingView) -> bool:
         and view.protected is None
         and w.min_replicas is None
         and w.gpus_per_replica > 0
+        and not any(
+            (p.annotations.get(HANDSHAKE) or "").strip().lower() == "true" for p in view.pods
+        )
     )
 
 

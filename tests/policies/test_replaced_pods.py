@@ -144,3 +144,23 @@ def test_a_shrink_in_place_of_evictions_leaves_pending_pods_out_of_the_count() -
     snap = train(b, 5, ["w0", "w0", "w0", "w0", None], "Deployment", min_replicas=5, max_replicas=5)
     [step] = plan(snap, 2, claimant=100).shrinks
     assert (step.from_replicas, step.to_replicas, len(step.remove)) == (5, 2, 2)
+
+
+def test_pods_asking_for_the_checkpoint_handshake_are_not_shrunk_away() -> None:
+    """A shrink gives no preemption notice, so a Deployment whose pods opt in to the checkpoint
+    handshake is not shrunk instead: its pods are evicted (noticed first) when outranked."""
+    b = SnapshotBuilder().node("w0", gpus=8, labels=WHOLE)
+    b.workload(
+        "ml",
+        "train",
+        replicas=4,
+        labels=TRAINING,
+        annotations={"ebbtide.io/min-replicas": "4", "ebbtide.io/max-replicas": "4"},
+        priority=100,
+        nodes=["w0"],
+        pod_annotations={"ebbtide.io/checkpoint-handshake": "true"},
+    )
+    assert plan(b.build(), 2, claimant=100).freed == 0
+    p = plan(b.build(), 2, claimant=1000)
+    assert p.shrinks == ()
+    assert len(p.evictions) == 2
