@@ -14,6 +14,7 @@ from __future__ import annotations
 from sim_builders import POOLS, T0, TRAINING, WHOLE
 
 from controller.sim import SimCluster, SimDelays
+from controller.sim.scenario import DelaysSpec
 from policies.decisions import Decision, Scale
 from policies.engine import Engine
 from policies.loader import load_policy_text
@@ -139,3 +140,10 @@ async def test_an_outranking_service_gets_its_gpus_back_through_scheduler_preemp
     assert all(node is not None and phase == "Running" for node, phase in pods.values()), pods
     assert [e for e in c.effects if e.kind == "terminating" and "evicted" in e.detail]
     assert not [e for e in c.effects if e.kind == "scaled" and e.target == "ml/train"]
+
+
+def test_a_scenario_says_how_soon_a_replacement_exists() -> None:
+    """``spec.delays.replaceCreate`` in a scenario file reaches the cluster (default: at once)."""
+    assert DelaysSpec().to_delays().replace_create_s == 0.0
+    spec = DelaysSpec.model_validate({"replaceCreate": "3s", "scaleUpCreate": "5s"})
+    assert (spec.to_delays().replace_create_s, spec.to_delays().scale_up_create_s) == (3.0, 5.0)
