@@ -99,6 +99,10 @@ class TrainingView:
     """Another autoscaler sizes it and the policy does not give it to Ebbtide
     (``training.owner``): never resized (its bounds are its replicas), still evictable — an
     HPA does not fight an eviction."""
+    grows_back: bool = False
+    """Its maximum is stated (``ebbtide.io/max-replicas``, or its owner's bounds) and Ebbtide
+    sizes it: a shrink below its floor is grown back to that maximum once GPUs are idle, so
+    it may stand in for evicting pods its owner would recreate (:mod:`policies.preemption`)."""
 
     @property
     def key(self) -> str:
@@ -243,6 +247,7 @@ class Inventory:
                 pods=tuple(sorted(pods, key=lambda p: p.name)),
                 pool_gpus=pool_gpus,
                 scaled_by=scaled_by,
+                grows_back=hi is not None and scaled_by is None,
             )
         # training pods without a known workload (bare pods, jobs not listed as workloads)
         for pod in snapshot.pods:

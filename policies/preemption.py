@@ -25,7 +25,28 @@ Design (Kueue's ``GetTargets`` in spirit: decide on an in-memory view, actuate e
    notice at a time: while its notice stands on a pod, or once this plan took a pod that needs
    one, no other pod that would need a notice is taken (pods that need none still are), so a
    breach does not notice a new pod at every try while the first one checkpoints.
-5. **Never**: inference pods (not in the training view at all), protected namespaces,
+5. **A pod its owner recreates is not evicted for pods that do not outrank it.** The
+   ReplicaSet (or any workload controller) replaces an evicted pod at once, and the replacement
+   races the replicas the GPUs were freed for: the kube-scheduler pops pending pods by priority,
+   then by the time they were queued (``PrioritySort.Less``,
+   kubernetes ``pkg/scheduler/framework/plugins/queuesort/priority_sort.go``), a time it
+   refreshes after every failed attempt (``AddUnschedulableIfNotPresent``,
+   ``pkg/scheduler/backend/queue/scheduling_queue.go``), and the replacement may even be bound
+   before the new replicas exist (the victim exits before the scale-up is written). So:
+
+   * a **Deployment** that Ebbtide sizes and grows back (:attr:`TrainingView.grows_back`) is
+     *shrunk instead*: its pods the plan would evict are taken by one shrink of the owner,
+     naming them (``Scale.remove``: the ReplicaSet removes them first), below its elastic floor
+     as far as the evictions would have gone (they would have left as few pods running), never
+     below its owner's own bounds. Nothing is recreated, so nothing races the new replicas;
+     the workload grows back to its maximum when GPUs are idle.
+   * otherwise its pods are evicted only for pods of strictly higher priority
+     (``claimant_priority``): they are popped first, and should the replacement get there
+     first, the kube-scheduler's DefaultPreemption takes the GPU back for them and nominates
+     them to the node (``status.nominatedNodeName``), which pods of lower priority may not
+     take. At equal or lower priority the eviction only moves the pod: it is refused, with
+     the reason.
+6. **Never**: inference pods (not in the training view at all), protected namespaces,
    ``ebbtide.io/do-not-disrupt``. Each skipped candidate is reported as an
    :class:`~policies.decisions.Alternative` with the reason.
 
@@ -39,7 +60,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from policies.checkpoint import Notices
+from policies.checkpoint import HANDSHAKE, Notices
 from policies.decisions import Alternative
 from policies.drain import protection
 from policies.inventory import TrainingView
@@ -53,6 +74,11 @@ __all__ = ["Fit", "Plan", "ShrinkStep", "Victim", "plan_capacity", "victim_sort_
 MAX_ALTERNATIVES = 8
 
 
+#: Kinds whose controller can be told which pods a shrink removes (a ReplicaSet's
+#: ``controller.kubernetes.io/pod-deletion-cost``): a shrink of one can stand in for evictions.
+NAMED_REMOVAL_KINDS = frozenset({"Deployment"})
+
+
 @dataclass(frozen=True, slots=True)
 class ShrinkStep:
     workload: str
@@ -60,6 +86,8 @@ class ShrinkStep:
     from_replicas: int
     to_replicas: int
     gpus_freed: int
+    remove: tuple[str, ...] = ()
+    """Pods (``namespace/name``) it removes; set when it stands in for evicting them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +166,7 @@ def plan_capacity(
     resize_held: Mapping[str, str] | None = None,
     notices: Notices | None = None,
     fit: Fit | None = None,
+    claimant_priority: int | None = None,
 ) -> Plan:
     """Free at least ``needed`` whole GPUs in ``pool`` (as many as possible when it cannot);
     with ``fit``, free until ``fit.replicas`` replicas each fit on one node instead.
@@ -146,7 +175,9 @@ def plan_capacity(
     by an earlier plan in the same evaluation; ``held`` maps pods the cluster recently refused to
     evict (a PodDisruptionBudget) to the reason, so the next victim in order is taken instead;
     ``resize_held`` maps workloads whose shrink failed lately to the reason: not shrunk again;
-    ``notices`` (the need's view of the checkpoint handshake) keeps it to one notice at a time.
+    ``notices`` (the need's view of the checkpoint handshake) keeps it to one notice at a time;
+    ``claimant_priority`` is the priority of the pods the GPUs are freed for (None: no rule
+    about pods their owner recreates, see the module docstring).
     """
     held = held or {}
     resize_held = resize_held or {}
@@ -166,11 +197,17 @@ def plan_capacity(
         )
     )
     rejected: list[Alternative] = []
+    instead: set[str] = set()
+    """Workloads whose pods are taken by shrinking them instead of evicting (filled below)."""
 
     def refusal(pod: Pod, view: TrainingView | None) -> str | None:
-        """Why ``pod`` may not be evicted: held after a refusal, or protected. Asked of every
-        pod an eviction takes, a gang's other members included."""
-        return held.get(pod.key) or _protection(pod, view, protected_namespaces)
+        """Why ``pod`` may not be evicted: held after a refusal, protected, or recreated by its
+        owner to race pods that do not outrank it. Asked of every pod an eviction takes, a
+        gang's other members included."""
+        why = held.get(pod.key) or _protection(pod, view, protected_namespaces)
+        if why is None and view is not None and view.key not in instead:
+            why = _replaced(pod, view, claimant_priority)
+        return why
 
     def reject(option: str, why: str) -> None:
         if len(rejected) < MAX_ALTERNATIVES:
@@ -230,7 +267,16 @@ def plan_capacity(
         scale_budget -= 1
 
     evictions: list[Victim] = []
+    replaced: dict[str, list[Pod]] = {}
+    """Per workload shrunk instead, the pods it gives up, in the order taken."""
     candidates: list[tuple[tuple[float | str, ...], Pod, TrainingView | None]] = []
+    if claimant_priority is not None:
+        # one scale step each, in victim order, while the budget lasts
+        for view in views:
+            if len(instead) >= scale_budget:
+                break
+            if view.key not in shrunk and view.key not in resize_held and _shrinks_instead(view):
+                instead.add(view.key)
     if not enough():
         for view in views:
             if view.key in shrunk:
@@ -254,6 +300,8 @@ def plan_capacity(
             candidates.append((key, pod, None))
         candidates.sort(key=lambda c: c[0])
     gone: set[str] = set()
+    took: list[Pod] = []
+    """Every pod taken, evicted or shrunk away, in order."""
 
     def take(pod: Pod, cview: TrainingView | None) -> bool:
         """Evict ``pod`` (and its gang when it would drop below its minimum), or say why not."""
@@ -283,7 +331,8 @@ def plan_capacity(
                 f"one checkpoint notice per need at a time: waiting on {noticing}",
             )
             return False
-        if len(group) > eviction_budget:
+        shrink = cview is not None and cview.key in instead
+        if not shrink and len(group) > eviction_budget:
             what = f"gang {cview.key}" if whole and cview else pod.key
             reject(
                 f"evict {what}",
@@ -292,9 +341,13 @@ def plan_capacity(
             return False
         for victim in group:
             gone.add(victim.key)
+            took.append(victim)
             gain = victim.gpus if pod_pool.get(victim.node or "") == pool else 0
-            evictions.append(Victim(victim, cview.key if cview else victim.workload, gain, whole))
             credit(victim.node, gain)
+            if shrink and cview is not None:
+                replaced.setdefault(cview.key, []).append(victim)
+                continue
+            evictions.append(Victim(victim, cview.key if cview else victim.workload, gain, whole))
             eviction_budget -= 1
         if asks:
             noticing = pod.key
@@ -308,10 +361,16 @@ def plan_capacity(
     else:
         # per node, its evictable candidates in victim order (refusals do not change in a plan)
         per_node: dict[str, list[tuple[tuple[float | str, ...], Pod, TrainingView | None]]] = {}
+        said: set[str] = set()
         for c in candidates:
             node = c[1].node
-            if node is not None and node in fit.free and refusal(c[1], c[2]) is None:
+            if node is None or node not in fit.free:
+                continue
+            if (why := refusal(c[1], c[2])) is None:
                 per_node.setdefault(node, []).append(c)
+            elif (who := c[2].key if c[2] else c[1].key) not in said:
+                said.add(who)  # once per workload: its pods share the reason
+                reject(f"evict pods of {who}" if c[2] else f"evict {who}", why)
         victims = {n: [(k[:-1], p.gpus) for k, p, _ in cs] for n, cs in per_node.items()}
         tried: set[str] = set()
         while not enough():
@@ -322,18 +381,64 @@ def plan_capacity(
             node = order[0]
             tried.add(node)
             want = slots({node: now_free[node]}, fit.gpus) + 1
-            before = len(evictions)
+            before = len(took)
             for _, pod, cview in per_node[node]:
                 take(pod, cview)
                 if slots({node: fit.free[node] + gained.get(node, 0)}, fit.gpus) >= want:
                     tried.discard(node)
                     break
-            moved = {v.pod.node for v in evictions[before:] if v.pod.node is not None}
+            moved = {p.node for p in took[before:] if p.node is not None}
             for touched in sorted(moved & per_node.keys()):
                 left = [c for c in per_node[touched] if c[1].key not in gone]
                 per_node[touched] = left
                 victims[touched] = [(k[:-1], p.gpus) for k, p, _ in left]
+    by_key = {v.key: v for v in views}
+    for wkey, pods in replaced.items():
+        shrinks.append(_shrink_instead(by_key[wkey], pods, pool=pool, pod_pool=pod_pool))
     return Plan(tuple(shrinks), tuple(evictions), freed, tuple(rejected), FrozenMap(gained))
+
+
+def _shrinks_instead(view: TrainingView) -> bool:
+    """A shrink of ``view`` can take the pods an eviction would (module docstring, 4): its
+    controller is told which pods go, Ebbtide sizes it and grows it back, its owner sets no
+    bounds of its own (a Kueue-admitted workload is fixed: it is preempted whole), and its pods
+    do not ask for the checkpoint handshake (a shrink gives them no notice)."""
+    w = view.workload
+    return (
+        w.kind in NAMED_REMOVAL_KINDS
+        and view.grows_back
+        and view.protected is None
+        and w.min_replicas is None
+        and w.gpus_per_replica > 0
+        and not any(
+            (p.annotations.get(HANDSHAKE) or "").strip().lower() == "true" for p in view.pods
+        )
+    )
+
+
+def _shrink_instead(
+    view: TrainingView, pods: Sequence[Pod], *, pool: str, pod_pool: Mapping[str, str | None]
+) -> ShrinkStep:
+    """The shrink that removes ``pods`` of ``view``. Pods not holding GPUs (pending) go first
+    whatever is named (a ReplicaSet removes unscheduled pods first), so the count is taken
+    from the pods holding GPUs, not from the replicas asked for."""
+    w = view.workload
+    to = max(0, min(w.replicas, len(view.pods)) - len(pods))
+    gain = sum(p.gpus for p in pods if pod_pool.get(p.node or "") == pool)
+    return ShrinkStep(view.key, w.kind, w.replicas, to, gain, tuple(p.key for p in pods))
+
+
+def _replaced(pod: Pod, view: TrainingView, claimant_priority: int | None) -> str | None:
+    """Why evicting ``pod`` frees nothing for pods of ``claimant_priority``: its owner
+    recreates it, and the replacement does not lose the scheduler's queue to them."""
+    if claimant_priority is None or claimant_priority > pod.priority:
+        return None
+    kind = view.workload.kind
+    return (
+        f"its {kind} would recreate it at priority {pod.priority}, not below the "
+        f"{claimant_priority} of the pods the GPUs are for: the replacement could take the GPU "
+        "back (a Deployment with ebbtide.io/max-replicas is shrunk instead)"
+    )
 
 
 def _protection(

@@ -283,6 +283,7 @@ def respond_to_breach(
                 resize_held=rnd.resize_held,
                 notices=Notices(key, now, training.checkpoint.deadline),
                 fit=fit,
+                claimant_priority=None if workload is None else workload.priority,
             )
             alternatives.extend(plan.rejected)
     freed = plan.freed if plan is not None else 0
@@ -324,6 +325,12 @@ def respond_to_breach(
     if plan is not None:
         grace = training.grace_period if training is not None else 30.0
         for s in plan.shrinks:
+            instead = (
+                f" instead of evicting {', '.join(s.remove)} (its ReplicaSet would recreate "
+                "them to race the new replicas for the GPUs)"
+                if s.remove
+                else ""
+            )
             rnd.emit(
                 Scale(
                     now,
@@ -335,13 +342,15 @@ def respond_to_breach(
                     Explanation.of(
                         "free-gpus-shrink-training",
                         f"{cause_text}; shrink {s.workload} "
-                        f"{s.from_replicas}→{s.to_replicas} to free {s.gpus_freed} GPUs in {pool}",
+                        f"{s.from_replicas}→{s.to_replicas} to free {s.gpus_freed} GPUs in "
+                        f"{pool}{instead}",
                         alternatives=tuple(alternatives),
                         inputs=inputs,
                         thresholds=thresholds,
                     ),
                     cause=key,
                     dry_run=rnd.dry_run,
+                    remove=s.remove,
                 )
             )
             rnd.taken.add(s.workload)

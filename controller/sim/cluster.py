@@ -18,9 +18,11 @@ Design:
   MIG layout already at target: ``ALREADY_DONE``; a MIG flow started or under way:
   ``IN_PROGRESS``; dry-run: ``DRY_RUN``, nothing changes).
 * **Effects** (delays from :class:`SimDelays`): *Evict* marks the pod terminating; it keeps its
-  GPUs until the decision's ``grace_s`` ends. A pod owned by a workload is replaced (after
-  ``scale_up_create_s``) because the workload still wants its replicas: evicting without shrinking
-  only moves the pod. *Scale* sets replicas; missing pods appear after ``scale_up_create_s``,
+  GPUs until the decision's ``grace_s`` ends. A pod owned by a workload is replaced at
+  once (``replace_create_s``, 0 by default: a ReplicaSet does not count a terminating pod)
+  because the workload still wants its replicas: evicting without shrinking only moves the pod,
+  and the replacement waits in the scheduler's queue for the GPUs the evicted pod still holds.
+  *Scale* sets replicas; missing pods appear after ``scale_up_create_s``,
   extra ones are removed at once with the default grace in the ReplicaSet's order: unscheduled
   first, then not running, then the decision's ``remove`` (the pods a real cluster's
   ``pod-deletion-cost`` marks), then newest. *MigConvert/MigRevert* (the node's ``mig_flow`` set
@@ -45,12 +47,14 @@ Design:
   stays short of replicas (no effect is logged) and tries again when a pod of the namespace
   goes. The snapshot shows each quota with that use, as the quota controller reports it.
 * **Scheduler** (:mod:`controller.sim.placement`): pending pods, highest priority first, then
-  oldest, go to the fitting node with the fewest free GPUs: whole cards on non-MIG nodes, MIG
-  requests on nodes with free instances of each profile, never on cordoned or reconfiguring
-  nodes, only on nodes carrying the pod's selector (its workload's pool and template), meeting
-  its required node affinity and whose taints it tolerates (:func:`policies.placement.admits`,
-  as the engine plans). A bound
-  pod is ``Pending`` until ``pod_startup_s`` passes, then ``Running``.
+  oldest (kube-scheduler's queue order, ``PrioritySort.Less`` in kubernetes
+  ``pkg/scheduler/framework/plugins/queuesort/priority_sort.go``; ties here go by creation,
+  there by the time a pod was last queued), go to the fitting node with the fewest free GPUs:
+  whole cards on non-MIG nodes, MIG requests on nodes with free instances of each profile,
+  never on cordoned or reconfiguring nodes, only on nodes carrying the pod's selector (its
+  workload's pool and template), meeting its required node affinity and whose taints it
+  tolerates (:func:`policies.placement.admits`, as the engine plans). A bound pod is
+  ``Pending`` until ``pod_startup_s`` passes, then ``Running``.
 * **Scheduler preemption** (off unless :attr:`SimCluster.preemption` is set; never while the
   starting cluster settles): kube-scheduler's DefaultPreemption with PriorityClasses. A pending
   pod that fits nowhere picks a node where evicting pods of *lower* priority makes it fit
@@ -517,7 +521,7 @@ class SimCluster:
             self._log("terminating", key, f"{why}, grace {grace:g}s")
             self._at(rec.gone_at, "gone", key)
         if rec.pod.workload in self._workloads:
-            self._at(self._now + self.delays.scale_up_create_s, "reconcile", rec.pod.workload or "")
+            self._at(self._now + self.delays.replace_create_s, "reconcile", rec.pod.workload or "")
 
     def _add_pod(self, pod: Pod, pool_selector: Mapping[str, str]) -> None:
         """Track ``pod``, which runs where its placement and ``pool_selector`` (its pool's or

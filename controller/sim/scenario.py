@@ -82,7 +82,10 @@ class DelaysSpec(_Model):
     mig_failure_probability: Percent = 0.0
     """Chance a MIG reconfiguration fails and rolls back, e.g. 5%."""
     scale_up_create: Duration = 2.0
-    """From replicas going up (or an eviction) to the new pod existing."""
+    """From replicas going up to the new pod existing."""
+    replace_create: Duration = 0.0
+    """From a workload's pod starting to terminate (evicted, preempted, drained) to its
+    replacement existing: at once, as a ReplicaSet recreates it."""
 
     def to_delays(self) -> SimDelays:
         return SimDelays(
@@ -91,6 +94,7 @@ class DelaysSpec(_Model):
             mig_reconfigure_s=self.mig_reconfigure,
             mig_failure_probability=self.mig_failure_probability,
             scale_up_create_s=self.scale_up_create,
+            replace_create_s=self.replace_create,
         )
 
 

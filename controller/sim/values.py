@@ -60,10 +60,23 @@ class SimDelays:
     mig_failure_probability: float = 0.0
     """Chance a reconfiguration fails (the node rolls back to its previous layout)."""
     scale_up_create_s: float = 2.0
-    """From a replica count going up (or a pod of a workload being evicted) to the new pod."""
+    """From a replica count going up to the new pod (the Deployment controller resizes the
+    ReplicaSet, whose controller then creates it)."""
+    replace_create_s: float = 0.0
+    """From a workload's pod starting to terminate (evicted, preempted, drained) to its
+    replacement: at once, as a ReplicaSet counts a pod with a ``deletionTimestamp`` as gone
+    (``FilterActivePods``, kubernetes ``pkg/controller/replicaset/replica_set.go``) and
+    recreates it while the old one still holds its GPUs for its grace period."""
 
     def __post_init__(self) -> None:
-        for name in ("eviction_grace_s", "pod_startup_s", "mig_reconfigure_s", "scale_up_create_s"):
+        names = (
+            "eviction_grace_s",
+            "pod_startup_s",
+            "mig_reconfigure_s",
+            "scale_up_create_s",
+            "replace_create_s",
+        )
+        for name in names:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
         if not 0.0 <= self.mig_failure_probability <= 1.0:

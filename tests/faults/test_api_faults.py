@@ -59,9 +59,10 @@ async def test_api_errors_and_timeouts_cause_no_duplicate_and_no_overspent_budge
     rng = random.Random(SEED)
     started = time.monotonic()
     await world.kubeapi.create(make_node("gpu-3", labels=WHOLE, gpus=4))  # idle: converted to MIG
-    await world.kubeapi.patch(
-        "Deployment", "ml", "train", {"metadata": {"annotations": {"ebbtide.io/min-replicas": "9"}}}
-    )
+    # shrinkable to 9, no maximum: past the shrink, its pods are evicted (chat outranks them),
+    # not shrunk away (a Deployment Ebbtide grows back would be)
+    bounds = {"ebbtide.io/min-replicas": "9", "ebbtide.io/max-replicas": None}
+    await world.kubeapi.patch("Deployment", "ml", "train", {"metadata": {"annotations": bounds}})
     controller = world.start(identity="flaky")
     await ready(controller)
 

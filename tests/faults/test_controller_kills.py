@@ -48,10 +48,10 @@ async def test_sigkill_during_a_burst_of_decisions_repeats_nothing(world: World)
     """Random SIGKILLs while deciding: nothing evicted or applied twice, budgets hold."""
     rng = random.Random(SEED)
     started = time.monotonic()
-    # Training may not shrink below 9 of 10: relief needs evictions too.
-    await world.kubeapi.patch(
-        "Deployment", "ml", "train", {"metadata": {"annotations": {"ebbtide.io/min-replicas": "9"}}}
-    )
+    # Training may not shrink below 9 of 10 and has no maximum (Ebbtide would not grow it back,
+    # so it is not shrunk further instead): relief needs evictions too (chat outranks it).
+    bounds = {"ebbtide.io/min-replicas": "9", "ebbtide.io/max-replicas": None}
+    await world.kubeapi.patch("Deployment", "ml", "train", {"metadata": {"annotations": bounds}})
     for _ in range(3):
         controller = world.start(identity="burst")
         await ready(controller)

@@ -83,12 +83,12 @@ def describe(r: ActionResult) -> str:
 async def rigged(
     kubeapi: KubeAPIServer, tmp_path: Path, *, policy: Path = HERE / "policy.yaml"
 ) -> AsyncIterator[Rig]:
-    """The full end-to-end cluster (no free GPU) with training pinned at 9..10 replicas, so a
+    """The full end-to-end cluster (no free GPU) with training shrinkable to 9 replicas and no
+    maximum (so not shrunk further instead of evicted: Ebbtide would not grow it back), so a
     breach must evict; a protected-namespace and a do-not-disrupt training pod on gpu-2."""
     await build_cluster(kubeapi, full=True)
-    await kubeapi.patch(
-        "Deployment", "ml", "train", {"metadata": {"annotations": {"ebbtide.io/min-replicas": "9"}}}
-    )
+    bounds = {"ebbtide.io/min-replicas": "9", "ebbtide.io/max-replicas": None}
+    await kubeapi.patch("Deployment", "ml", "train", {"metadata": {"annotations": bounds}})
     for namespace, name, extra in (
         ("kube-system", "sys", {}),
         ("ml", "precious", {"ebbtide.io/do-not-disrupt": "true"}),

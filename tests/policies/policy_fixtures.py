@@ -18,6 +18,8 @@ T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 WHOLE = {"ebbtide.io/pool": "whole"}
 MIG = {"ebbtide.io/pool": "mig"}
 TRAINING = {"ebbtide.io/class": "training"}
+SERVING_PRIORITY = 1000
+"""Priority of chat's pods in :func:`cluster`."""
 
 BASE: dict[str, Any] = {
     "apiVersion": "ebbtide.io/v1alpha1",
@@ -138,13 +140,15 @@ def training(
 
 
 def cluster(whole_nodes: int = 2, gpus: int = 8, mig_nodes: int = 0) -> SnapshotBuilder:
-    """Nodes ``w0…`` in the whole pool and ``m0…`` (MIG) in the mig pool; chat with 1 replica."""
+    """Nodes ``w0…`` in the whole pool and ``m0…`` (MIG) in the mig pool; chat with 1 replica
+    at priority :data:`SERVING_PRIORITY`, above training's (as serving runs in production: a
+    pod its owner recreates is evicted only for pods that outrank it)."""
     b = SnapshotBuilder()
     for i in range(whole_nodes):
         b.node(f"w{i}", gpus=gpus, labels=WHOLE)
     for i in range(mig_nodes):
         b.node(f"m{i}", gpus=gpus, labels=MIG, mig_config="all-1g.10gb")
-    b.workload("serving", "chat", replicas=1, nodes=["w0"])
+    b.workload("serving", "chat", replicas=1, nodes=["w0"], priority=SERVING_PRIORITY)
     return b
 
 

@@ -7,7 +7,18 @@ import copy
 import json
 
 import pytest
-from policy_fixtures import BASE, MIG, T0, TRAINING, WHOLE, make_policy, run, training, util
+from policy_fixtures import (
+    BASE,
+    MIG,
+    SERVING_PRIORITY,
+    T0,
+    TRAINING,
+    WHOLE,
+    make_policy,
+    run,
+    training,
+    util,
+)
 from prometheus_client import generate_latest
 
 from controller.metrics import Metrics, StateSources
@@ -190,7 +201,7 @@ def evicted_and_replaced() -> tuple[list[Decision], float, Snapshot]:
     b = SnapshotBuilder()
     b.node("w0", gpus=8, labels=WHOLE)
     b.node("m0", gpus=8, labels=MIG, mig_config="all-1g.10gb")
-    b.workload("serving", "chat", replicas=2, nodes=["w0"])
+    b.workload("serving", "chat", replicas=2, nodes=["w0"], priority=SERVING_PRIORITY)
     b.workload("ml", "batch", kind="Job", replicas=6, labels=TRAINING, nodes=["w0"])
     engine = Engine(make_policy())
     for t, ds in run(engine, b.build(), T0, T0 + 15, 300.0):  # noqa: B007 (t: the breach)
@@ -331,7 +342,7 @@ def test_a_breach_scales_only_as_far_as_the_namespace_quota_allows() -> None:
     wants 5 replicas, its namespace has room for one more, so one pod is evicted and chat
     scales 1→2, naming the quota."""
     b = SnapshotBuilder().node("w0", gpus=8, labels=WHOLE)
-    b.workload("serving", "chat", replicas=1, nodes=["w0"])
+    b.workload("serving", "chat", replicas=1, nodes=["w0"], priority=SERVING_PRIORITY)
     training(b, "batch", replicas=7, nodes=["w0"])
     b.quota("serving", hard=2, used=1)
     engine = Engine(make_policy())

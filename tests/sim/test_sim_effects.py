@@ -49,17 +49,18 @@ async def test_evict_keeps_gpus_for_the_grace_period_then_the_pod_is_gone() -> N
 
 
 async def test_evicting_a_workload_pod_only_moves_it() -> None:
-    """The workload recreates an evicted pod after scale_up_create_s; it is placed and starts."""
+    """The workload recreates an evicted pod at once (its ReplicaSet does not count a
+    terminating pod); it waits for the GPUs the evicted one holds, is placed and starts."""
     c = training_cluster(replicas=4)  # fills w0 (4 GPUs) and w1 (4 GPUs)
     await apply(c, evict("ml/train-0", grace=5))
-    c.advance(T0 + 2)
+    c.advance(T0)
     assert where(c)["ml/train-4"] == (None, "Pending")  # created, no room until the grace ends
     c.advance(T0 + 5)
     assert where(c)["ml/train-4"][1] == "Pending"
     assert where(c)["ml/train-4"][0] is not None
     c.advance(T0 + 15)
     assert where(c)["ml/train-4"][1] == "Running"
-    assert kinds(c, "ml/train-4") == [(2, "created"), (5, "scheduled"), (15, "running")]
+    assert kinds(c, "ml/train-4") == [(0, "created"), (5, "scheduled"), (15, "running")]
     assert len(pods(c)) == 4
 
 

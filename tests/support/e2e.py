@@ -123,13 +123,11 @@ async def build_cluster(
 
 
 async def pin_training(kubeapi: KubeAPIServer) -> None:
-    """Training may not shrink below 10 replicas (the full cluster's): only evictions free GPUs."""
-    await kubeapi.patch(
-        "Deployment",
-        "ml",
-        "train",
-        {"metadata": {"annotations": {"ebbtide.io/min-replicas": "10"}}},
-    )
+    """Training is not elastic (no bounds; the full cluster's 10 replicas): only evictions free
+    GPUs, allowed because chat outranks it (a Deployment Ebbtide grows back would be shrunk
+    instead of having pods its ReplicaSet recreates evicted)."""
+    bounds = {"ebbtide.io/min-replicas": None, "ebbtide.io/max-replicas": None}
+    await kubeapi.patch("Deployment", "ml", "train", {"metadata": {"annotations": bounds}})
 
 
 @dataclass
