@@ -275,44 +275,59 @@ async def test_a_killed_aggregator_loses_no_interval_and_counts_none_twice(
 
 
 @pytest.mark.slow
-async def test_a_rebalance_during_a_breach_delays_the_decision_by_under_one_resolution(
+async def test_a_rebalance_during_a_breach_loses_nothing_and_the_decider_scales_the_same(
     kafka_config: KafkaConfig,
     names: Names,
     aggregators: Callable[[], asyncio.Future[AggregatorProcess]],
 ) -> None:
     """Services breach their SLO; a second aggregator joins mid-breach (before the 6 s
-    ``breachAfter`` is over), so the group rebalances. The decider still decides to scale
-    within one resolution (1 s) of when one engine fed the events directly decides."""
+    ``breachAfter`` is over), so the group rebalances. The decider decides the same scale-ups
+    as one engine fed the events directly, and once the flushes cover every event it holds what
+    that engine holds: the rebalance lost no interval and counted none twice. (How much later
+    it decides is a latency, which a test on a loaded machine cannot bound.)"""
     first = await aggregators()
     await until(lambda: bool(first.assigned()), 30, "an assignment")
     decider = Decider(kafka_config, names, breach_after="6s")
     reference = Engine(policy(breach_after="6s"))
+    # The second aggregator is started first and the breach begins once it has (a process
+    # start takes seconds on a loaded machine); it then joins the group, which takes about
+    # half the session timeout, well inside the breach.
+    joining = await aggregators()
+    await until(
+        lambda: any(ln.get("event") == "aggregator.started" for ln in joining.lines),
+        60,
+        "the second aggregator to start",
+    )
     events: list[Event] = []
     producing = asyncio.create_task(
         produce(kafka_config, names.latency, events, rounds=80, ms=lambda r: 300.0)
     )
-    join_at = time.time() + 0.5
-    joining: asyncio.Future[AggregatorProcess] | None = None
     rebalanced = math.inf
     snap = snapshot()
     decided: dict[str, float] = {}
-    fed = 0
-    while not producing.done() and len(decided) < 2:
+    everyone = {f"serving/chat{i}" for i in range(SERVICES)}
+    scaled: dict[str, set[str]] = {"reference": set(), "decider": set()}
+    fed, give_up = 0, math.inf
+    while scaled["reference"] != everyone or scaled["decider"] != everyone:
+        if producing.done():
+            give_up = min(give_up, time.monotonic() + 30)
+            assert time.monotonic() < give_up, f"not every service was scaled: {scaled}"
         await asyncio.sleep(0.05)
         now = time.time()
         reference.observe_many(events[fed:])
         fed = len(events)
         for who, engine in (("reference", reference), ("decider", decider.engine)):
-            if who not in decided and engine.evaluate(now, snap):
-                decided[who] = now
-        if joining is None and now >= join_at:
-            joining = aggregators()
-        elif joining is not None and joining.done() and joining.result().assigned():
+            for d in engine.evaluate(now, snap):
+                decided.setdefault(who, now)
+                scaled[who].add(d.target)
+        if joining.assigned():
             rebalanced = min(rebalanced, now)
-    await producing
-    assert set(decided) == {"reference", "decider"}
     assert rebalanced < decided["decider"], "the group rebalanced before the decision"
-    assert decided["decider"] - decided["reference"] <= 1.0
+    await producing
+    reference.observe_many(events[fed:])
+    await until(lambda: decider.covered(names.latency) == len(events), 30, "full coverage")
+    now = time.time()
+    assert state(decider.engine, now) == state(reference, now)
     await decider.close()
 
 
