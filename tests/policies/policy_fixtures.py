@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ruamel.yaml import YAML
 
 from policies.engine import Engine
+from policies.inventory import Inventory
 from policies.loader import load_policy_text
 from policies.model import Policy
+from policies.preemption import Fit, Plan, plan_capacity
 from policies.snapshot import Snapshot, SnapshotBuilder
 from streams.events import GpuUtilization, InferenceLatency
 
@@ -178,3 +180,35 @@ def run(
 
 def util(ts: float, node: str, gpu: int, pct: float) -> GpuUtilization:
     return GpuUtilization(ts=ts, node=node, gpu=gpu, util_pct=pct)
+
+
+def plan(
+    snapshot: Snapshot,
+    needed: int,
+    *,
+    evictions: int = 10,
+    scales: int = 10,
+    held: Mapping[str, str] | None = None,
+    fit: Fit | None = None,
+    claimant: int | None = None,
+) -> Plan:
+    """The victim plan for ``needed`` GPUs in the whole pool under the default policy's victim
+    order; checks that the snapshot was not mutated."""
+    inv = Inventory(snapshot, make_policy())
+    before = copy.deepcopy(snapshot)
+    out = plan_capacity(
+        needed=needed,
+        pool="whole",
+        training=list(inv.training.values()),
+        loose_pods=inv.loose_training_pods,
+        pod_pool=inv.node_pool,
+        victim_order=["priority", "newest"],
+        protected_namespaces=frozenset({"kube-system"}),
+        scale_budget=scales,
+        eviction_budget=evictions,
+        held=held,
+        fit=fit,
+        claimant_priority=claimant,
+    )
+    assert snapshot == before  # inputs are not mutated
+    return out

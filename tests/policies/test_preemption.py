@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Mapping
-
 import pytest
-from policy_fixtures import TRAINING, WHOLE, make_policy, training
+from policy_fixtures import TRAINING, WHOLE, make_policy, plan, training
 
 from policies.inventory import Inventory
-from policies.preemption import Fit, Plan, plan_capacity
+from policies.preemption import Fit, Plan
 from policies.snapshot import Snapshot, SnapshotBuilder
 
 POLICY = make_policy()
@@ -20,34 +17,6 @@ def nodes(n: int = 2) -> SnapshotBuilder:
     for i in range(n):
         b.node(f"w{i}", gpus=8, labels=WHOLE)
     return b
-
-
-def plan(
-    snapshot: Snapshot,
-    needed: int,
-    *,
-    evictions: int = 10,
-    scales: int = 10,
-    held: Mapping[str, str] | None = None,
-    fit: Fit | None = None,
-) -> Plan:
-    inv = Inventory(snapshot, POLICY)
-    before = copy.deepcopy(snapshot)
-    out = plan_capacity(
-        needed=needed,
-        pool="whole",
-        training=list(inv.training.values()),
-        loose_pods=inv.loose_training_pods,
-        pod_pool=inv.node_pool,
-        victim_order=["priority", "newest"],
-        protected_namespaces=frozenset({"kube-system"}),
-        scale_budget=scales,
-        eviction_budget=evictions,
-        held=held,
-        fit=fit,
-    )
-    assert snapshot == before  # inputs are not mutated
-    return out
 
 
 def evicted(p: Plan) -> list[str]:

@@ -7,46 +7,15 @@ pods of higher priority; a Deployment Ebbtide grows back is shrunk instead (noth
 
 from __future__ import annotations
 
-import copy
-
 import pytest
-from policy_fixtures import TRAINING, WHOLE, make_policy
+from policy_fixtures import TRAINING, WHOLE, plan
 
-from policies.inventory import Inventory
-from policies.preemption import Fit, Plan, plan_capacity
+from policies.preemption import Fit
 from policies.snapshot import Snapshot, SnapshotBuilder
 
-POLICY = make_policy()
 PINNED = {"min_replicas": 4, "max_replicas": 4}
 """Elastic bounds at its size: shrinking never frees anything, only evictions (or a shrink in
 their place) do."""
-
-
-def plan(
-    snapshot: Snapshot,
-    needed: int,
-    *,
-    claimant: int | None,
-    scales: int = 10,
-    fit: Fit | None = None,
-) -> Plan:
-    inv = Inventory(snapshot, POLICY)
-    before = copy.deepcopy(snapshot)
-    out = plan_capacity(
-        needed=needed,
-        pool="whole",
-        training=list(inv.training.values()),
-        loose_pods=inv.loose_training_pods,
-        pod_pool=inv.node_pool,
-        victim_order=["priority", "newest"],
-        protected_namespaces=frozenset({"kube-system"}),
-        scale_budget=scales,
-        eviction_budget=10,
-        fit=fit,
-        claimant_priority=claimant,
-    )
-    assert snapshot == before  # inputs are not mutated
-    return out
 
 
 def one_node(kind: str = "Deployment", **bounds: int) -> Snapshot:
