@@ -49,8 +49,15 @@ import structlog
 from kubernetes_asyncio import client
 
 from controller.cluster import ActionResult, Outcome
-from controller.kube.client import Conflict, KubeError, NotFound, TooManyRequests, Transient
-from controller.kube.migflow import ApiLimits, MigFlow, MigFlowSettings
+from controller.kube.client import (
+    ApiLimits,
+    Conflict,
+    KubeError,
+    NotFound,
+    TooManyRequests,
+    Transient,
+)
+from controller.kube.migflow import MigFlow, MigFlowSettings
 from controller.kube.recorder import ActionStats, ObjectRef, Recorder
 from controller.kube.translate import (
     DEPLOYMENT,

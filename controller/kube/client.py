@@ -13,8 +13,9 @@ import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 from kubernetes_asyncio import client, config
@@ -28,6 +29,7 @@ from tenacity import (
 )
 
 __all__ = [
+    "ApiLimits",
     "Conflict",
     "Forbidden",
     "KubeConfigError",
@@ -40,6 +42,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+Obj = dict[str, Any]
 
 
 class KubeConfigError(Exception):
@@ -132,6 +135,39 @@ async def call(
             except (TimeoutError, ApiException, aiohttp.ClientError) as exc:
                 raise translate(exc) from exc
     raise AssertionError("unreachable")  # pragma: no cover - tenacity re-raises
+
+
+@dataclass(frozen=True, slots=True)
+class ApiLimits:
+    """How hard one API call is tried (see :func:`call`)."""
+
+    timeout_s: float = 10.0
+    """Timeout of one try."""
+    attempts: int = 5
+    """Tries of a call failing transiently (5xx, throttled 429, timeouts)."""
+    deadline_s: float = 30.0
+    """Give up retrying after this long."""
+
+    async def run(self, fn: Callable[[], Awaitable[T]]) -> T:
+        return await call(
+            fn, attempts=self.attempts, deadline_s=self.deadline_s, timeout_s=self.timeout_s
+        )
+
+    async def get(self, api: client.ApiClient, path: str, **query: str) -> Obj:
+        """GET ``path`` as plain JSON: no model classes, whose client-side validation would
+        refuse partial objects, and the same ``dict`` shape for built-in and custom kinds."""
+        out: Obj = await self.run(
+            lambda: api.call_api(
+                path,
+                "GET",
+                query_params=list(query.items()),
+                header_params={"Accept": "application/json"},
+                response_types_map={200: "object"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+            )
+        )
+        return out
 
 
 async def connect(

@@ -82,14 +82,13 @@ record.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import structlog
 from kubernetes_asyncio import client
 
 from controller.cluster import ActionResult, Outcome
-from controller.kube.client import Conflict, KubeError, NotFound, call
+from controller.kube.client import ApiLimits, Conflict, KubeError, NotFound
 from controller.kube.migrecord import (
     AUTOSCALER_HOLD,
     CONFIG_LABEL,
@@ -98,7 +97,6 @@ from controller.kube.migrecord import (
     Direction,
     FlowRecord,
     MigDecision,
-    advertised,
     annotations_of,
     gpu_count,
     gpu_resources,
@@ -106,6 +104,17 @@ from controller.kube.migrecord import (
     labels_of,
     record_of,
     uses_gpus,
+)
+from controller.kube.migstep import (
+    EvictPods,
+    GpuPods,
+    ListPods,
+    MigFlowSettings,
+    Switches,
+    Wait,
+    Write,
+    draining_detail,
+    next_step,
 )
 from controller.kube.recorder import ObjectRef, Recorder
 from controller.kube.translate import (
@@ -118,7 +127,7 @@ from controller.kube.translate import (
 )
 from controller.safety import SafetyGate, Target, Verdict
 from policies.decisions import Evict, Explanation, MigConvert
-from policies.drain import DrainRule, plan_drain
+from policies.drain import DrainRule
 from policies.miglayout import expected_resources, layout_of, strategy_of
 from policies.model import PoolSpec
 from policies.snapshot import MIG_DISABLED
@@ -127,14 +136,12 @@ __all__ = [
     "CONFIG_LABEL",
     "FLOW_ANNOTATION",
     "STATE_LABEL",
-    "ApiLimits",
     "FlowRecord",
     "MigFlow",
     "MigFlowSettings",
 ]
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
 
 MERGE_PATCH: Final = "application/merge-patch+json"
 #: A drain needs no priorities.
@@ -142,56 +149,6 @@ _NO_PRIORITIES: Final = Priorities()
 _CONFLICT_RETRIES: Final = 3
 
 Obj = dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class ApiLimits:
-    """How hard one API call is tried (see :func:`controller.kube.client.call`)."""
-
-    timeout_s: float = 10.0
-    """Timeout of one try."""
-    attempts: int = 5
-    """Tries of a call failing transiently (5xx, throttled 429, timeouts)."""
-    deadline_s: float = 30.0
-    """Give up retrying after this long."""
-
-    async def run(self, fn: Callable[[], Awaitable[T]]) -> T:
-        return await call(
-            fn, attempts=self.attempts, deadline_s=self.deadline_s, timeout_s=self.timeout_s
-        )
-
-    async def get(self, api: client.ApiClient, path: str, **query: str) -> Obj:
-        """GET ``path`` as plain JSON: no model classes, whose client-side validation would
-        refuse partial objects, and the same ``dict`` shape for built-in and custom kinds."""
-        out: Obj = await self.run(
-            lambda: api.call_api(
-                path,
-                "GET",
-                query_params=list(query.items()),
-                header_params={"Accept": "application/json"},
-                response_types_map={200: "object"},
-                auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-            )
-        )
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class MigFlowSettings:
-    """Deadlines of a MIG flow."""
-
-    drain_timeout_s: float = 600.0
-    """Roll back when the node's GPU pods are not gone this long after the flow started."""
-    reconfigure_timeout_s: float = 900.0
-    """Roll back when the MIG manager has not reported ``success`` this long after the
-    label was set."""
-    reboot_timeout_s: float = 1800.0
-    """When the MIG manager reports ``rebooting``, the deadline moves to at least this long
-    after: a node rebooting to apply a MIG mode change is not rolled back mid-reboot."""
-    advertise_timeout_s: float = 300.0
-    """Roll back when, this long after ``success``, the node's allocatable does not show the
-    layout's resources (the device plugin restarts after the MIG manager reports success)."""
 
 
 class MigFlow:
@@ -357,279 +314,89 @@ class MigFlow:
         return await self._advance_once(decision)
 
     async def _advance_once(self, decision: MigDecision) -> ActionResult:
-        name = decision.node
-        node = await self._read_node(name)
+        node = await self._read_node(decision.node)
         record = record_of(node)
         if record is None:
             return ActionResult(decision, Outcome.ALREADY_DONE, "the flow has finished")
-        if record.phase == "restoring":
-            return await self._await_restore(decision, node, record)
-        if self._gate.dry_run_for(decision) or self._gate.halted() is not None:
-            why = self._gate.halted() or "dry-run"
-            if record.phase == "draining":
-                return await self._release(decision, node, record, f"{why} turned on mid-flow")
-            return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({why})")
-        if record.phase == "draining":
-            return await self._drain(decision, node, record)
-        return await self._await_manager(decision, node, record)
+        return await self._issue(decision, node, record)
 
-    async def _drain(self, decision: MigDecision, node: Obj, record: FlowRecord) -> ActionResult:
+    async def _issue(self, decision: MigDecision, node: Obj, record: FlowRecord) -> ActionResult:
+        """Make the calls :func:`~controller.kube.migstep.next_step` names until a step reports:
+        list the GPU pods, evict, re-read the node after the drain, or write one patch."""
         name = decision.node
-        if self._gate.now() >= record.deadline:
-            why = f"GPU pods not drained within {self.settings.drain_timeout_s:g}s"
-            return await self._rollback(decision, node, record, why)
-        pods = await self._gpu_pods(name)
-        live = [
-            pod
-            for p in pods
-            if not p["metadata"].get("deletionTimestamp")
-            and (pod := pod_from(p, priorities=_NO_PRIORITIES, kinds=self._kinds)) is not None
-        ]
-        drain = plan_drain(DrainRule.of(self._gate.policy), live)
-        if drain.refusal is not None:
-            return await self._rollback(decision, node, record, drain.refusal)
-        evictions = [self._drain_eviction(decision, record, p.key) for p in drain.evict]
-        waiting: list[str] = []
-        for eviction in evictions:
-            result = await self._evict(eviction)
-            if result.outcome not in (Outcome.APPLIED, Outcome.ALREADY_DONE):
-                waiting.append(f"{eviction.pod} {result.outcome.value}")
-        if evictions:
-            pods = await self._gpu_pods(name)
-        if pods:
-            more = f" ({'; '.join(waiting)})" if waiting else ""
-            detail = f"draining {name}: {len(pods)} GPU pods left{more}"
-            return ActionResult(decision, Outcome.IN_PROGRESS, detail)
-        node = await self._read_node(name)  # the evictions took a while: write on a fresh read
-        labels = labels_of(node)
-        if labels.get(CONFIG_LABEL) == record.target and labels.get(STATE_LABEL) == "success":
-            return await self._on_success(decision, node, record)
-        if not (verdict := self._gate.check_write()).ok:
-            return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({verdict.reason})")
         now = self._gate.now()
-        nxt = replace(
-            record, phase="reconfiguring", deadline=now + self.settings.reconfigure_timeout_s
-        )
-        patch: Obj = {
-            "metadata": {
-                "labels": {CONFIG_LABEL: record.target, STATE_LABEL: None},
-                "annotations": {FLOW_ANNOTATION: nxt.to_json()},
-            }
-        }
-        await self._patch_node(node, patch)
-        detail = f"drained; set {CONFIG_LABEL}={record.target}, waiting for the MIG manager"
-        await self._done(
-            decision,
-            Outcome.IN_PROGRESS,
-            detail,
-            self._ref(node),
-            reason=("EbbtideMigReconfiguring", "Normal"),
-            count=False,
-        )
-        return ActionResult(decision, Outcome.IN_PROGRESS, detail)
-
-    async def _await_manager(
-        self, decision: MigDecision, node: Obj, record: FlowRecord
-    ) -> ActionResult:
-        labels = labels_of(node)
-        config, state = labels.get(CONFIG_LABEL), labels.get(STATE_LABEL)
-        if config != record.target:
-            why = f"{CONFIG_LABEL} changed under us to {config!r}"
-            return await self._rollback(decision, node, record, why)
-        match state:
-            case "success":
-                return await self._on_success(decision, node, record)
-            case "failed":
-                why = "the MIG manager reported failed"
-                return await self._rollback(decision, node, record, why)
-            case "rebooting" if not record.rebooted:
-                return await self._extend_for_reboot(decision, node, record)
-        if self._gate.now() >= record.deadline:
-            why = (
-                f"the MIG manager did not report success within "
-                f"{self.settings.reconfigure_timeout_s:g}s (state {state or 'unset'})"
+        pods: GpuPods | None = None
+        drained = False
+        while True:
+            step = next_step(
+                record,
+                node,
+                now=now,
+                settings=self.settings,
+                switches=self._switches(decision),
+                drain_rule=DrainRule.of(self._gate.policy),
+                pods=pods,
+                drained=drained,
             )
-            if state == "rebooting":
-                why = f"the node was still rebooting {self.settings.reboot_timeout_s:g}s after"
-                why += " the MIG manager reported it"
-            return await self._rollback(decision, node, record, why)
-        # pending, unset (our relabel cleared it), a reboot under way, or a state we do not know
-        detail = f"waiting for the MIG manager (state {state or 'unset'})"
-        return ActionResult(decision, Outcome.IN_PROGRESS, detail)
+            match step:
+                case Wait(detail):
+                    return ActionResult(decision, Outcome.IN_PROGRESS, detail)
+                case Write():
+                    return await self._write(decision, node, step)
+                case ListPods():
+                    pods = await self._gpu_pods(name)
+                    continue
+                case EvictPods(keys):
+                    waiting = await self._evict_all(decision, record, keys)
+                    left = (await self._gpu_pods(name)).left
+                    if left:
+                        return ActionResult(
+                            decision, Outcome.IN_PROGRESS, draining_detail(name, left, waiting)
+                        )
+            # drained: the evictions took a while, so decide and write on a fresh read
+            node, now, drained = await self._read_node(name), self._gate.now(), True
 
-    async def _extend_for_reboot(
-        self, decision: MigDecision, node: Obj, record: FlowRecord
-    ) -> ActionResult:
-        """``rebooting``: the manager could not reset the GPUs and reboots the node to apply the
-        MIG mode. Rolling back now would relabel a node mid-reboot; move the deadline (once,
-        recorded, so a restarted controller keeps it) and wait."""
-        if not (verdict := self._gate.check_write()).ok:
-            return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({verdict.reason})")
-        deadline = max(record.deadline, self._gate.now() + self.settings.reboot_timeout_s)
-        await self._patch_record(node, replace(record, rebooted=True, deadline=deadline))
-        detail = (
-            f"the MIG manager is rebooting {decision.node}; waiting up to "
-            f"{self.settings.reboot_timeout_s:g}s more"
+    async def _evict_all(
+        self, decision: MigDecision, record: FlowRecord, keys: Sequence[str]
+    ) -> list[str]:
+        """Evict the pods through the actuator's eviction path; the ones not gone yet, and
+        why (a PDB 429 or a spent budget leaves them for the next tick)."""
+        waiting: list[str] = []
+        for key in keys:
+            result = await self._evict(self._drain_eviction(decision, record, key))
+            if result.outcome not in (Outcome.APPLIED, Outcome.ALREADY_DONE):
+                waiting.append(f"{key} {result.outcome.value}")
+        return waiting
+
+    async def _write(self, decision: MigDecision, node: Obj, step: Write) -> ActionResult:
+        await self._patch_node(node, step.patch)
+        result = ActionResult(decision, step.outcome, step.detail)
+        if not step.recorded:
+            return result
+        return await self._recorder.record(
+            result, self._ref(node), reason=step.reason, count=step.count
         )
-        return ActionResult(decision, Outcome.IN_PROGRESS, detail)
 
-    async def _on_success(
-        self, decision: MigDecision, node: Obj, record: FlowRecord
-    ) -> ActionResult:
-        """``success`` is reported before the device plugin re-advertises the GPUs: finish only
-        once the node's allocatable shows the layout's resources, within its own deadline."""
-        if advertised(node, record.expect):
-            return await self._finish(decision, node, record)
-        want = _resources(record.expect)
-        have = _resources(gpu_resources(node))
-        if record.phase != "advertising":
-            if not (verdict := self._gate.check_write()).ok:
-                return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({verdict.reason})")
-            deadline = self._gate.now() + self.settings.advertise_timeout_s
-            await self._patch_record(node, replace(record, phase="advertising", deadline=deadline))
-        elif self._gate.now() >= record.deadline:
-            why = (
-                f"the device plugin did not advertise {want} within "
-                f"{self.settings.advertise_timeout_s:g}s of success (allocatable: {have})"
-            )
-            return await self._rollback(decision, node, record, why)
-        detail = f"MIG manager reported success; waiting for the device plugin ({have} → {want})"
-        return ActionResult(decision, Outcome.IN_PROGRESS, detail)
-
-    async def _finish(self, decision: MigDecision, node: Obj, record: FlowRecord) -> ActionResult:
-        if not (verdict := self._gate.check_write()).ok:
-            return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({verdict.reason})")
-        spec: Obj = {"unschedulable": True if record.was_cordoned else None}
-        if record.taints:
-            spec["taints"] = _moved_taints(node, record.taints)
-        patch: Obj = {
-            "metadata": {"labels": dict(record.pool), "annotations": _closing(record)},
-            "spec": spec,
-        }
-        await self._patch_node(node, patch)
-        pool = ",".join(f"{k}={v}" for k, v in sorted(record.pool.items()) if v is not None)
-        cordon = "left cordoned as it was before" if record.was_cordoned else "uncordoned"
-        detail = f"{decision.node} is at {record.target}, moved to pool {pool}, {cordon}"
-        return await self._done(decision, Outcome.APPLIED, detail, self._ref(node))
+    def _switches(self, decision: MigDecision) -> Switches:
+        gate = self._gate
+        return Switches(
+            leader=gate.leader(), halted=gate.halted(), dry_run=gate.dry_run_for(decision)
+        )
 
     async def _release_halted(self, name: str, halted: str) -> ActionResult | None:
         """Under the kill switch (which the gate's permits refuse): release a draining flow's
-        node, leave a reconfiguring one paused. ``None`` when the node has no flow."""
+        node, leave a reconfiguring one paused without reading it again. ``None`` when the node
+        has no flow."""
         record = await self._flow_on(name)
         if record is None:
             return None
         decision = record.decision(name)
         if record.phase in ("reconfiguring", "advertising"):
             return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({halted})")
-        why = f"{halted} turned on mid-flow"
-        result = await self._settle(lambda: self._read_then_release(decision, why))
+        result = await self._settle(lambda: self._advance_once(decision))
         if isinstance(result, ActionResult):
             return result
         return ActionResult(decision, Outcome.IN_PROGRESS, f"{result}; retrying next tick")
-
-    async def _read_then_release(self, decision: MigDecision, why: str) -> ActionResult:
-        node = await self._read_node(decision.node)
-        record = record_of(node)
-        if record is None:
-            return ActionResult(decision, Outcome.ALREADY_DONE, "the flow has finished")
-        if record.phase == "restoring":
-            return await self._await_restore(decision, node, record)
-        return await self._release(decision, node, record, why)
-
-    async def _release(
-        self, decision: MigDecision, node: Obj, record: FlowRecord, why: str
-    ) -> ActionResult:
-        """Stop a draining flow under the kill switch or dry-run: undo our cordon and drop the
-        record, which the switches allow (it only takes the node back to where it was); the
-        leader alone may write it."""
-        if not self._gate.leader():
-            return ActionResult(decision, Outcome.IN_PROGRESS, f"{why}; paused (not the leader)")
-        return await self._write_rollback(decision, node, record, f"released: {why}")
-
-    async def _rollback(
-        self, decision: MigDecision, node: Obj, record: FlowRecord, why: str
-    ) -> ActionResult:
-        if not (verdict := self._gate.check_write()).ok:
-            return ActionResult(decision, Outcome.IN_PROGRESS, f"{why}; paused ({verdict.reason})")
-        return await self._write_rollback(decision, node, record, f"rolled back: {why}")
-
-    async def _write_rollback(
-        self, decision: MigDecision, node: Obj, record: FlowRecord, what: str
-    ) -> ActionResult:
-        """One patch: restore the config label if ours is on; then either uncordon (unless it
-        was cordoned before) and delete the record, or, when the manager must put an old layout
-        back, keep the cordon and record ``restoring``. A Warning Event and a MIG-failure count
-        go with it."""
-        labels: dict[str, str | None] = {}
-        restored = ""
-        ours = labels_of(node).get(CONFIG_LABEL) == record.target
-        if ours:
-            labels = {CONFIG_LABEL: record.previous, STATE_LABEL: None}
-            restored = f"; {CONFIG_LABEL} restored to {record.previous or '(none)'}"
-        if ours and record.previous is not None:
-            deadline = self._gate.now() + self.settings.reconfigure_timeout_s
-            nxt = replace(record, phase="restoring", deadline=deadline, rebooted=False)
-            patch: Obj = {
-                "metadata": {"labels": labels, "annotations": {FLOW_ANNOTATION: nxt.to_json()}}
-            }
-            cordon = "kept cordoned until the MIG manager reports the old layout back"
-        else:
-            patch = {
-                "metadata": {"labels": labels, "annotations": _closing(record)},
-                "spec": {"unschedulable": True if record.was_cordoned else None},
-            }
-            cordon = "left cordoned as it was before" if record.was_cordoned else "uncordoned"
-        await self._patch_node(node, patch)
-        detail = f"{what}{restored}; {cordon}"
-        return await self._done(decision, Outcome.FAILED, detail, self._ref(node))
-
-    async def _await_restore(
-        self, decision: MigDecision, node: Obj, record: FlowRecord
-    ) -> ActionResult:
-        """A rolled-back flow waits for the MIG manager to put the old layout back, then
-        uncordons; on ``failed`` or silence past the deadline it leaves the node cordoned for an
-        operator. Its outcome (FAILED) was reported when the rollback started: these steps are
-        Events and log lines, reported as IN_PROGRESS so the ledger's verdict stands."""
-        labels = labels_of(node)
-        state = labels.get(STATE_LABEL)
-        if state == "rebooting" and not record.rebooted:
-            return await self._extend_for_reboot(decision, node, record)
-        restored = (
-            labels.get(CONFIG_LABEL) == record.previous
-            and state == "success"
-            and advertised(node, record.previous_resources)
-        )
-        late = self._gate.now() >= record.deadline
-        if not restored and state != "failed" and not late:
-            detail = f"rolled back; waiting for the MIG manager to restore {record.previous}"
-            return ActionResult(
-                decision, Outcome.IN_PROGRESS, f"{detail} (state {state or 'unset'})"
-            )
-        if not (verdict := self._gate.check_write()).ok:
-            return ActionResult(decision, Outcome.IN_PROGRESS, f"paused ({verdict.reason})")
-        if restored:
-            unschedulable = True if record.was_cordoned else None
-            reason = ("EbbtideMigRestored", "Normal")
-            detail = f"{decision.node} is back at {record.previous}; " + (
-                "left cordoned as it was before" if record.was_cordoned else "uncordoned"
-            )
-        else:
-            unschedulable = True
-            reason = ("EbbtideMigRestoreFailed", "Warning")
-            how = "reported failed" if state == "failed" else "no success before the deadline"
-            detail = (
-                f"the MIG manager did not restore {record.previous} ({how}); "
-                f"{decision.node} left cordoned: check its GPUs, then uncordon it"
-            )
-        patch: Obj = {
-            "metadata": {"annotations": _closing(record)},
-            "spec": {"unschedulable": unschedulable},
-        }
-        await self._patch_node(node, patch)
-        await self._done(
-            decision, Outcome.IN_PROGRESS, detail, self._ref(node), reason=reason, count=False
-        )
-        return ActionResult(decision, Outcome.IN_PROGRESS, detail)
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -690,15 +457,23 @@ class MigFlow:
             ),
         )
 
-    async def _gpu_pods(self, node: str) -> list[Obj]:
-        pods = await self._limits.get(
+    async def _gpu_pods(self, node: str) -> GpuPods:
+        """The node's GPU pods not finished; the ones not terminating as the drain reads them."""
+        listed = await self._limits.get(
             self._api, "/api/v1/pods", fieldSelector=f"spec.nodeName={node}"
         )
-        return [
+        pods = [
             p
-            for p in pods.get("items") or []
+            for p in listed.get("items") or []
             if uses_gpus(p) and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
         ]
+        live = tuple(
+            pod
+            for p in pods
+            if not p["metadata"].get("deletionTimestamp")
+            and (pod := pod_from(p, priorities=_NO_PRIORITIES, kinds=self._kinds)) is not None
+        )
+        return GpuPods(left=len(pods), live=live)
 
     async def _flow_on(self, name: str) -> FlowRecord | None:
         try:
@@ -725,11 +500,6 @@ class MigFlow:
 
     async def _read_node(self, name: str) -> Obj:
         return await self._limits.get(self._api, f"/api/v1/nodes/{name}")
-
-    async def _patch_record(self, node: Obj, record: FlowRecord) -> None:
-        """Record a transition that changes nothing else on the node."""
-        patch: Obj = {"metadata": {"annotations": {FLOW_ANNOTATION: record.to_json()}}}
-        await self._patch_node(node, patch)
 
     async def _patch_node(self, node: Obj, patch: Obj) -> None:
         """Merge-patch ``node`` conditionally on the resourceVersion it was read at (409 if it
@@ -766,30 +536,3 @@ class MigFlow:
     ) -> ActionResult:
         result = ActionResult(decision, outcome, detail)
         return await self._recorder.record(result, ref, reason=reason, count=count)
-
-
-def _closing(record: FlowRecord) -> dict[str, str | None]:
-    """Annotations of a flow's last patch: the record goes, the autoscaler annotations the flow
-    set go back to what they were (someone else's ``"true"`` stays)."""
-    return {FLOW_ANNOTATION: None, **record.held_annotations}
-
-
-def _moved_taints(node: Obj, moves: Mapping[str, str | None]) -> list[Obj]:
-    """The node's taints after a pool move: ones the pools do not list kept as they are (in
-    order), the source pool's dropped, the destination pool's set. A merge patch replaces the
-    whole list, so this is written with the node's resourceVersion like every other step."""
-    kept = [
-        t
-        for t in (node.get("spec") or {}).get("taints") or []
-        if f"{t.get('key')}:{t.get('effect')}" not in moves
-    ]
-    for where, value in sorted(moves.items()):
-        if value is not None:
-            key, effect = where.rsplit(":", 1)
-            taint = {"key": key, "value": value, "effect": effect}
-            kept.append(taint if value else {"key": key, "effect": effect})
-    return kept
-
-
-def _resources(resources: Mapping[str, int]) -> str:
-    return ", ".join(f"{k}={n or '>0'}" for k, n in sorted(resources.items())) or "none"

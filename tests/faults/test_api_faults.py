@@ -21,7 +21,7 @@ from support.kubeapi_objects import labels_of, make_node
 pytestmark = pytest.mark.slow
 
 SEED = 4
-CLIENT_TIMEOUT_S = 10.0  # controller.kube.migflow.ApiLimits.timeout_s
+CLIENT_TIMEOUT_S = 10.0  # controller.kube.client.ApiLimits.timeout_s
 
 
 def script_faults(
