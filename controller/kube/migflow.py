@@ -81,7 +81,7 @@ record.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Final
 
 import structlog
@@ -90,21 +90,17 @@ from kubernetes_asyncio import client
 from controller.cluster import ActionResult, Outcome
 from controller.kube.client import ApiLimits, Conflict, KubeError, NotFound
 from controller.kube.migrecord import (
-    AUTOSCALER_HOLD,
     CONFIG_LABEL,
     FLOW_ANNOTATION,
     STATE_LABEL,
-    Direction,
     FlowRecord,
     MigDecision,
     annotations_of,
-    gpu_count,
-    gpu_resources,
-    is_cordoned,
     labels_of,
     record_of,
     uses_gpus,
 )
+from controller.kube.migstart import Finish, Resume, first_step
 from controller.kube.migstep import (
     EvictPods,
     GpuPods,
@@ -126,11 +122,8 @@ from controller.kube.translate import (
     pod_from,
 )
 from controller.safety import SafetyGate, Target, Verdict
-from policies.decisions import Evict, Explanation, MigConvert
+from policies.decisions import Evict, Explanation
 from policies.drain import DrainRule
-from policies.miglayout import expected_resources, layout_of, strategy_of
-from policies.model import PoolSpec
-from policies.snapshot import MIG_DISABLED
 
 __all__ = [
     "CONFIG_LABEL",
@@ -252,65 +245,27 @@ class MigFlow:
         except NotFound:
             return await self._done(decision, Outcome.FAILED, f"node {name} not found", ref)
         ref = ref.with_uid(node["metadata"].get("uid"))
-        direction: Direction = "convert" if isinstance(decision, MigConvert) else "revert"
-        target = decision.profile if direction == "convert" else MIG_DISABLED
-        try:
-            record = record_of(node)
-        except ValueError as exc:
-            return await self._done(decision, Outcome.FAILED, str(exc), ref)
-        if record is not None:
-            if record.direction == direction and record.target == target:
-                return await self._advance_once(decision)
-            detail = f"another MIG flow ({record.direction} to {record.target}) is in progress"
-            return ActionResult(decision, Outcome.IN_PROGRESS, detail)
-        labels = labels_of(node)
-        verdict = self._gate.check_target(
-            decision, Target("Node", name, None, labels, annotations_of(node))
+        step = first_step(
+            decision, node, now=self._gate.now(), settings=self.settings, policy=self._gate.policy
         )
-        pool = self._pool_move(direction)
-        configs = self._gate.policy.spec.mig.configs if self._gate.policy.spec.mig else {}
-        try:
-            expect = expected_resources(
-                layout_of(target, configs),
-                gpu_count(node, configs),
-                strategy=strategy_of(labels),
-            )
-        except ValueError as exc:
-            return await self._done(decision, Outcome.FAILED, str(exc), ref)
-        if self._already_done(node, target, pool):
-            return await self._done(decision, Outcome.ALREADY_DONE, f"{name} is at {target}", ref)
+        match step:
+            case Resume():
+                return await self._advance_once(decision)
+            case Wait(detail):
+                return ActionResult(decision, Outcome.IN_PROGRESS, detail)
+            case Finish(outcome, detail):
+                return await self._done(decision, outcome, detail, ref)
+        target = Target("Node", name, None, labels_of(node), annotations_of(node))
+        verdict = self._gate.check_target(decision, target)
         if not verdict.ok or not (verdict := reserve()).ok:
             return await self._verdict(decision, verdict, ref)
-        plan = f"cordon {name}, drain its GPU pods, set {CONFIG_LABEL}={target}"
         if self._gate.dry_run_for(decision):
-            return await self._done(decision, Outcome.DRY_RUN, f"would {plan}", ref)
+            return await self._done(decision, Outcome.DRY_RUN, f"would {step.plan}", ref)
         if not (verdict := self._gate.check_write()).ok:
             return await self._verdict(decision, verdict, ref)
-        now = self._gate.now()
-        record = FlowRecord.for_decision(
-            decision,
-            direction=direction,
-            phase="draining",
-            target=target,
-            previous=labels.get(CONFIG_LABEL),
-            pool=pool,
-            previous_pool={k: labels.get(k) for k in pool},
-            was_cordoned=is_cordoned(node),
-            started=now,
-            deadline=now + self.settings.drain_timeout_s,
-            expect=expect,
-            previous_resources=gpu_resources(node),
-            taints=self._taint_move(direction),
-            held_annotations={k: annotations_of(node).get(k) for k in AUTOSCALER_HOLD},
-        )
-        hold = dict.fromkeys(AUTOSCALER_HOLD, "true")
-        patch: Obj = {
-            "metadata": {"annotations": {FLOW_ANNOTATION: record.to_json(), **hold}},
-            "spec": {"unschedulable": True},
-        }
-        await self._patch_node(node, patch)
+        await self._patch_node(node, step.patch)
         spend()
-        await self._done(decision, Outcome.IN_PROGRESS, f"started: {plan}", ref)
+        await self._done(decision, Outcome.IN_PROGRESS, f"started: {step.plan}", ref)
         return await self._advance_once(decision)
 
     async def _advance_once(self, decision: MigDecision) -> ActionResult:
@@ -399,46 +354,6 @@ class MigFlow:
         return ActionResult(decision, Outcome.IN_PROGRESS, f"{result}; retrying next tick")
 
     # --- helpers -------------------------------------------------------------------------------
-
-    def _pools(self, direction: Direction) -> tuple[PoolSpec | None, PoolSpec | None]:
-        """The source and destination pools of a flow in ``direction`` (``None``: no such
-        pool in the policy)."""
-        spec = self._gate.policy.spec
-        if spec.mig is None:
-            return None, None
-        src, dst = (spec.mig.from_pool, spec.mig.to_pool)
-        if direction == "revert":
-            src, dst = dst, src
-        return spec.pools.get(src), spec.pools.get(dst)
-
-    def _pool_move(self, direction: Direction) -> dict[str, str | None]:
-        """Labels that move a node into the destination pool and out of the source pool."""
-        src, dst = self._pools(direction)
-        move: dict[str, str | None] = dict(dst.node_selector) if dst is not None else {}
-        for key in src.node_selector if src is not None else {}:
-            move.setdefault(key, None)
-        return move
-
-    def _taint_move(self, direction: Direction) -> dict[str, str | None]:
-        """Taints (``key:effect`` → value, ``None`` removes) that go with the pool move: the
-        destination pool's, and the source pool's it does not also list, removed."""
-        src, dst = self._pools(direction)
-        move: dict[str, str | None] = {
-            f"{t.key}:{t.effect}": t.value for t in (dst.taints if dst is not None else [])
-        }
-        for t in src.taints if src is not None else []:
-            move.setdefault(f"{t.key}:{t.effect}", None)
-        return move
-
-    @staticmethod
-    def _already_done(node: Obj, target: str, pool: Mapping[str, str | None]) -> bool:
-        labels = labels_of(node)
-        config = labels.get(CONFIG_LABEL) or MIG_DISABLED
-        in_pool = all(labels.get(k) == v for k, v in pool.items())
-        settled = labels.get(STATE_LABEL) == "success" or (
-            target == MIG_DISABLED and STATE_LABEL not in labels
-        )
-        return config == target and settled and in_pool and not is_cordoned(node)
 
     def _drain_eviction(self, decision: MigDecision, record: FlowRecord, pod: str) -> Evict:
         training = self._gate.policy.spec.training

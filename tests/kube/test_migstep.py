@@ -50,8 +50,6 @@ from support.migstep_builders import (
     restoring,
 )
 
-AT_TARGET = {"config": TARGET}
-SUCCESS = {"config": TARGET, "state": "success"}
 REBOOT = "the MIG manager is rebooting n1; waiting up to 1800s more"
 
 CASES = [
@@ -146,7 +144,7 @@ CASES = [
     Case(
         "drained/already-at-target-and-advertised/finishes",
         rec(),
-        node(**SUCCESS, alloc=MIG56),
+        node(config=TARGET, state="success", alloc=MIG56),
         FINISH,
         drained=True,
     ),
@@ -160,13 +158,13 @@ CASES = [
     Case(
         "reconfiguring/success-advertised/finishes",
         rec(phase="reconfiguring"),
-        node(**SUCCESS, alloc=MIG56),
+        node(config=TARGET, state="success", alloc=MIG56),
         FINISH,
     ),
     Case(
         "reconfiguring/success-not-advertised/records-advertising",
         rec(phase="reconfiguring"),
-        node(**SUCCESS, alloc=WHOLE8),
+        node(config=TARGET, state="success", alloc=WHOLE8),
         Write(
             record_patch(rec(phase="advertising", deadline=NOW + 300)),
             Outcome.IN_PROGRESS,
@@ -176,7 +174,7 @@ CASES = [
     Case(
         "reconfiguring/success-not-advertised-not-leader/waits",
         rec(phase="reconfiguring"),
-        node(**SUCCESS, alloc=WHOLE8),
+        node(config=TARGET, state="success", alloc=WHOLE8),
         Wait("paused (not the leader (leadership lost before the write))"),
         switches=NOT_LEADER,
     ),
@@ -238,7 +236,7 @@ CASES = [
     Case(
         "reconfiguring/silent-past-deadline/rolls-back",
         rec(phase="reconfiguring"),
-        node(**AT_TARGET),
+        node(config=TARGET),
         restoring(
             "rolled back: the MIG manager did not report success within 900s (state unset)",
             now=LATE,
@@ -256,26 +254,26 @@ CASES = [
     Case(
         "advertising/advertised/finishes",
         rec(phase="advertising"),
-        node(**SUCCESS, alloc=MIG56),
+        node(config=TARGET, state="success", alloc=MIG56),
         FINISH,
     ),
     Case(
         "advertising/advertised-not-leader/waits",
         rec(phase="advertising"),
-        node(**SUCCESS, alloc=MIG56),
+        node(config=TARGET, state="success", alloc=MIG56),
         Wait("paused (not the leader (leadership lost before the write))"),
         switches=NOT_LEADER,
     ),
     Case(
         "advertising/old-resources/waits",
         rec(phase="advertising"),
-        node(**SUCCESS, alloc=WHOLE8),
+        node(config=TARGET, state="success", alloc=WHOLE8),
         Wait(AWAITING_PLUGIN),
     ),
     Case(
         "advertising/past-deadline/rolls-back",
         rec(phase="advertising"),
-        node(**SUCCESS),
+        node(config=TARGET, state="success"),
         restoring(
             "rolled back: the device plugin did not advertise nvidia.com/mig-1g.10gb=56 within "
             "300s of success (allocatable: none)",
@@ -286,7 +284,7 @@ CASES = [
     Case(
         "advertising/dry-run/paused",
         rec(phase="advertising"),
-        node(**SUCCESS, alloc=MIG56),
+        node(config=TARGET, state="success", alloc=MIG56),
         Wait("paused (dry-run)"),
         switches=DRY,
     ),
