@@ -61,6 +61,13 @@ silent past the deadline, the node is left cordoned for an operator with an
 (its record deleted, so nothing waits on it any more). The flow's outcome, FAILED, is reported
 when the rollback starts; the budget unit comes back then.
 
+**Decide, then issue.** What each step is, is decided by pure functions on what was read:
+:func:`controller.kube.migstart.first_step` for the start and
+:func:`controller.kube.migstep.next_step` for every later phase (as Kueue's ``GetTargets``
+decides on a snapshot and ``IssuePreemptions`` acts). This class is the executor: it reads the
+node and, while draining, its GPU pods; asks the safety gate; makes the calls the step names
+(evictions, one patch) and reports.
+
 Every transition is a single conditional patch that applies the step *and* records it, so a
 controller that dies anywhere finds either the old phase (and redoes an idempotent
 step) or the new one: it resumes or rolls back, never starts over, never forgets a cordon.
@@ -306,7 +313,9 @@ class MigFlow:
                     left = (await self._gpu_pods(name)).left
                     if left:
                         return ActionResult(
-                            decision, Outcome.IN_PROGRESS, draining_detail(name, left, waiting)
+                            decision,
+                            Outcome.IN_PROGRESS,
+                            draining_detail(name, left=left, waiting=waiting),
                         )
             # drained: the evictions took a while, so decide and write on a fresh read
             node, now, drained = await self._read_node(name), self._gate.now(), True

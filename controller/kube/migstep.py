@@ -19,7 +19,8 @@ safety switches as plain values (:class:`Switches`) and, while draining, the nod
 
 The decision imports only pure code (``policies``, the record module, the outcome enum), which
 an import-linter contract in ``pyproject.toml`` keeps true, so every phase and outcome is
-tested as a table (``tests/kube/test_migstep*.py``) without an API server.
+tested as a table (``tests/kube/test_migstep.py``, ``test_migstart.py``) without an API
+server.
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ def next_step(
     return _await_manager(ctx)
 
 
-def draining_detail(name: str, left: int, waiting: list[str]) -> str:
+def draining_detail(name: str, *, left: int, waiting: list[str]) -> str:
     """What a drain still waits for: the pods left and the evictions not done."""
     more = f" ({'; '.join(waiting)})" if waiting else ""
     return f"draining {name}: {left} GPU pods left{more}"
@@ -212,7 +213,7 @@ def _drain(ctx: _Context, pods: GpuPods | None, rule: DrainRule) -> Step:
     if drain.evict:
         return EvictPods(tuple(p.key for p in drain.evict))
     if pods.left:
-        return Wait(draining_detail(ctx.name, pods.left, []))
+        return Wait(draining_detail(ctx.name, left=pods.left, waiting=[]))
     return Drained()
 
 
