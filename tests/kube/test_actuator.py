@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from kubernetes_asyncio.client import ApiClient, Configuration
 
 from controller.cluster import ActionResult, Outcome
-from controller.kube.actuator import ApiLimits, KubeActuator
+from controller.kube.actuator import KubeActuator
+from controller.kube.client import ApiLimits
 from controller.safety import SafetyGate
 from policies.decisions import Decision, Evict, Explanation, Scale
 from policies.model import Policy

@@ -9,7 +9,8 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 
 from controller.cluster import Outcome
-from controller.kube.actuator import ApiLimits, KubeActuator
+from controller.kube.actuator import KubeActuator
+from controller.kube.client import ApiLimits
 from controller.kube.workloads.apps import DELETION_COST
 from controller.safety import SafetyGate
 from policies.decisions import Explanation, Scale

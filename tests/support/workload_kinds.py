@@ -19,7 +19,8 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient
 from ruamel.yaml import YAML
 
-from controller.kube.actuator import ApiLimits, KubeActuator
+from controller.kube.actuator import KubeActuator
+from controller.kube.client import ApiLimits
 from controller.kube.informer import Backoff
 from controller.kube.state import ClusterStateSettings, KubeClusterState, workload_kinds
 from controller.kube.translate import WorkloadKind
