@@ -39,7 +39,8 @@ from streams.aggregates_reader import AggregatesReader
 from streams.connection import KafkaConfig, ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer, TopicPartition
 from streams.events import EventDecoder
-from streams.producer import DeadLetter, KafkaProducer, ProduceError
+from streams.errors import ProduceError
+from streams.producer import DeadLetter, KafkaProducer
 
 __all__ = [
     "Aggregator",

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
-from streams.broker import BrokerError
+from streams.errors import BrokerError
 
 __all__ = ["UserError", "run_async", "stop_on_signals"]
 

@@ -535,7 +535,7 @@ def replay(
 
     An earlier run's outputs in ``out_dir`` are removed first, and this run's
     ``decisions.jsonl`` when it fails (a damaged recording raises
-    :class:`~streams.recording.RecordingError`), so ``out_dir`` never looks complete when it
+    :class:`~streams.errors.RecordingError`), so ``out_dir`` never looks complete when it
     is not."""
     settings = settings or ReplaySettings()
     if not (settings.evaluate_every > 0 and math.isfinite(settings.evaluate_every)):

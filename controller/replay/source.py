@@ -20,7 +20,7 @@ Design:
   generator step per batch, not per event. Memory is one batch, whatever the file's length.
 * The file is opened and read by :class:`~streams.recording.RecordingReader`, as every reader
   of a recording is: a damaged file or one that is not a recording raises
-  :class:`~streams.recording.RecordingError` with the same words everywhere; the
+  :class:`~streams.errors.RecordingError` with the same words everywhere; the
   first :data:`MAX_LISTED` rejected lines are kept in :class:`SourceStats` with their numbers,
   so a report can say *where* the recording is bad, not only how often.
 """
@@ -97,7 +97,7 @@ def read_event_batches(
     Each item is what :func:`streams.recording.read_events` yields as the second element for
     the same line. ``progress`` is called after each batch with the bytes of the file (as
     stored: compressed for ``.gz``) read so far; ``stats`` collects :class:`SourceStats`.
-    Raises :class:`~streams.recording.RecordingError` when the file cannot be opened, is
+    Raises :class:`~streams.errors.RecordingError` when the file cannot be opened, is
     damaged or is not a recording (:class:`~streams.recording.RecordingReader`'s words).
     """
     decoder = decoder or EventDecoder()

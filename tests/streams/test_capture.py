@@ -9,7 +9,8 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from streams.capture import IncompleteRead, TopicReader
+from streams.capture import TopicReader
+from streams.errors import IncompleteRead
 from streams.connection import KafkaConfig, ensure_topics
 
 pytestmark = pytest.mark.slow
