@@ -38,8 +38,8 @@ from streams.aggregates import decode_flush, encode_flush
 from streams.aggregates_reader import AggregatesReader
 from streams.connection import KafkaConfig, ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer, TopicPartition
-from streams.events import EventDecoder
 from streams.errors import ProduceError
+from streams.events import EventDecoder
 from streams.producer import DeadLetter, KafkaProducer
 
 __all__ = [

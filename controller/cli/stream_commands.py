@@ -20,9 +20,9 @@ from streams.capture import publish as publish_recording
 from streams.capture import record as record_topics
 from streams.connection import KafkaConfig, ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer
+from streams.errors import RecordingError
 from streams.events import DEFAULT_TOPICS, InferenceLatency, event_schema
 from streams.producer import DEAD_LETTER_TOPIC, DeadLetter, KafkaProducer
-from streams.errors import RecordingError
 from streams.recording import BadLine, read_recording
 
 __all__ = ["COMMANDS"]

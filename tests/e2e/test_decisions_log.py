@@ -22,8 +22,8 @@ from controller.sim.runtime import SimRuntime
 from policies.decisions import Decision, Evict, Explanation, MigConvert, Scale, decision_to_dict
 from streams.broker import EmbeddedBroker
 from streams.capture import TopicReader
-from streams.errors import IncompleteRead, ProduceError
 from streams.connection import ensure_topics
+from streams.errors import IncompleteRead, ProduceError
 from streams.events import InferenceLatency
 from streams.producer import KafkaProducer
 from support.e2e import HERE, eventually

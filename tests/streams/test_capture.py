@@ -10,8 +10,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from streams.capture import TopicReader
-from streams.errors import IncompleteRead
 from streams.connection import KafkaConfig, ensure_topics
+from streams.errors import IncompleteRead
 
 pytestmark = pytest.mark.slow
 

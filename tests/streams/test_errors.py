@@ -7,6 +7,7 @@ the CLI's one-line user errors) must keep catching what they caught before the t
 from __future__ import annotations
 
 import ast
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def test_no_wire_module_raises_a_bare_builtin_for_a_failure() -> None:
 
 async def test_unreachable_kafka_is_kafka_unavailable_with_its_cause() -> None:
     """A producer that cannot reach Kafka raises KafkaUnavailable chained to aiokafka's error."""
-    with pytest.raises(errors.KafkaUnavailable, match="^cannot reach Kafka: ") as caught:
+    with pytest.raises(errors.KafkaUnavailable, match=r"^cannot reach Kafka: ") as caught:
         async with KafkaProducer(_unreachable()):
             pass
     assert isinstance(caught.value, ConnectionError)
@@ -77,7 +78,9 @@ async def test_unreachable_kafka_is_kafka_unavailable_with_its_cause() -> None:
 async def test_topics_on_unreachable_kafka_are_kafka_unavailable() -> None:
     """ensure_topics on an unreachable broker raises KafkaUnavailable naming it, cause kept."""
     config = _unreachable()
-    with pytest.raises(errors.KafkaUnavailable, match=f"at {config.bootstrap} ") as caught:
+    with pytest.raises(
+        errors.KafkaUnavailable, match=re.escape(f"at {config.bootstrap} ")
+    ) as caught:
         await ensure_topics(config, ["t"], partitions=1)
     assert caught.value.__cause__ is not None
 
@@ -86,7 +89,9 @@ async def test_unreachable_prometheus_is_prometheus_unavailable() -> None:
     """fetch_events with nothing listening raises PrometheusUnavailable chained to the OSError."""
     url = f"http://127.0.0.1:{free_port()}"
     now = datetime.now(UTC)
-    with pytest.raises(errors.PrometheusUnavailable, match=f"^cannot reach Prometheus at {url}"):
+    with pytest.raises(
+        errors.PrometheusUnavailable, match="^" + re.escape(f"cannot reach Prometheus at {url}")
+    ):
         await fetch_events(url, [PromQuery("gpu", "up")], start=now, end=now, step="15s")
 
 
