@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, cast
 
@@ -81,7 +81,6 @@ from ddsketch.store import CollapsingLowestDenseStore
 from policies.budgets import BudgetState, Cooldowns, Ledger, LogRecord
 from policies.decisions import Decision, Evict, MigConvert, MigRevert, Scale
 from policies.inventory import Inventory, note_disrupted
-from policies.loader import Source, check_policy
 from policies.mig import IdleTracker, MigFlights
 from policies.model import Policy, ServiceSpec, format_loc
 from policies.rules import Round, grow_training, respond_to_breach, run_mig, training_wants
@@ -380,13 +379,6 @@ class Engine:
             return ReloadResult(False, tuple(f"{format_loc(p.loc)}: {p.message}" for p in problems))
         self._apply(policy)
         return ReloadResult(True)
-
-    def reload_sources(self, sources: Sequence[Source]) -> ReloadResult:
-        """Load, validate and adopt policy text; on any error the current policy stays."""
-        policy, errors = check_policy(sources)
-        if errors or policy is None:
-            return ReloadResult(False, tuple(str(e) for e in errors))
-        return self.reload(policy)
 
     def _apply(self, policy: Policy) -> None:
         self._quiet = None
@@ -1044,21 +1036,9 @@ class Engine:
         """A GPU silent this long is not known idle (one missed reading is tolerated)."""
         return max(60.0, 2 * self._util_window_s / UTIL_SLOTS)
 
-    def gpu_utilization(self, now: float) -> dict[str, float | None]:
-        """Windowed mean utilization per GPU (``node/gpu``), sorted by key."""
-        return {k: self._gpu_windows[k].mean(now) for k in sorted(self._gpu_windows)}
-
     def budget_states(self, now: float) -> list[BudgetState]:
         """Each budget's limit, use and what remains in its window (for metrics)."""
         return self._budgets.states(now)
-
-    def cooldown_remaining(self, service_key: str, now: float) -> float:
-        """Seconds before ``service_key`` may be acted for again."""
-        svc = self._services[service_key]
-        cooldown = svc.spec.cooldown
-        if cooldown is None:
-            cooldown = self._policy.spec.cooldowns.service
-        return self._cooldowns.remaining_s(service_key, now, cooldown)
 
     # -- sharded ingest: merged partials in (see policies.partials) ------------------------
 
