@@ -217,10 +217,10 @@ class Aggregator:
         flushes the broker acknowledged.
 
         Folding does not wait for the acknowledgement (a backlog would otherwise be read at
-        the pace of the broker's round trips), except on revocation and stop, or when a fold outgrows
-        :data:`MAX_FLUSH_BYTES` while the previous flush of its partition is still in flight.
-        At most one flush per partition is in flight, so flushes of a partition reach the
-        topic in order, and a failed one is re-sent before any later one is sealed: nothing
+        the pace of the broker's round trips), except on revocation and stop, or when a fold
+        outgrows :data:`MAX_FLUSH_BYTES` while the previous flush of its partition is still in
+        flight. At most one flush per partition is in flight, so flushes of a partition reach
+        the topic in order, and a failed one is re-sent before any later one is sealed: nothing
         after it is committed meanwhile, and it is the one that starts at the committed offset.
         """
         assert self.consumer is not None

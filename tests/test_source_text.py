@@ -15,7 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 #: A measured figure (``~0.5 s``, ``~15%``), where it was measured, or an issue's number.
 MEASURED = re.compile(
-    r"~\s?[0-9][0-9.,]*\s?(µs|us|ms|s|%|kB|MB|MiB|GiB)(?![A-Za-z])|\bdev box\b|\b[Ii]ssue \d+|\b[Ss]top \d+\b"
+    r"~\s?[0-9][0-9.,]*\s?(µs|us|ms|s|%|kB|MB|MiB|GiB)(?![A-Za-z])"
+    r"|\bdev box\b|\b[Ii]ssue \d+|\b[Ss]top \d+\b"
 )
 
 

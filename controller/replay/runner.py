@@ -498,7 +498,8 @@ def _fewer_collections() -> Iterator[None]:
     """Run the cyclic garbage collector less often while replaying: the loop allocates a
     batch of event objects at a time (freed by reference counting) and each young-generation
     pass, and the full passes they trigger over the engine's long-lived state, take a
-    sizeable share of the loop's time at the default threshold. The thresholds are restored afterwards."""
+    sizeable share of the loop's time at the default threshold. The thresholds are restored
+    afterwards."""
     before = gc.get_threshold()
     gc.set_threshold(max(before[0], GC_THRESHOLD), *before[1:])
     try:

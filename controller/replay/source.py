@@ -9,8 +9,8 @@ Design:
 * Speed comes from parsing each line *once*. ``read_events`` parses the line into a record with
   ``value`` kept as raw bytes, copies them, and then parses them again as an event. Here the
   line is decoded straight into :class:`_FastLine`, whose ``value`` is typed as the event union
-  itself, so msgspec validates the record and the event in one C pass. The record fields keep ``_Line``'s types so a line the slow path
-  refuses is refused here too.
+  itself, so msgspec validates the record and the event in one C pass. The record fields keep
+  ``_Line``'s types so a line the slow path refuses is refused here too.
 * Only the common case takes the fast path: a line no longer than the size cap (so its value is
   not either), not ``raw``. Anything that fails to decode, or fails a check, is handed to the
   slow path (:func:`streams.recording.parse_line` + :class:`~streams.events.EventDecoder`)
