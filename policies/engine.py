@@ -39,25 +39,23 @@ Design:
   gate and every replica count one verdict per decision.
 * The snapshot's indexes (:class:`~policies.inventory.Inventory`) are cached on the snapshot:
   hand the same object (or an equal one) again and nothing is rebuilt.
-* **A tick costs what changed.** On a sparse stream most ticks change nothing, so ``evaluate``
-  ticks a service's SLO only when it is due: it received events since it was last ticked, an
-  interval left (or entered) its window (:meth:`~policies.slo.ExceedanceWindow.steady_until`),
-  or one of its SLO timers runs out (:func:`~policies.slo.steady_until`: breachAfter,
-  recoverAfter, staleAfter); a min-heap holds the next of these per service, worked out at the
-  tick after it was ticked and only if no event made it due again. A service's rules
-  run when its SLO was ticked since its rules last ran (unless the step changed nothing and
-  they would only hold: :func:`_holds_only`), or every tick while it is unsettled
-  (breaching below ``replicas.max``, or a scale-down recommendation below its replicas, where
-  cooldowns, budgets and the stabilization window decide); a settled service's skipped ticks
-  would each only have recorded its current replicas as its recommendation, and
-  :meth:`Recommendations.hold <policies.scaledown.Recommendations.hold>` records them in one
-  call when it next runs. A new
-  snapshot, a reload, or a gap between ticks longer than the shortest stabilization window ticks
-  every service. The pool rules (training growth, MIG) are skipped while they provably decide
-  nothing: they decided nothing last time, with the same snapshot, policy and busy pools, no
-  outcome or log record came back, none of their timers ran out (growAfter, the pool's
-  cooldown, a MIG node's hold; while a timer the engine does not follow may run, they run every
-  tick) and, where MIG may convert, the whole-card pool's mean is not below ``convertBelow``.
+* **A tick costs what changed.** On a sparse stream most ticks change nothing, so ``evaluate`` ticks
+  a service's SLO only when it is due: it received events since it was last ticked, an interval left
+  (or entered) its window (:meth:`~policies.slo.ExceedanceWindow.steady_until`), or one of its SLO
+  timers runs out (:func:`~policies.slo.steady_until`: breachAfter, recoverAfter, staleAfter); a
+  min-heap holds the next of these per service, worked out at the tick after it was ticked and only
+  if no event made it due again. A service's rules run when its SLO was ticked since its rules last
+  ran (unless the step changed nothing and they would only hold: :func:`_holds_only`), or every tick
+  while it is unsettled (breaching below ``replicas.max``, or a scale-down recommendation below its
+  replicas, where cooldowns, budgets and the stabilization window decide); a settled service's
+  skipped ticks would each only have recorded its current replicas as its recommendation, and
+  :meth:`Recommendations.hold <policies.scaledown.Recommendations.hold>` records them in one call
+  when it next runs. A new snapshot, a reload, or a gap between ticks longer than the shortest
+  stabilization window ticks every service. The pool rules (training growth, MIG) are skipped while
+  they provably decide nothing: they decided nothing last time, with the same snapshot, policy and
+  busy pools, no outcome or log record came back, none of their timers ran out (growAfter, the
+  pool's cooldown, a MIG node's hold; while a timer the engine does not follow may run, they run
+  every tick) and, where MIG may convert, the whole-card pool's mean is not below ``convertBelow``.
   The decisions are those of ticking everything (``Engine(…, incremental=False)``, kept for the
   tests and benchmarks that check exactly that).
 * ``reload(policy)`` refuses a policy with problems and keeps the old one; an accepted policy

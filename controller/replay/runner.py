@@ -26,25 +26,21 @@ Design:
   policy's services and the cluster's GPUs, decisions are written as they happen, the time
   series are downsampled to a fixed number of points, and breaches listed are capped.
 * **The hot loop** does per event: a type check, a comparison with the next tick, the engine's
-  ``observe`` and, for utilization, the pool meter's ``report``
-  (:mod:`controller.replay.poolmeter`: one dict lookup and two float updates). Per-tick work
-  follows what changed. A tick the engine
-  says is idle (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to
-  run, the pool rules quiet) while the simulated cluster's ``advance`` changed nothing, and
-  that is not the first of a timeline bucket, is only accounted: no ``evaluate``, no
-  snapshot; before the cluster's next due time it is not even advanced. Services are
-  accounted when the engine changed their SLO state
-  (:meth:`~policies.engine.Engine.changed`), when their breach's peak is due (once per
-  window slot) or when the plot samples them; the others'
-  unchanged ticks are accounted in bulk when they next change or at the end
-  (:meth:`~controller.replay.summary.ServiceAccount.repeat`), and GPUs by use once per
-  timeline bucket or cluster change; plus the pools' utilization, plus windowed
-  percentiles (:meth:`~policies.engine.Engine.quantile`: a running sum of the window's older
-  intervals plus the newest, tens of µs when many intervals changed since the last read), still
-  rationed: for the plot, on the
-  first tick of a timeline bucket, at most :data:`READS_PER_SAMPLE` services (staggered, so
-  with many services each is drawn every few buckets); for a breach's peak, once per window
-  slot while the service is above its objective.
+  ``observe`` and, for utilization, the pool meter's ``report`` (:mod:`controller.replay.poolmeter`:
+  one dict lookup and two float updates). Per-tick work follows what changed. A tick the engine says
+  is idle (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to run, the pool
+  rules quiet) while the simulated cluster's ``advance`` changed nothing, and that is not the first
+  of a timeline bucket, is only accounted: no ``evaluate``, no snapshot; before the cluster's next
+  due time it is not even advanced. Services are accounted when the engine changed their SLO state
+  (:meth:`~policies.engine.Engine.changed`), when their breach's peak is due (once per window slot)
+  or when the plot samples them; the others' unchanged ticks are accounted in bulk when they next
+  change or at the end (:meth:`~controller.replay.summary.ServiceAccount.repeat`), and GPUs by use
+  once per timeline bucket or cluster change; plus the pools' utilization, plus windowed percentiles
+  (:meth:`~policies.engine.Engine.quantile`: a running sum of the window's older intervals plus the
+  newest, cheap to read but not free), still rationed: for the plot, on the first tick of a timeline
+  bucket, at most :data:`READS_PER_SAMPLE` services (staggered, so with many services each is drawn
+  every few buckets); for a breach's peak, once per window slot while the service is above its
+  objective.
 """
 
 from __future__ import annotations
