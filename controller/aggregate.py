@@ -38,8 +38,9 @@ from streams.aggregates import decode_flush, encode_flush
 from streams.aggregates_reader import AggregatesReader
 from streams.connection import KafkaConfig, ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer, TopicPartition
+from streams.errors import ProduceError
 from streams.events import EventDecoder
-from streams.producer import DeadLetter, KafkaProducer, ProduceError
+from streams.producer import DeadLetter, KafkaProducer
 
 __all__ = [
     "Aggregator",
@@ -102,8 +103,8 @@ async def ensure_aggregates_topic(
 #: Kafka message (1 MB by default), and a backlog read at full speed spans many intervals per
 #: second. The size is looked at every :data:`SIZE_CHECK_EVERY` events of a partition, within a
 #: batch, and cut there; an event adds at most one interval's sketch to a fold, and a sketch
-#: holds at most :data:`~policies.partials.BIN_LIMIT` bins (~18.5 kB encoded), so a flush stays
-#: under 256 kB + 32 x 18.5 kB = 848 kB whatever the batch.
+#: holds at most :data:`~policies.partials.BIN_LIMIT` bins, about 18.5 kB encoded, so a flush
+#: stays under 256 kB + 32 x 18.5 kB = 848 kB whatever the batch.
 MAX_FLUSH_BYTES = 256 * 1024
 SIZE_CHECK_EVERY = 32
 #: Messages per fetch for an aggregator (the single-replica path fetches 5,000).
@@ -215,11 +216,11 @@ class Aggregator:
         start new folds where they ended; returns the offsets now safe to commit: those of
         flushes the broker acknowledged.
 
-        Folding does not wait for the acknowledgement (a second of backlog's flushes takes the
-        broker ~0.1 s to take), except on revocation and stop, or when a fold outgrows
-        :data:`MAX_FLUSH_BYTES` while the previous flush of its partition is still in flight.
-        At most one flush per partition is in flight, so flushes of a partition reach the
-        topic in order, and a failed one is re-sent before any later one is sealed: nothing
+        Folding does not wait for the acknowledgement (a backlog would otherwise be read at
+        the pace of the broker's round trips), except on revocation and stop, or when a fold
+        outgrows :data:`MAX_FLUSH_BYTES` while the previous flush of its partition is still in
+        flight. At most one flush per partition is in flight, so flushes of a partition reach
+        the topic in order, and a failed one is re-sent before any later one is sealed: nothing
         after it is committed meanwhile, and it is the one that starts at the committed offset.
         """
         assert self.consumer is not None

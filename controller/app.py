@@ -67,11 +67,12 @@ from policies.engine import Engine
 from policies.loader import check_policy, read_sources
 from policies.model import Policy
 from streams import prometheus as prom
-from streams.capture import IncompleteRead, TopicReader
+from streams.capture import TopicReader
 from streams.connection import ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer
+from streams.errors import IncompleteRead, ProduceError
 from streams.events import EventDecoder
-from streams.producer import DeadLetter, KafkaProducer, ProduceError
+from streams.producer import DeadLetter, KafkaProducer
 
 __all__ = ["Controller", "load_policy_files"]
 

@@ -13,7 +13,14 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-__all__ = ["HealthServer"]
+from controller.errors import ControllerError
+
+__all__ = ["CannotServe", "HealthServer"]
+
+
+class CannotServe(ControllerError, ConnectionError):
+    """The health and metrics port could not be bound (in use, or not ours to bind)."""
+
 
 #: Returns the reasons the controller is not ready (empty: ready).
 ReadinessCheck = Callable[[], list[str]]
@@ -48,7 +55,7 @@ class HealthServer:
             await site.start()
         except OSError as exc:
             await self._runner.cleanup()
-            raise ConnectionError(
+            raise CannotServe(
                 f"cannot serve metrics on {self._host}:{self._port}: {exc.strerror}"
             ) from exc
         server = site._server

@@ -51,13 +51,6 @@ class Rule:
     resources: tuple[str, ...]
     verbs: tuple[str, ...]
 
-    def as_manifest(self) -> dict[str, list[str]]:
-        return {
-            "apiGroups": [self.group],
-            "resources": list(self.resources),
-            "verbs": list(self.verbs),
-        }
-
 
 #: What the controller needs whatever workload kinds it tracks.
 _BASE_RULES: tuple[Rule, ...] = (

@@ -27,6 +27,7 @@ from pydantic_settings import (
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from controller.errors import ControllerError
 from policies.model import Policy
 from streams.connection import KafkaConfig, Secret
 from streams.events import Limits
@@ -274,7 +275,7 @@ class Settings(BaseSettings):
         return tuple(sources)
 
 
-class ConfigFileError(ValueError):
+class ConfigFileError(ControllerError, ValueError):
     """The ``--config`` file is missing or is not YAML; the message is one line."""
 
 

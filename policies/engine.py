@@ -39,25 +39,23 @@ Design:
   gate and every replica count one verdict per decision.
 * The snapshot's indexes (:class:`~policies.inventory.Inventory`) are cached on the snapshot:
   hand the same object (or an equal one) again and nothing is rebuilt.
-* **A tick costs what changed.** On a sparse stream most ticks change nothing, so ``evaluate``
-  ticks a service's SLO only when it is due: it received events since it was last ticked, an
-  interval left (or entered) its window (:meth:`~policies.slo.ExceedanceWindow.steady_until`),
-  or one of its SLO timers runs out (:func:`~policies.slo.steady_until`: breachAfter,
-  recoverAfter, staleAfter); a min-heap holds the next of these per service, worked out at the
-  tick after it was ticked and only if no event made it due again. A service's rules
-  run when its SLO was ticked since its rules last ran (unless the step changed nothing and
-  they would only hold: :func:`_holds_only`), or every tick while it is unsettled
-  (breaching below ``replicas.max``, or a scale-down recommendation below its replicas, where
-  cooldowns, budgets and the stabilization window decide); a settled service's skipped ticks
-  would each only have recorded its current replicas as its recommendation, and
-  :meth:`Recommendations.hold <policies.scaledown.Recommendations.hold>` records them in one
-  call when it next runs. A new
-  snapshot, a reload, or a gap between ticks longer than the shortest stabilization window ticks
-  every service. The pool rules (training growth, MIG) are skipped while they provably decide
-  nothing: they decided nothing last time, with the same snapshot, policy and busy pools, no
-  outcome or log record came back, none of their timers ran out (growAfter, the pool's
-  cooldown, a MIG node's hold; while a timer the engine does not follow may run, they run every
-  tick) and, where MIG may convert, the whole-card pool's mean is not below ``convertBelow``.
+* **A tick costs what changed.** On a sparse stream most ticks change nothing, so ``evaluate`` ticks
+  a service's SLO only when it is due: it received events since it was last ticked, an interval left
+  (or entered) its window (:meth:`~policies.slo.ExceedanceWindow.steady_until`), or one of its SLO
+  timers runs out (:func:`~policies.slo.steady_until`: breachAfter, recoverAfter, staleAfter); a
+  min-heap holds the next of these per service, worked out at the tick after it was ticked and only
+  if no event made it due again. A service's rules run when its SLO was ticked since its rules last
+  ran (unless the step changed nothing and they would only hold: :func:`_holds_only`), or every tick
+  while it is unsettled (breaching below ``replicas.max``, or a scale-down recommendation below its
+  replicas, where cooldowns, budgets and the stabilization window decide); a settled service's
+  skipped ticks would each only have recorded its current replicas as its recommendation, and
+  :meth:`Recommendations.hold <policies.scaledown.Recommendations.hold>` records them in one call
+  when it next runs. A new snapshot, a reload, or a gap between ticks longer than the shortest
+  stabilization window ticks every service. The pool rules (training growth, MIG) are skipped while
+  they provably decide nothing: they decided nothing last time, with the same snapshot, policy and
+  busy pools, no outcome or log record came back, none of their timers ran out (growAfter, the
+  pool's cooldown, a MIG node's hold; while a timer the engine does not follow may run, they run
+  every tick) and, where MIG may convert, the whole-card pool's mean is not below ``convertBelow``.
   The decisions are those of ticking everything (``Engine(…, incremental=False)``, kept for the
   tests and benchmarks that check exactly that).
 * ``reload(policy)`` refuses a policy with problems and keeps the old one; an accepted policy
@@ -72,7 +70,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, cast
 
@@ -81,7 +79,6 @@ from ddsketch.store import CollapsingLowestDenseStore
 from policies.budgets import BudgetState, Cooldowns, Ledger, LogRecord
 from policies.decisions import Decision, Evict, MigConvert, MigRevert, Scale
 from policies.inventory import Inventory, note_disrupted
-from policies.loader import Source, check_policy
 from policies.mig import IdleTracker, MigFlights
 from policies.model import Policy, ServiceSpec, format_loc
 from policies.rules import Round, grow_training, respond_to_breach, run_mig, training_wants
@@ -380,13 +377,6 @@ class Engine:
             return ReloadResult(False, tuple(f"{format_loc(p.loc)}: {p.message}" for p in problems))
         self._apply(policy)
         return ReloadResult(True)
-
-    def reload_sources(self, sources: Sequence[Source]) -> ReloadResult:
-        """Load, validate and adopt policy text; on any error the current policy stays."""
-        policy, errors = check_policy(sources)
-        if errors or policy is None:
-            return ReloadResult(False, tuple(str(e) for e in errors))
-        return self.reload(policy)
 
     def _apply(self, policy: Policy) -> None:
         self._quiet = None
@@ -1044,21 +1034,9 @@ class Engine:
         """A GPU silent this long is not known idle (one missed reading is tolerated)."""
         return max(60.0, 2 * self._util_window_s / UTIL_SLOTS)
 
-    def gpu_utilization(self, now: float) -> dict[str, float | None]:
-        """Windowed mean utilization per GPU (``node/gpu``), sorted by key."""
-        return {k: self._gpu_windows[k].mean(now) for k in sorted(self._gpu_windows)}
-
     def budget_states(self, now: float) -> list[BudgetState]:
         """Each budget's limit, use and what remains in its window (for metrics)."""
         return self._budgets.states(now)
-
-    def cooldown_remaining(self, service_key: str, now: float) -> float:
-        """Seconds before ``service_key`` may be acted for again."""
-        svc = self._services[service_key]
-        cooldown = svc.spec.cooldown
-        if cooldown is None:
-            cooldown = self._policy.spec.cooldowns.service
-        return self._cooldowns.remaining_s(service_key, now, cooldown)
 
     # -- sharded ingest: merged partials in (see policies.partials) ------------------------
 

@@ -265,9 +265,6 @@ class Inventory:
         quota = self.quotas.get(namespace)
         return None if quota is None else quota.left
 
-    def pool_of(self, pod: Pod) -> str | None:
-        return self.node_pool.get(pod.node) if pod.node is not None else None
-
 
 def _replacement(pod: Pod, disrupted: Mapping[str, tuple[float, ...]]) -> bool:
     """``pod`` was created by its workload shortly after Ebbtide evicted from or shrank it."""

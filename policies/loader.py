@@ -34,6 +34,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.scalarbool import ScalarBoolean
 
+from policies.errors import PoliciesError
 from policies.model import Loc, Policy, format_loc
 
 __all__ = [
@@ -75,7 +76,7 @@ class PolicyError:
         return f"{self.file}:{self.line}:{self.col}: {where}{self.message}"
 
 
-class PolicyLoadError(Exception):
+class PolicyLoadError(PoliciesError):
     """A policy was refused; ``errors`` holds every problem found."""
 
     def __init__(self, errors: Sequence[PolicyError]) -> None:

@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
+from policies.errors import PoliciesError
+
 __all__ = ["NODE_NAME_FIELD", "NodeAffinity", "Operator", "Requirement", "UnknownAffinity"]
 
 Operator = Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
@@ -42,7 +44,7 @@ _INT: Final = re.compile(r"[+-]?[0-9]+")
 _INT64: Final = (-(2**63), 2**63 - 1)
 
 
-class UnknownAffinity(ValueError):
+class UnknownAffinity(PoliciesError, ValueError):
     """Node affinity Ebbtide cannot read the way the apiserver would (module docstring)."""
 
 

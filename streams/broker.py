@@ -16,15 +16,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-__all__ = ["BrokerError", "EmbeddedBroker", "free_port"]
+from streams.errors import BrokerError
+
+__all__ = ["EmbeddedBroker", "free_port"]
 
 _HOST = "127.0.0.1"
 # tansu reads these from the environment before its flags; a stray one must not redirect it.
 _TANSU_ENV = ("LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE", "CLUSTER_ID")
-
-
-class BrokerError(RuntimeError):
-    """The embedded broker could not be found, started, or did not become ready."""
 
 
 def free_port() -> int:

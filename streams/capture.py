@@ -22,11 +22,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from streams.connection import KafkaConfig
+from streams.errors import IncompleteRead, KafkaUnavailable, RecordingError
 from streams.positions import PartitionWatch, StartLine, partitions_of
 from streams.producer import KafkaProducer, RawMessage
-from streams.recording import BadLine, RecordingError, RecordingWriter, read_recording
+from streams.recording import BadLine, RecordingWriter, read_recording
 
-__all__ = ["IncompleteRead", "PublishResult", "TopicReader", "publish", "record"]
+__all__ = ["PublishResult", "TopicReader", "publish", "record"]
 
 log = structlog.get_logger(__name__)
 
@@ -63,7 +64,7 @@ async def record(
         await consumer.start()
     except KafkaError as exc:
         await consumer.stop()
-        raise ConnectionError(f"cannot reach Kafka: {exc}") from exc
+        raise KafkaUnavailable(f"cannot reach Kafka: {exc}") from exc
     try:
         partitions = [
             TopicPartition(topic, p)
@@ -120,26 +121,6 @@ async def _seek_to_now(consumer: AIOKafkaConsumer, partitions: list[TopicPartiti
         await consumer.position(tp)
 
 
-class IncompleteRead(RuntimeError):
-    """:meth:`TopicReader.since` could not read up to the end offsets seen at its start in time.
-
-    Callers that restore state from the read (budgets, cooldowns) must not act on part of it.
-    """
-
-    def __init__(
-        self, topic: str, *, progress: dict[int, tuple[int, int | None]], timeout_s: float
-    ) -> None:
-        self.topic = topic
-        self.progress = progress
-        """Per unfinished partition: (position reached, end offset seen at start or ``None``
-        when the broker never reported one)."""
-        where = ", ".join(
-            f"partition {p} at {pos}/{'?' if end is None else end}"
-            for p, (pos, end) in sorted(progress.items())
-        )
-        super().__init__(f"read of {topic!r} incomplete after {timeout_s:g}s: {where}")
-
-
 class TopicReader:
     """Reads one topic without a consumer group: catch up from a point in time, then follow.
 
@@ -176,7 +157,7 @@ class TopicReader:
             await self._consumer.start()
         except KafkaError as exc:
             await self._consumer.stop()
-            raise ConnectionError(f"cannot reach Kafka: {exc}") from exc
+            raise KafkaUnavailable(f"cannot reach Kafka: {exc}") from exc
         numbers = sorted(await partitions_of(self._consumer, self.topic))
         self._partitions = [TopicPartition(self.topic, p) for p in numbers]
         self._consumer.assign(self._partitions)
@@ -257,7 +238,7 @@ async def publish(
     The events' own ``ts`` fields are sent as recorded, unless ``retime``: then they are moved
     so the first event happens now and later ones follow at the recording's pace divided by
     ``speed`` — what a live controller, which judges windows by its own clock, needs to see.
-    A damaged recording raises :class:`~streams.recording.RecordingError` saying how many
+    A damaged recording raises :class:`~streams.errors.RecordingError` saying how many
     messages were sent before the damage (they stay sent).
     """
     retimer = _Retimer(speed or 1.0) if retime else None

@@ -16,6 +16,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from aiokafka.helpers import create_ssl_context
 
+from streams.errors import KafkaUnavailable
+
 __all__ = ["KafkaConfig", "Secret", "default_replication", "ensure_topics"]
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -115,9 +117,9 @@ async def ensure_topics(
                     if code not in (0, TopicAlreadyExistsError.errno)
                 ]
                 if refused:
-                    raise ConnectionError(f"Kafka refused to create topics: {'; '.join(refused)}")
+                    raise KafkaUnavailable(f"Kafka refused to create topics: {'; '.join(refused)}")
     except (KafkaError, TimeoutError) as exc:
-        raise ConnectionError(
+        raise KafkaUnavailable(
             f"cannot reach Kafka at {config.bootstrap} to create topics: {exc}"
         ) from exc
     finally:

@@ -57,6 +57,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 
 from streams.connection import KafkaConfig
+from streams.errors import KafkaUnavailable
 from streams.events import DEFAULT_TOPICS, Event, EventDecoder, Rejection
 from streams.positions import PartitionWatch, StartLine, partitions_of
 from streams.producer import DeadLetter, RawMessage
@@ -261,7 +262,7 @@ class EventConsumer:
 
     async def start(self) -> None:
         """Connect, then subscribe (the group is joined while fetching) or, without a group,
-        assign every partition at its start. ``ConnectionError`` if Kafka is unreachable."""
+        assign every partition at its start. :class:`KafkaUnavailable` if Kafka is unreachable."""
         consumer, settings = self._consumer, self.settings
         try:
             await consumer.start()
@@ -279,7 +280,7 @@ class EventConsumer:
                 )
         except (KafkaError, ConnectionError) as exc:
             await consumer.stop()
-            raise ConnectionError(f"cannot reach Kafka: {exc}") from exc
+            raise KafkaUnavailable(f"cannot reach Kafka: {exc}") from exc
         self._started = True
 
     def stop(self) -> None:

@@ -33,6 +33,8 @@ from typing import Any
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from streams.errors import KafkaUnavailable
+
 __all__ = ["PartitionWatch", "StartLine", "partitions_of"]
 
 log = structlog.get_logger(__name__)
@@ -41,11 +43,11 @@ log = structlog.get_logger(__name__)
 async def partitions_of(
     consumer: AIOKafkaConsumer, topic: str, timeout_s: float = 10.0
 ) -> set[int]:
-    """The topic's partition numbers; ``ConnectionError`` if the broker does not know it."""
+    """The topic's partition numbers; :class:`KafkaUnavailable` if the broker does not know it."""
     deadline = time.monotonic() + timeout_s
     while (partitions := consumer.partitions_for_topic(topic)) is None:
         if time.monotonic() > deadline:
-            raise ConnectionError(f"topic {topic!r} does not exist on the broker")
+            raise KafkaUnavailable(f"topic {topic!r} does not exist on the broker")
         await consumer.topics()  # refreshes the cluster metadata
         await asyncio.sleep(0.05)
     return set(partitions)

@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from streams.connection import KafkaConfig
+from streams.errors import KafkaUnavailable, ProduceError
 from streams.events import DEFAULT_TOPICS, Event, Rejection, encode_event, event_key, event_type
 
 __all__ = [
@@ -23,7 +24,6 @@ __all__ = [
     "DeadLetter",
     "EventProducer",
     "KafkaProducer",
-    "ProduceError",
     "RawMessage",
 ]
 
@@ -45,10 +45,6 @@ class RawMessage:
     timestamp_ms: int
 
 
-class ProduceError(ConnectionError):
-    """A message the broker did not acknowledge."""
-
-
 class KafkaProducer:
     """A started ``AIOKafkaProducer``; ``async with`` starts and flushes/stops it."""
 
@@ -62,7 +58,7 @@ class KafkaProducer:
             await self._producer.start()
         except KafkaError as exc:
             await self._producer.stop()
-            raise ConnectionError(f"cannot reach Kafka: {exc}") from exc
+            raise KafkaUnavailable(f"cannot reach Kafka: {exc}") from exc
         return self
 
     async def __aexit__(

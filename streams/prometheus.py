@@ -36,6 +36,7 @@ from typing import Any, Literal
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 
+from streams.errors import PrometheusRejected, PrometheusUnavailable
 from streams.events import (
     DEFAULT_TOPICS,
     Event,
@@ -211,9 +212,9 @@ async def fetch_events(
                 prom.custom_query_range, query.expr, start_time=start, end_time=end, step=step
             )
         except PrometheusApiClientException as exc:
-            raise ValueError(f"Prometheus rejected {query.expr!r}: {exc}") from exc
+            raise PrometheusRejected(f"Prometheus rejected {query.expr!r}: {exc}") from exc
         except OSError as exc:  # requests' connection errors are OSErrors
-            raise ConnectionError(f"cannot reach Prometheus at {url}: {exc}") from exc
+            raise PrometheusUnavailable(f"cannot reach Prometheus at {url}: {exc}") from exc
         to_events(query, result, out)
     out.events.sort(key=lambda e: e.time)
     return out

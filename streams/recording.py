@@ -35,6 +35,7 @@ from typing import IO, Any, Self
 
 import msgspec
 
+from streams.errors import RecordingError
 from streams.events import Event, EventDecoder, Rejection
 from streams.producer import RawMessage
 
@@ -42,7 +43,6 @@ __all__ = [
     "DAMAGE",
     "BadLine",
     "RecordedMessage",
-    "RecordingError",
     "RecordingReader",
     "RecordingWriter",
     "damaged",
@@ -88,10 +88,6 @@ class BadLine:
     line: int
     reason: str
     text: bytes
-
-
-class RecordingError(ValueError):
-    """The file is not a readable recording: truncated, corrupt, or not a recording at all."""
 
 
 #: What reading a damaged file raises: a gzip stream cut short (``EOFError``), a ``.gz`` that

@@ -37,6 +37,8 @@ from typing import Any, Final, Self
 
 import structlog
 
+from controller.errors import ControllerError
+
 __all__ = [
     "DeviceFailure",
     "GpuReading",
@@ -57,7 +59,7 @@ _NOT_FOUND: Final = 6
 _MIG_ENABLE: Final = 1
 
 
-class NvmlUnavailable(RuntimeError):
+class NvmlUnavailable(ControllerError, RuntimeError):
     """NVML cannot be used on this machine: no driver, no library, or no permission."""
 
 

@@ -31,6 +31,8 @@ from typing import Any, Final
 import grpc  # type: ignore[import-untyped, unused-ignore]
 import structlog
 
+from controller.errors import ControllerError
+
 __all__ = [
     "DEFAULT_SOCKET",
     "ContainerDevices",
@@ -51,7 +53,7 @@ LIST_METHOD: Final = "/v1.PodResourcesLister/List"
 _MAX_MESSAGE: Final = 16 * 1024 * 1024  # the kubelet's own cap on this API
 
 
-class PodResourcesError(Exception):
+class PodResourcesError(ControllerError):
     """The pod-resources API could not be asked, or its answer could not be read."""
 
 

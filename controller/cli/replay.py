@@ -35,7 +35,8 @@ from controller.replay.runner import (
 )
 from controller.sim import SimCluster, load_scenario
 from policies.model import Policy, format_duration
-from streams.recording import RecordingError, read_header
+from streams.errors import RecordingError
+from streams.recording import read_header
 
 __all__ = ["COMMANDS", "replay_command"]
 

@@ -3,8 +3,9 @@
 Exceptions that mean "the user's input or environment is wrong" become a
 :class:`click.ClickException` (one line, exit 1). Anything else is a bug and keeps its traceback.
 
-Nothing here imports :mod:`controller.kube`: it pulls in kubernetes_asyncio (~0.5 s and ~860
-modules), which only ``run --cluster kube`` needs; ``ebbtide --version`` must not pay for it.
+Nothing here imports :mod:`controller.kube`: it pulls in kubernetes_asyncio (hundreds of
+modules, slow to import), which only ``run --cluster kube`` needs; ``ebbtide --version`` must
+not pay for it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
-from streams.broker import BrokerError
+from streams.errors import BrokerError
 
 __all__ = ["UserError", "run_async", "stop_on_signals"]
 

@@ -20,9 +20,10 @@ from streams.capture import publish as publish_recording
 from streams.capture import record as record_topics
 from streams.connection import KafkaConfig, ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer
+from streams.errors import RecordingError
 from streams.events import DEFAULT_TOPICS, InferenceLatency, event_schema
 from streams.producer import DEAD_LETTER_TOPIC, DeadLetter, KafkaProducer
-from streams.recording import BadLine, RecordingError, read_recording
+from streams.recording import BadLine, read_recording
 
 __all__ = ["COMMANDS"]
 

@@ -6,7 +6,7 @@ API is never imported, so building a report costs milliseconds) and one JSON blo
 ``<script type="application/json" id="ebbtide-figures">``, holding every figure as plotly's
 ``{data, layout}``. A few lines of script hand each to ``Plotly.newPlot``. Why:
 
-* it opens offline, from a file, with no CDN (the library is in the page, ~4.7 MB);
+* it opens offline, from a file, with no CDN (the library is in the page);
 * the figures are interactive: a day-long replay needs zoom and hover, which a static image
   (matplotlib SVG) cannot give, and every figure shares the time axis, so zooming one to an
   incident and reading the others at the same times is direct;

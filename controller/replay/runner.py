@@ -26,25 +26,21 @@ Design:
   policy's services and the cluster's GPUs, decisions are written as they happen, the time
   series are downsampled to a fixed number of points, and breaches listed are capped.
 * **The hot loop** does per event: a type check, a comparison with the next tick, the engine's
-  ``observe`` and, for utilization, the pool meter's ``report``
-  (:mod:`controller.replay.poolmeter`: one dict lookup and two float updates). Per-tick work
-  follows what changed. A tick the engine
-  says is idle (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to
-  run, the pool rules quiet) while the simulated cluster's ``advance`` changed nothing, and
-  that is not the first of a timeline bucket, is only accounted: no ``evaluate``, no
-  snapshot; before the cluster's next due time it is not even advanced. Services are
-  accounted when the engine changed their SLO state
-  (:meth:`~policies.engine.Engine.changed`), when their breach's peak is due (once per
-  window slot) or when the plot samples them; the others'
-  unchanged ticks are accounted in bulk when they next change or at the end
-  (:meth:`~controller.replay.summary.ServiceAccount.repeat`), and GPUs by use once per
-  timeline bucket or cluster change; plus the pools' utilization, plus windowed
-  percentiles (:meth:`~policies.engine.Engine.quantile`: a running sum of the window's older
-  intervals plus the newest, tens of µs when many intervals changed since the last read), still
-  rationed: for the plot, on the
-  first tick of a timeline bucket, at most :data:`READS_PER_SAMPLE` services (staggered, so
-  with many services each is drawn every few buckets); for a breach's peak, once per window
-  slot while the service is above its objective.
+  ``observe`` and, for utilization, the pool meter's ``report`` (:mod:`controller.replay.poolmeter`:
+  one dict lookup and two float updates). Per-tick work follows what changed. A tick the engine says
+  is idle (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to run, the pool
+  rules quiet) while the simulated cluster's ``advance`` changed nothing, and that is not the first
+  of a timeline bucket, is only accounted: no ``evaluate``, no snapshot; before the cluster's next
+  due time it is not even advanced. Services are accounted when the engine changed their SLO state
+  (:meth:`~policies.engine.Engine.changed`), when their breach's peak is due (once per window slot)
+  or when the plot samples them; the others' unchanged ticks are accounted in bulk when they next
+  change or at the end (:meth:`~controller.replay.summary.ServiceAccount.repeat`), and GPUs by use
+  once per timeline bucket or cluster change; plus the pools' utilization, plus windowed percentiles
+  (:meth:`~policies.engine.Engine.quantile`: a running sum of the window's older intervals plus the
+  newest, cheap to read but not free), still rationed: for the plot, on the first tick of a timeline
+  bucket, at most :data:`READS_PER_SAMPLE` services (staggered, so with many services each is drawn
+  every few buckets); for a breach's peak, once per window slot while the service is above its
+  objective.
 """
 
 from __future__ import annotations
@@ -497,8 +493,9 @@ class _Replay:
 def _fewer_collections() -> Iterator[None]:
     """Run the cyclic garbage collector less often while replaying: the loop allocates a
     batch of event objects at a time (freed by reference counting) and each young-generation
-    pass, and the full passes they trigger over the engine's long-lived state, cost ~15% of
-    the loop's time at the default threshold. The thresholds are restored afterwards."""
+    pass, and the full passes they trigger over the engine's long-lived state, take a
+    sizeable share of the loop's time at the default threshold. The thresholds are restored
+    afterwards."""
     before = gc.get_threshold()
     gc.set_threshold(max(before[0], GC_THRESHOLD), *before[1:])
     try:
@@ -535,7 +532,7 @@ def replay(
 
     An earlier run's outputs in ``out_dir`` are removed first, and this run's
     ``decisions.jsonl`` when it fails (a damaged recording raises
-    :class:`~streams.recording.RecordingError`), so ``out_dir`` never looks complete when it
+    :class:`~streams.errors.RecordingError`), so ``out_dir`` never looks complete when it
     is not."""
     settings = settings or ReplaySettings()
     if not (settings.evaluate_every > 0 and math.isfinite(settings.evaluate_every)):

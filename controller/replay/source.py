@@ -7,11 +7,10 @@ Design:
   :class:`~streams.events.Rejection` codes and details. ``tests/replay`` checks the two agree
   message for message on recordings with every kind of bad line.
 * Speed comes from parsing each line *once*. ``read_events`` parses the line into a record with
-  ``value`` kept as raw bytes, copies them, and then parses them again as an event (~3.4 µs a
-  line on the dev box). Here the line is decoded straight into :class:`_FastLine`, whose
-  ``value`` is typed as the event union itself, so msgspec validates the record and the event
-  in one C pass (~1.8 µs). The record fields keep ``_Line``'s types so a line the slow path
-  refuses is refused here too.
+  ``value`` kept as raw bytes, copies them, and then parses them again as an event. Here the
+  line is decoded straight into :class:`_FastLine`, whose ``value`` is typed as the event union
+  itself, so msgspec validates the record and the event in one C pass. The record fields keep
+  ``_Line``'s types so a line the slow path refuses is refused here too.
 * Only the common case takes the fast path: a line no longer than the size cap (so its value is
   not either), not ``raw``. Anything that fails to decode, or fails a check, is handed to the
   slow path (:func:`streams.recording.parse_line` + :class:`~streams.events.EventDecoder`)
@@ -20,7 +19,7 @@ Design:
   generator step per batch, not per event. Memory is one batch, whatever the file's length.
 * The file is opened and read by :class:`~streams.recording.RecordingReader`, as every reader
   of a recording is: a damaged file or one that is not a recording raises
-  :class:`~streams.recording.RecordingError` with the same words everywhere; the
+  :class:`~streams.errors.RecordingError` with the same words everywhere; the
   first :data:`MAX_LISTED` rejected lines are kept in :class:`SourceStats` with their numbers,
   so a report can say *where* the recording is bad, not only how often.
 """
@@ -97,7 +96,7 @@ def read_event_batches(
     Each item is what :func:`streams.recording.read_events` yields as the second element for
     the same line. ``progress`` is called after each batch with the bytes of the file (as
     stored: compressed for ``.gz``) read so far; ``stats`` collects :class:`SourceStats`.
-    Raises :class:`~streams.recording.RecordingError` when the file cannot be opened, is
+    Raises :class:`~streams.errors.RecordingError` when the file cannot be opened, is
     damaged or is not a recording (:class:`~streams.recording.RecordingReader`'s words).
     """
     decoder = decoder or EventDecoder()

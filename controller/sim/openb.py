@@ -43,6 +43,8 @@ from typing import Any, Final, Literal
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 
+from controller.errors import ControllerError
+
 __all__ = [
     "ATTRIBUTION",
     "MODEL_NAMES",
@@ -86,7 +88,7 @@ _POD_COLUMNS: Final = (
 At = int | Literal["peak", "all"]
 
 
-class OpenbError(ValueError):
+class OpenbError(ControllerError, ValueError):
     """A trace file that cannot be read, placed as ``FILE:LINE: message``."""
 
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 from pydantic import Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from controller.errors import ControllerError
 from controller.sim.cluster import SimCluster
 from controller.sim.values import EPOCH, PodTemplate, SimDelays
 from policies.casetest import NodeSpec, PodSpec, WorkloadSpec
@@ -335,7 +336,7 @@ class Scenario(_Model):
         return build_cluster(self, start=start, policy=policy).snapshot()
 
 
-class ScenarioLoadError(ValueError):
+class ScenarioLoadError(ControllerError, ValueError):
     """A scenario was refused; ``errors`` holds every problem, placed in the file."""
 
     def __init__(self, errors: list[PolicyError]) -> None:

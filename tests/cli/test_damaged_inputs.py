@@ -18,8 +18,9 @@ from controller.cli.stream_commands import publish
 from controller.replay.inventory import scan_recording
 from controller.replay.source import read_event_batches
 from streams.broker import EmbeddedBroker
+from streams.errors import RecordingError
 from streams.producer import RawMessage
-from streams.recording import RecordingError, RecordingWriter, read_header, read_recording
+from streams.recording import RecordingWriter, read_header, read_recording
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "examples" / "sample-events.jsonl"

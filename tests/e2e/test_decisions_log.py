@@ -21,10 +21,11 @@ from controller.settings import Settings, load_settings
 from controller.sim.runtime import SimRuntime
 from policies.decisions import Decision, Evict, Explanation, MigConvert, Scale, decision_to_dict
 from streams.broker import EmbeddedBroker
-from streams.capture import IncompleteRead, TopicReader
+from streams.capture import TopicReader
 from streams.connection import ensure_topics
+from streams.errors import IncompleteRead, ProduceError
 from streams.events import InferenceLatency
-from streams.producer import KafkaProducer, ProduceError
+from streams.producer import KafkaProducer
 from support.e2e import HERE, eventually
 
 SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "scenario-small.yaml"

@@ -24,6 +24,7 @@ from streams.capture import TopicReader
 from streams.events import InferenceLatency
 from streams.producer import KafkaProducer
 from support.e2e import HERE
+from support.engine_probes import cooldown_remaining
 
 SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "scenario-small.yaml"
 
@@ -183,7 +184,7 @@ async def test_an_intent_always_gets_an_outcome_so_the_next_leader_charges_nothi
         "scale_steps": 0,
         "mig_conversions": 0,
     }
-    assert successor.engine.cooldown_remaining("serving/chat", clock.now) == 0.0
+    assert cooldown_remaining(successor.engine, "serving/chat", clock.now) == 0.0
 
 
 async def grows(controller: Controller, clock: Clock, *, seconds: int) -> list[ActionResult]:

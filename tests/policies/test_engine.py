@@ -22,6 +22,7 @@ from policies.decisions import Evict, Scale, decision_to_dict
 from policies.engine import Engine
 from policies.loader import Source
 from streams.events import InferenceLatency, LatencyHistogram
+from support.engine_probes import gpu_utilization, reload_sources
 
 
 def breach_cluster() -> object:
@@ -124,7 +125,7 @@ def test_reload_refuses_invalid_and_keeps_old() -> None:
     old = engine.policy
     bad = policy_dict()
     bad["spec"]["services"]["chat"]["pool"] = "nowhere"
-    result = engine.reload_sources([Source("new.yaml", to_yaml(bad))])
+    result = reload_sources(engine, [Source("new.yaml", to_yaml(bad))])
     assert not result.accepted
     assert any("new.yaml:" in e and "undefined pool 'nowhere'" in e for e in result.errors)
     assert engine.policy is old
@@ -140,7 +141,7 @@ def test_reload_keeps_windows_of_unchanged_services() -> None:
     data = policy_dict()
     data["spec"]["services"]["other"] = copy.deepcopy(data["spec"]["services"]["chat"])
     data["spec"]["services"]["other"]["namespace"] = "serving"
-    result = engine.reload_sources([Source("new.yaml", to_yaml(data))])
+    result = reload_sources(engine, [Source("new.yaml", to_yaml(data))])
     assert result.accepted
     status = {s.key: s for s in engine.service_status(T0 + 12)}
     assert status["serving/chat"].state == "breaching"
@@ -212,7 +213,7 @@ def test_pool_status_and_gpu_utilization() -> None:
     assert pools["whole"].capacity_gpus == 16
     assert pools["whole"].free_gpus == 0
     assert pools["whole"].util_pct == 40.0
-    assert engine.gpu_utilization(T0 + 1)["w0/0"] == 50.0
+    assert gpu_utilization(engine, T0 + 1)["w0/0"] == 50.0
 
 
 def test_quantile_reads_the_service_percentile() -> None:
@@ -255,7 +256,7 @@ def test_observe_many_takes_each_event_once() -> None:
     now = T0 + 1.5
     assert taken == [4, 4]
     assert (engine.observed, engine.late, engine.unknown) == (8, 2, 2)
-    assert engine.gpu_utilization(now) == {"w0/0": 80.0, "w1/2/1": 40.0, "w1/3": 10.0}
+    assert gpu_utilization(engine, now) == {"w0/0": 80.0, "w1/2/1": 40.0, "w1/3": 10.0}
     whole = next(p for p in engine.pool_status(now) if p.name == "whole")
     assert whole.util_pct == pytest.approx((80.0 + 10.0 + 40.0) / 3)
     (chat,) = engine.service_status(now)

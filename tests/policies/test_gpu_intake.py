@@ -10,6 +10,7 @@ from controller.metrics import Metrics, StateSources
 from policies.engine import MAX_DEVICES_PER_NODE, Engine
 from policies.snapshot import Snapshot, SnapshotBuilder
 from streams.events import GpuUtilization
+from support.engine_probes import gpu_utilization
 
 
 def _snapshot(*nodes: str) -> Snapshot:
@@ -33,7 +34,7 @@ def test_readings_for_unknown_nodes_make_no_windows_and_are_counted() -> None:
     assert engine.observe(util(T0, "w0", 0, 50.0))
     for i in range(50_000):
         assert not engine.observe(util(T0, f"ghost-{i}", 0, 50.0))
-    assert list(engine.gpu_utilization(T0)) == ["w0/0"]
+    assert list(gpu_utilization(engine, T0)) == ["w0/0"]
     assert engine.dropped == {"unknown_node": 50_000}
     assert engine.observed == 1
 
@@ -45,7 +46,7 @@ def test_devices_per_node_are_bounded() -> None:
     engine = _engine("w0")
     for gpu in range(1_000):
         engine.observe(util(T0, "w0", gpu, 10.0))
-    assert len(engine.gpu_utilization(T0)) == MAX_DEVICES_PER_NODE
+    assert len(gpu_utilization(engine, T0)) == MAX_DEVICES_PER_NODE
     assert engine.dropped == {"device_limit": 1_000 - MAX_DEVICES_PER_NODE}
     assert engine.observe(util(T0 + 1, "w0", 0, 10.0))
     mig = GpuUtilization(
@@ -66,7 +67,7 @@ def test_merged_partials_for_unknown_nodes_are_dropped_and_counted() -> None:
     }
     assert engine.put_utilization(slot, interval_s=10.0, readings=readings) == 1
     engine.merge_idle("ghost", "0", first=T0, last=T0, busy=None)
-    assert list(engine.gpu_utilization(T0)) == ["w0/0"]
+    assert list(gpu_utilization(engine, T0)) == ["w0/0"]
     assert engine.dropped == {"unknown_node": 3}
 
 
@@ -78,11 +79,11 @@ def test_readings_before_the_first_snapshot_are_kept_until_it_prunes_them() -> N
     assert engine.observe(util(T0, "w0", 0, 40.0))
     assert engine.observe(util(T0, "gone", 0, 40.0))
     engine.evaluate(T0 + 1, _snapshot("w0"))
-    assert list(engine.gpu_utilization(T0 + 1)) == ["w0/0"]
+    assert list(gpu_utilization(engine, T0 + 1)) == ["w0/0"]
     assert not engine.observe(util(T0 + 2, "late", 0, 40.0))  # watch lag: not listed yet
     engine.evaluate(T0 + 3, _snapshot("w0", "late"))
     assert engine.observe(util(T0 + 4, "late", 0, 40.0))
-    assert sorted(engine.gpu_utilization(T0 + 4)) == ["late/0", "w0/0"]
+    assert sorted(gpu_utilization(engine, T0 + 4)) == ["late/0", "w0/0"]
     assert engine.dropped == {"unknown_node": 1}
 
 

@@ -10,6 +10,7 @@ from test_engine import breach_cluster
 from policies.budgets import Ledger, LogRecord
 from policies.decisions import Evict, Explanation, Scale, decision_to_dict
 from policies.engine import Engine
+from support.engine_probes import cooldown_remaining
 
 SPEC = make_policy().spec.budgets  # evictions 4/10m, scale 20/10m, MIG 2/1h
 
@@ -109,7 +110,7 @@ def test_engine_and_a_restored_ledger_agree() -> None:
         second.record(LogRecord.of(decision_to_dict(d) | {"outcome": "intent"}))
     (evictions, *_) = second.budget_states(T0 + 16)
     assert (evictions.used, evictions.remaining) == (4, 0)
-    assert second.cooldown_remaining("serving/chat", T0 + 16) == pytest.approx(25.0)
+    assert cooldown_remaining(second, "serving/chat", T0 + 16) == pytest.approx(25.0)
 
 
 def test_a_refused_response_retries_after_the_hold_off_not_the_cooldown() -> None:
@@ -121,10 +122,10 @@ def test_a_refused_response_retries_after_the_hold_off_not_the_cooldown() -> Non
     snap = breach_cluster()
     rounds = [(t, ds) for t, ds in run(engine, snap, T0, T0 + 12, 900.0) if ds]
     t, decisions = rounds[0]
-    assert engine.cooldown_remaining("serving/chat", t) > 0
+    assert cooldown_remaining(engine, "serving/chat", t) > 0
     for d in decisions:
         engine.not_done(d, reason="blocked by a PodDisruptionBudget", retry_at=t + 20)
-    assert engine.cooldown_remaining("serving/chat", t + 1) == pytest.approx(19.0)
+    assert cooldown_remaining(engine, "serving/chat", t + 1) == pytest.approx(19.0)
     assert engine.budget_states(t)[0].used == 0
     again = [(t2, ds) for t2, ds in run(engine, snap, t + 1, t + 25, 900.0) if ds]
     assert again, "the service was not decided for again after the hold-off"

@@ -16,6 +16,7 @@ from policies.partials import Fold, FoldSpec, Merger
 from policies.snapshot import Snapshot
 from streams.aggregates import Flush, decode_flush, encode_flush
 from streams.events import Event, InferenceLatency, LatencyHistogram
+from support.engine_probes import gpu_utilization
 
 SECONDS = 60
 NO_CLOCK = math.inf
@@ -68,7 +69,7 @@ def summary(engine: Engine, now: float) -> object:
     return (
         [(s.key, s.state, s.samples, s.level, s.quantile_ms) for s in engine.service_status(now)],
         [(p.name, p.util_pct) for p in engine.pool_status(now)],
-        engine.gpu_utilization(now),
+        gpu_utilization(engine, now),
     )
 
 

@@ -18,6 +18,7 @@ from policies.loader import PolicyLoadError, load_policy_text
 from policies.model import Policy
 from policies.scaledown import Recommendations, step_limit
 from policies.snapshot import Snapshot, SnapshotBuilder
+from support.engine_probes import cooldown_remaining
 
 DOWN = {"stabilization": "60s", "below": "50%", "maxStep": 1, "cooldown": "30s"}
 
@@ -316,7 +317,7 @@ def test_scale_down_starts_the_service_cooldown() -> None:
     """A scale-down starts the service's cooldown, as reading its record back would."""
     engine = Engine(down_policy())
     drive(engine, 6, [(61, 20.0)], end=61)
-    assert engine.cooldown_remaining("serving/chat", T0 + 61) == 30.0
+    assert cooldown_remaining(engine, "serving/chat", T0 + 61) == 30.0
 
 
 STEP_TEXT = {

@@ -28,6 +28,15 @@ QS = (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0)
 # -- builders ----------------------------------------------------------------------------------
 
 
+def allocated_bins(w: LatencyWindow) -> int:
+    """Sketch bins the window holds in its ring and read caches: at most
+    ``(intervals + 2) * bin_limit``, whatever was observed (the running sum holds at most
+    ``bin_limit`` bins and the merge caches are dropped while it is in use, and the other way
+    round). Reads private state on purpose: the bound is on that state."""
+    cache = w._cold[0].length() + w._full_store.length() + len(w._agg)
+    return sum(c.store.length() for c in w._cells) + cache
+
+
 def latency(ts: float, **form: Any) -> InferenceLatency:
     """An event carrying one latency form: ``latency_ms=``, ``samples_ms=`` or ``histogram=``."""
     return InferenceLatency(ts=ts, service="chat", **form)
@@ -392,7 +401,7 @@ def test_running_sum_reads_match_merged_intervals(
         want = ref.get_quantile_value(value) if ref.count else None
         got = w.quantile(T0 + dt, value)
         assert got == (None if want is None else float(want))
-        assert w.allocated_bins <= (8 + 2) * bin_limit
+        assert allocated_bins(w) <= (8 + 2) * bin_limit
 
 
 def test_expired_intervals_leave_the_running_sum() -> None:
@@ -425,14 +434,14 @@ def test_memory_bounded_under_millions_of_values() -> None:
             if second >= 30:
                 in_window.extend(batch)
         assert w.intervals == 10
-        assert w.allocated_bins <= (10 + 2) * 256
+        assert allocated_bins(w) <= (10 + 2) * 256
         w.quantile(T0 + second + 0.5, 0.99)
     now = T0 + 39.9
     assert w.count(now) == len(in_window) == 500_000
     got = w.quantile(now, 0.99)
     assert got is not None
     assert rel_err(got, exact(in_window, 0.99)) <= ALPHA + EPS
-    assert w.allocated_bins <= (10 + 2) * 256
+    assert allocated_bins(w) <= (10 + 2) * 256
 
 
 @settings(max_examples=60, deadline=None)
@@ -476,7 +485,7 @@ def test_ring_recycles_intervals() -> None:
         w.add_many(T0 + second, [1.0, 1e3, 1e6])
     assert w.intervals == 5
     assert w.count(T0 + 999.0) == 15
-    assert w.allocated_bins <= (5 + 2) * 128
+    assert allocated_bins(w) <= (5 + 2) * 128
 
 
 # -- inputs ------------------------------------------------------------------------------------
@@ -591,18 +600,6 @@ def test_utilization_out_of_range_raises(pct: float) -> None:
     """Percentages outside [0, 100] are a caller's bug."""
     with pytest.raises(ValueError, match="util_pct"):
         util([]).add(T0, pct)
-
-
-def test_pool_weighs_each_gpu_equally() -> None:
-    """A pool's mean is the mean of GPU means, whatever each GPU's report rate; max is the max."""
-    chatty = util([(i / 10, 100.0) for i in range(10)])
-    quiet = util([(0.0, 0.0)])
-    silent = util([])
-    now = T0 + 1.0
-    assert UtilizationWindow.pool_mean([chatty, quiet, silent], now) == pytest.approx(50.0)
-    assert UtilizationWindow.pool_max([chatty, quiet, silent], now) == 100.0
-    assert UtilizationWindow.pool_mean([silent], now) is None
-    assert UtilizationWindow.pool_max([], now) is None
 
 
 @settings(max_examples=150, deadline=None)

@@ -9,8 +9,9 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from streams.capture import IncompleteRead, TopicReader
+from streams.capture import TopicReader
 from streams.connection import KafkaConfig, ensure_topics
+from streams.errors import IncompleteRead
 
 pytestmark = pytest.mark.slow
 

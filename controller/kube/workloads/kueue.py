@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from controller.errors import ControllerError
 from controller.kube.translate import Obj, get_path
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ __all__ = [
     "QUEUE",
     "RULE",
     "WORKLOADS",
+    "NoWorkload",
     "Stop",
     "managed",
     "marked",
@@ -55,6 +57,10 @@ PREEMPTED: Final = "ebbtide.io/preempted"
 WORKLOADS: Final = "/apis/kueue.x-k8s.io/v1beta1/namespaces/{namespace}/workloads"
 RULE: Final = ("kueue.x-k8s.io", "workloads", ("get", "list", "patch"))
 """RBAC (group, resource, verbs) the stop and resume need."""
+
+
+class NoWorkload(ControllerError, LookupError):
+    """Kueue made no Workload for the job (so there is nothing to deactivate)."""
 
 
 def _meta(obj: Obj) -> Mapping[str, Any]:
@@ -93,7 +99,7 @@ def _workloads(obj: Obj) -> str:
 async def planned(io: Io, obj: Obj) -> Stop:
     """Find the job's Workload (its mark's or :data:`PREBUILT`'s, else the one whose owner
     reference is the job) and whether it is already stopped (an inactive Workload); raises
-    LookupError when Kueue made none."""
+    :class:`NoWorkload` when Kueue made none."""
     m = _meta(obj)
     name = marked(obj) or (m.get("labels") or {}).get(PREBUILT)
     if name is not None:
@@ -104,7 +110,7 @@ async def planned(io: Io, obj: Obj) -> Stop:
         if any(_refers_to(ref, obj) for ref in _meta(workload).get("ownerReferences") or []):
             return Stop(str(_meta(workload).get("name")), False)
     kind = obj.get("kind") or "job"
-    raise LookupError(f"no Kueue Workload owned by {kind} {m.get('namespace')}/{m.get('name')}")
+    raise NoWorkload(f"no Kueue Workload owned by {kind} {m.get('namespace')}/{m.get('name')}")
 
 
 def _refers_to(ref: Mapping[str, Any], obj: Obj) -> bool:
