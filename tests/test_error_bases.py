@@ -20,16 +20,12 @@ from controller.errors import ControllerError
 from policies.errors import PoliciesError
 from streams.errors import StreamsError
 
-#: Modules whose exceptions are not re-based here: the Kubernetes client is being reworked
-#: in parallel (ApiLimits moves into it); KubeError / KubeConfigError join ControllerError there.
-_ELSEWHERE = {"controller.kube.client"}
-
 
 def _own_exceptions(package: ModuleType) -> list[str]:
     """Public exception classes defined in the package's modules (not imported into them)."""
     found = []
     for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
-        if info.name in _ELSEWHERE or info.name.endswith("__main__"):
+        if info.name.endswith("__main__"):
             continue
         module = importlib.import_module(info.name)
         for name, cls in inspect.getmembers(module, inspect.isclass):

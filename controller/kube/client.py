@@ -28,6 +28,8 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from controller.errors import ControllerError
+
 __all__ = [
     "ApiLimits",
     "Conflict",
@@ -45,11 +47,11 @@ T = TypeVar("T")
 Obj = dict[str, Any]
 
 
-class KubeConfigError(Exception):
+class KubeConfigError(ControllerError):
     """No usable cluster configuration (no in-cluster account, no readable kubeconfig)."""
 
 
-class KubeError(Exception):
+class KubeError(ControllerError):
     """An API call failed; ``status`` is the HTTP status (0 for a transport error)."""
 
     def __init__(self, message: str, *, status: int = 0) -> None:
