@@ -171,15 +171,17 @@ def next_step(
     """The next step of the flow ``record`` on ``node`` (read with it, or re-read after the drain
     when ``drained``). Reads its inputs only; see the module docstring for the steps."""
     ctx = _Context(record, node, node["metadata"]["name"], now, settings, switches, labels_of(node))
-    if drained:
-        return _after_drain(ctx)
     if record.phase == "restoring":
         return _await_restore(ctx)
     if switches.dry_run or switches.halted is not None:
+        # Also once drained: the phase is still draining until the label is written, and a
+        # dry-run or kill switch turned on during the evictions starts no label change.
         why = switches.halted or "dry-run"
         if record.phase == "draining":
             return _release(ctx, f"{why} turned on mid-flow")
         return Wait(f"paused ({why})")
+    if drained:
+        return _after_drain(ctx)
     if record.phase == "draining":
         return _drain(ctx, pods, drain_rule)
     return _await_manager(ctx)

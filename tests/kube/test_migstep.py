@@ -134,11 +134,19 @@ CASES = [
     # --- drained (the node read again after the drain) ----------------------------------------
     Case("drained/sets-the-config-label", rec(), node(), RECONFIGURE, drained=True),
     Case(
-        "drained/kill-switch/waits",
+        "drained/kill-switch/releases-the-node",
         rec(),
         node(),
-        Wait("paused (kill)"),
+        failed("released: kill turned on mid-flow; uncordoned"),
         switches=KILL,
+        drained=True,
+    ),
+    Case(
+        "drained/dry-run/releases-the-node-without-a-label-change",
+        rec(),
+        node(),
+        failed("released: dry-run turned on mid-flow; uncordoned"),
+        switches=DRY,
         drained=True,
     ),
     Case(
