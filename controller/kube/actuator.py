@@ -308,10 +308,9 @@ class KubeActuator:
                 if replicas == d.to_replicas:
                     permit.spend()
                     return await self._done(d, Outcome.APPLIED, f"scaled {step} ({exc})", ref)
-            if isinstance(exc, Conflict | Transient):
-                failed = ActionResult(d, Outcome.FAILED, detail, transient=True)
-                return await self.recorder.record(failed, ref)
-        return await self._done(d, Outcome.FAILED, detail, ref)
+            lasting = not isinstance(exc, Conflict | Transient)
+            return await self._done(d, Outcome.FAILED, detail, ref, transient=not lasting)
+        return await self._done(d, Outcome.FAILED, detail, ref, transient=True)
 
     async def _read_workload(self, kind: WorkloadKind, namespace: str, name: str) -> Any:
         return await self._limits.get(self._api, kind.path(namespace, name))
@@ -575,6 +574,8 @@ class KubeActuator:
         return await self._done(d, outcome, verdict.reason, ref)
 
     async def _done(
-        self, d: Decision, outcome: Outcome, detail: str, ref: ObjectRef
+        self, d: Decision, outcome: Outcome, detail: str, ref: ObjectRef, *, transient: bool = False
     ) -> ActionResult:
-        return await self.recorder.record(ActionResult(d, outcome, detail), ref)
+        return await self.recorder.record(
+            ActionResult(d, outcome, detail, transient=transient), ref
+        )

@@ -193,6 +193,29 @@ async def test_scale_scripted_conflict_rereads_and_writes_once(
 
 
 @pytest.mark.parametrize(
+    ("fault", "transient"),
+    [
+        ({"status": 409, "times": None}, True),
+        ({"status": 503, "times": None}, True),
+        ({"status": 422, "times": None}, False),
+    ],
+    ids=["conflicts-every-time", "server-error-every-time", "refused-by-a-webhook"],
+)
+async def test_a_failed_scale_says_whether_a_retry_may_meet_it_again(
+    kubeapi: KubeAPIServer, kube_client: ApiClient, fault: Obj, transient: bool
+) -> None:
+    """A scale that keeps conflicting or meets a server error FAILS as transient (retried after
+    the hold-off); a refusal that repeats itself (a webhook's 422) FAILS as lasting (the
+    workload is held off the victim plan)."""
+    await kubeapi.create(deployment("train", 4))
+    kubeapi.faults.add(method="PATCH", path_regex="/scale$", **fault)
+    [result] = await actuator(kube_client).apply([shrink()])
+    await handlers_done(kubeapi)
+    assert result.outcome is Outcome.FAILED, result.detail
+    assert result.transient is transient
+
+
+@pytest.mark.parametrize(
     ("theirs", "outcome"),
     [(2, Outcome.ALREADY_DONE), (3, Outcome.REFUSED)],
     ids=["they-reached-to", "they-set-something-else"],
