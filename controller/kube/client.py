@@ -68,7 +68,9 @@ class Conflict(KubeError):
 
 
 class Forbidden(KubeError):
-    """403: RBAC does not allow it. Not retried; the chart's ClusterRole is wrong."""
+    """403: RBAC does not allow it. Not retried; the chart's ClusterRole is wrong. (A validating
+    webhook's denial is a 403 too, ``admission webhook "NAME" denied the request: …``: that is
+    a plain :class:`KubeError`, the object's rules refused the change.)"""
 
 
 class TooManyRequests(KubeError):
@@ -94,7 +96,7 @@ def translate(exc: BaseException) -> KubeError:
             return NotFound(message, status=status)
         if status == 409:
             return Conflict(message, status=status)
-        if status == 403:
+        if status == 403 and "admission webhook" not in message:
             return Forbidden(message, status=status)
         if status == 429:
             pdb = "disruption budget" in (exc.body or "")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
 
-from controller.kube.client import Transient, call
+from controller.kube.client import Forbidden, KubeError, Transient, call, translate
 
 
 async def test_a_cancellation_that_races_the_answer_is_not_swallowed() -> None:
@@ -36,3 +37,27 @@ async def test_a_call_past_its_timeout_is_a_transient_failure_and_retried() -> N
     assert attempts == 2
     with pytest.raises(Transient, match="transport"):
         await call(lambda: asyncio.sleep(1), attempts=1, timeout_s=0.01)
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        ('{"message": "pods \\"p\\" is forbidden: User \\"x\\" cannot patch"}', Forbidden),
+        (
+            '{"message": "admission webhook \\"vjobset.kb.io\\" denied the request: '
+            'spec.replicatedJobs: Invalid value: 1: field is immutable"}',
+            KubeError,
+        ),
+    ],
+    ids=["rbac", "webhook-denial"],
+)
+def test_a_403_is_rbac_only_when_no_admission_webhook_denied_it(
+    body: str, kind: type[KubeError]
+) -> None:
+    """RBAC's 403 is :class:`Forbidden` (the chart's roles are wrong); a validating webhook's
+    denial is also a 403, but the object's rules refused it, so it is a plain KubeError."""
+    exc = ApiException(status=403, reason="Forbidden")
+    exc.body = body
+    got = translate(exc)
+    assert type(got) is kind
+    assert got.status == 403

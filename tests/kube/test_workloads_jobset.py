@@ -116,7 +116,7 @@ async def test_the_server_refuses_what_jobsets_webhook_refuses(
     kubeapi: KubeAPIServer, suspended: bool, change: Callable[[Obj], None], refused: bool
 ) -> None:
     """A merge patch of the JobSet's spec (with a mark in metadata, as Kueue's preemption
-    writes) is a 422 from the webhook exactly when it changes more than a suspended JobSet's
+    writes) is refused by the webhook (403) exactly when it changes more than a suspended JobSet's
     pod placement; a refused one changes nothing."""
     kubeapi.add_resource(JOBSET)
     job = manifest("jobset.yaml")
@@ -131,9 +131,11 @@ async def test_the_server_refuses_what_jobsets_webhook_refuses(
             return
         with pytest.raises(KubeError) as caught:
             await io.request("PATCH", PATH, body)
-    assert caught.value.status == 422
-    assert 'admission webhook "vjobset.kb.io" denied the request' in str(caught.value)
-    assert 'JobSet.jobset.x-k8s.io "pytorch" is invalid: spec.replicatedJobs' in str(caught.value)
+    assert caught.value.status == 403
+    assert (
+        'admission webhook "vjobset.kb.io" denied the request: spec.replicatedJobs: Invalid value'
+        in str(caught.value)
+    )
     assert "field is immutable" in str(caught.value)
     stored = kubeapi.get("JobSet", "ml", "pytorch")
     assert stored is not None

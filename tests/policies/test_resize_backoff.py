@@ -24,7 +24,10 @@ from policies.model import PoolSpec
 from policies.snapshot import Snapshot, SnapshotBuilder
 
 #: A webhook's refusal as the actuator reports it (JobSet's: replicatedJobs is immutable).
-REFUSED_BY_WEBHOOK = "API error: 422 spec.replicatedJobs: field is immutable"
+REFUSED_BY_WEBHOOK = (
+    'API error: 403 Forbidden: admission webhook "vjobset.kb.io" denied the request: '
+    "spec.replicatedJobs: Invalid value: …: field is immutable"
+)
 
 
 def full_node() -> SnapshotBuilder:

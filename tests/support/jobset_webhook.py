@@ -2,18 +2,21 @@
 
 JobSet (kubernetes-sigs/jobset) runs a validating webhook, ``vjobset.kb.io``, on every create and
 update of a JobSet; ``pkg/webhooks/jobset_webhook.go`` ``ValidateUpdate`` makes
-``spec.replicatedJobs`` and ``spec.managedBy`` immutable (the newest release also
-``spec.scheduling``), with one exception: while the JobSet is suspended, or being suspended, the
-pod template's labels, annotations, nodeSelector, tolerations and schedulingGates of each
-replicated job may change (what Kueue writes when it admits a job). So no ``replicas``,
-``parallelism`` or ``completions`` of a running JobSet can change; the alpha ``ElasticJobSet``
-feature gate (off by default) would allow ``parallelism``/``completions`` of Indexed jobs, and
-never ``replicas``. It is not modelled: nothing here asks for it.
+``spec.replicatedJobs`` and ``spec.managedBy`` immutable, with one exception: while the JobSet is
+suspended, or being suspended, the pod template's labels, annotations, nodeSelector, tolerations and
+schedulingGates of each replicated job may change (what Kueue writes when it admits a job). So no
+``replicas``, ``parallelism`` or ``completions`` of a running JobSet can change; the alpha
+``ElasticJobSet`` feature gate (off by default) would allow ``parallelism``/``completions`` of
+Indexed jobs, and never ``replicas``. It is not modelled: nothing here asks for it.
 
-The webhook answers with ``apierrors.NewInvalid`` (422, reason Invalid, one cause per field, in
-the message as ``JobSet.jobset.x-k8s.io "NAME" is invalid: spec.replicatedJobs: Invalid value:
-…: field is immutable``), and the apiserver passes that on prefixed with who refused
-(``k8s.io/apiserver`` ``pkg/admission/plugin/webhook/errors/statuserror.go`` ``ToStatusErr``).
+
+The webhook returns a plain ``field.ErrorList`` aggregate (``errs.ToAggregate()``), which
+controller-runtime's custom validator answers with ``admission.Denied`` (``ValidationResponse``:
+403, reason Forbidden), and the apiserver passes that on prefixed with who refused
+(``k8s.io/apiserver`` ``pkg/admission/plugin/webhook/errors/statuserror.go`` ``ToStatusErr``):
+``admission webhook "vjobset.kb.io" denied the request: spec.replicatedJobs: Invalid value: …:
+field is immutable`` (several errors as ``[a, b]``). Replicated jobs are matched by position, as
+the webhook's ``mungedSpec.ReplicatedJobs[index]`` does.
 Go's semantic equality treats a missing list or map as an empty one, so empty values are pruned
 before comparing; the bad value is rendered as JSON (Go prints its own struct syntax).
 """
@@ -29,7 +32,7 @@ from .kubeapi_objects import ApiError, Obj
 __all__ = ["WEBHOOK", "validate_jobset_update"]
 
 WEBHOOK: Final = "vjobset.kb.io"
-_IMMUTABLE: Final = ("replicatedJobs", "managedBy", "scheduling")
+_IMMUTABLE: Final = ("replicatedJobs", "managedBy")
 _MUTABLE_WHILE_SUSPENDED: Final = (
     ("metadata", "labels"),
     ("metadata", "annotations"),
@@ -58,12 +61,10 @@ def _pod_template(job: Any) -> dict[str, Any]:
 
 def _masked(old_jobs: list[Any], new_jobs: list[Any]) -> list[Any]:
     """``new_jobs`` with what a suspended JobSet may change copied back from ``old_jobs``
-    (matched by name, as the webhook does)."""
-    before = {j.get("name"): j for j in old_jobs if isinstance(j, dict)}
+    (matched by position, as the webhook does)."""
     out = copy.deepcopy(new_jobs)
-    for job in out:
-        old = before.get(job.get("name")) if isinstance(job, dict) else None
-        if old is None:
+    for job, old in zip(out, old_jobs, strict=False):
+        if not isinstance(job, dict) or not isinstance(old, dict):
             continue
         old_template, new_template = _pod_template(copy.deepcopy(old)), _pod_template(job)
         for part, key in _MUTABLE_WHILE_SUSPENDED:
@@ -95,13 +96,8 @@ def validate_jobset_update(old: Obj, new: Obj) -> ApiError | None:
     ]
     if not causes:
         return None
-    name = str((new.get("metadata") or {}).get("name", ""))
     errors = [f"{c['field']}: {c['message']}" for c in causes]
     listed = errors[0] if len(errors) == 1 else f"[{', '.join(errors)}]"
     return ApiError(
-        422,
-        f'jobsets.jobset.x-k8s.io "{name}" is forbidden: admission webhook "{WEBHOOK}" denied '
-        f'the request: JobSet.jobset.x-k8s.io "{name}" is invalid: {listed}',
-        reason="Invalid",
-        details={"name": name, "group": "jobset.x-k8s.io", "kind": "JobSet", "causes": causes},
+        403, f'admission webhook "{WEBHOOK}" denied the request: {listed}', reason="Forbidden"
     )

@@ -8,13 +8,13 @@ takes ``parallelism`` times the pod's GPUs.
 JobSet's validating webhook makes ``spec.replicatedJobs`` immutable (kubernetes-sigs/jobset
 ``pkg/webhooks/jobset_webhook.go`` ``ValidateUpdate``): only the pod template's metadata,
 nodeSelector, tolerations and scheduling gates of a suspended JobSet may change, so any write of
-``replicas`` is a 422. The alpha ``ElasticJobSet`` gate (off by default) lets ``parallelism`` and
-``completions`` of Indexed jobs change, never ``replicas``; that would resize every Job of the
-replicated job at once, pods not replicas, and is not used. So a JobSet's size is fixed
-(:attr:`~controller.kube.workloads.base.Adapter.fixed_size`): the engine plans no shrink or grow
-of it, whatever its annotations say; it is preempted whole through Kueue when Kueue admits it,
-else by evicting its pods (the whole gang when a PodGroup's minMember says so), and its RBAC
-grants no write unless Kueue support is on (the preemption's mark).
+``replicas`` is refused (403, "admission webhook … denied the request"). The alpha ``ElasticJobSet``
+gate (off by default) lets ``parallelism`` and ``completions`` of Indexed jobs change, never
+``replicas``; that would resize every Job of the replicated job at once, pods not replicas, and is
+not used. So a JobSet's size is fixed (:attr:`~controller.kube.workloads.base.Adapter.fixed_size`):
+the engine plans no shrink or grow of it, whatever its annotations say; it is preempted whole
+through Kueue when Kueue admits it, else by evicting its pods (the whole gang when a PodGroup's
+minMember says so), and its RBAC grants no write unless Kueue support is on (the preemption's mark).
 """
 
 from __future__ import annotations
