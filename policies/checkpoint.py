@@ -61,6 +61,7 @@ __all__ = [
     "Step",
     "next_step",
     "notice",
+    "opted_in",
     "stamp",
     "standing",
     "wasted_gpu_hours",
@@ -121,7 +122,8 @@ def _deadline_s(annotations: Mapping[str, str], default_s: float) -> float:
         return default_s
 
 
-def _opted_in(annotations: Mapping[str, str]) -> bool:
+def opted_in(annotations: Mapping[str, str]) -> bool:
+    """The pod asks for the checkpoint handshake before it is evicted."""
     return (annotations.get(HANDSHAKE) or "").strip().lower() == "true"
 
 
@@ -137,7 +139,7 @@ def standing(
     annotations: Mapping[str, str], *, now: float, deadline_s: float = DEFAULT_DEADLINE_S
 ) -> Notice | None:
     """The notice of an opted-in pod that still stands at ``now`` (not expired), or ``None``."""
-    if not _opted_in(annotations):
+    if not opted_in(annotations):
         return None
     found = notice(annotations, deadline_s=deadline_s)
     return found if found is not None and now < found.expires else None
@@ -149,7 +151,7 @@ def next_step(
     """The handshake's next step for a pod with ``annotations`` at ``now``; ``deadline_s``
     (the policy's) applies unless the pod's :data:`DEADLINE` annotation says otherwise. An
     expired notice (and any ack of it) counts for nothing: a fresh notice is given. Pure."""
-    if not _opted_in(annotations):
+    if not opted_in(annotations):
         return Step("evict")
     wait_s = _deadline_s(annotations, deadline_s)
     given = standing(annotations, now=now, deadline_s=deadline_s)
@@ -178,7 +180,7 @@ class Notices:
     def asks(self, annotations: Mapping[str, str]) -> bool:
         """Evicting this pod would first give it a notice."""
         return (
-            _opted_in(annotations)
+            opted_in(annotations)
             and standing(annotations, now=self.now, deadline_s=self.deadline_s) is None
         )
 

@@ -305,6 +305,8 @@ class Engine:
         self._gpu_windows: dict[str, UtilizationWindow] = {}
         #: Windows in ``_gpu_windows`` per node (bounded by MAX_DEVICES_PER_NODE).
         self._node_devices: dict[str, int] = {}
+        #: When each node's windows were last swept for devices with no live reading.
+        self._reclaimed: dict[str, float] = {}
         self._pool_windows: dict[str, UtilizationWindow] = {}
         self._node_pool: dict[str, str | None] = {}
         self._idle = IdleTracker(100.0)
@@ -419,6 +421,7 @@ class Engine:
             self._util_interval = util_window / UTIL_SLOTS
             self._gpu_windows = {}
             self._node_devices = {}
+            self._reclaimed = {}
             self._pool_windows = {}
         for pool in spec.pools:
             self._pool_windows.setdefault(pool, self._util_window())
@@ -526,7 +529,7 @@ class Engine:
         gpu = str(ev.gpu)
         whole = ev.mig_profile is None
         key = f"{ev.node}/{gpu}" if whole else f"{ev.node}/{gpu}/{ev.mig_instance}"
-        window = self._window(ev.node, key, 1)
+        window = self._window(ev.node, key, 1, at=ev.time)
         if window is None:
             return None
         pool = self._node_pool.get(ev.node)
@@ -536,10 +539,10 @@ class Engine:
         self._devices[(ev.node, ev.gpu) if whole else (ev.node, ev.gpu, ev.mig_instance)] = dev
         return dev
 
-    def _window(self, node: str, key: str, readings: int) -> UtilizationWindow | None:
-        """Device ``key``'s window, made at its first reading; ``None`` for a node the last
-        snapshot does not list or one with :data:`MAX_DEVICES_PER_NODE` windows already, the
-        ``readings`` counted in :attr:`dropped` (module docstring)."""
+    def _window(self, node: str, key: str, readings: int, *, at: float) -> UtilizationWindow | None:
+        """Device ``key``'s window, made at its first reading (at ``at``); ``None`` for a node
+        the last snapshot does not list or one with :data:`MAX_DEVICES_PER_NODE` windows with
+        live readings already, the ``readings`` counted in :attr:`dropped` (module docstring)."""
         window = self._gpu_windows.get(key)
         if window is not None:
             return window
@@ -547,14 +550,32 @@ class Engine:
         devices = self._node_devices.get(node, 0)
         if inv is not None and node not in inv.nodes:
             reason = "unknown_node"
-        elif devices >= MAX_DEVICES_PER_NODE:
+        elif devices >= MAX_DEVICES_PER_NODE and self._reclaim(node, at) >= MAX_DEVICES_PER_NODE:
             reason = "device_limit"
         else:
-            self._node_devices[node] = devices + 1
+            self._node_devices[node] = self._node_devices.get(node, 0) + 1
             window = self._gpu_windows[key] = self._util_window()
             return window
         self.dropped[reason] = self.dropped.get(reason, 0) + readings
         return None
+
+    def _reclaim(self, node: str, at: float) -> int:
+        """Forget ``node``'s windows with no reading left in the window at ``at`` (the devices
+        of a MIG layout the node no longer has: every conversion names new instances); how many
+        it keeps. Once an interval at most per node, so a node past the limit costs one scan."""
+        if at - self._reclaimed.get(node, -math.inf) < self._util_interval:
+            return self._node_devices[node]
+        self._reclaimed[node] = at
+        prefix = f"{node}/"
+        stale = [
+            k for k, w in self._gpu_windows.items() if k.startswith(prefix) and w.mean(at) is None
+        ]
+        for k in stale:
+            del self._gpu_windows[k]
+        if stale:
+            self._devices = {}  # cached devices may hold a forgotten window
+        kept = self._node_devices[node] = self._node_devices[node] - len(stale)
+        return kept
 
     # -- decisions ---------------------------------------------------------------------------
 
@@ -581,6 +602,7 @@ class Engine:
             del self._gpu_windows[k]
         for node in [n for n in self._node_devices if n not in inv.nodes]:
             del self._node_devices[node]
+            self._reclaimed.pop(node, None)
         return inv
 
     def evaluate(self, now: float, snapshot: Snapshot) -> list[Decision]:
@@ -964,7 +986,12 @@ class Engine:
                 self._mig_held_until = max(self._mig_held_until, hold_until)
         if hold_until is not None and isinstance(decision, Evict):
             self._held[decision.pod] = (hold_until, reason)
-        if hold_until is not None and isinstance(decision, Scale):
+        if (
+            hold_until is not None
+            and isinstance(decision, Scale)
+            and decision.role == "training"
+            and decision.to_replicas < decision.from_replicas
+        ):
             self._resize_held[decision.workload] = (hold_until, reason)
 
     # -- state for metrics and reports -------------------------------------------------------
@@ -1089,7 +1116,7 @@ class Engine:
             key = f"{node}/{gpu}" if instance is None else f"{node}/{gpu}/{instance}"
             window = self._gpu_windows.get(key)
             if window is None:
-                window = self._window(node, key, count)
+                window = self._window(node, key, count, at=(slot + 1) * interval_s)
                 if window is None:
                     continue
                 self._devices = {}

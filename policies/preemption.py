@@ -60,7 +60,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from policies.checkpoint import HANDSHAKE, Notices
+from policies.checkpoint import Notices, opted_in
 from policies.decisions import Alternative
 from policies.drain import protection
 from policies.inventory import TrainingView
@@ -399,7 +399,7 @@ def plan_capacity(
 
 
 def _shrinks_instead(view: TrainingView) -> bool:
-    """A shrink of ``view`` can take the pods an eviction would (module docstring, 4): its
+    """A shrink of ``view`` can take the pods an eviction would (module docstring, 5): its
     controller is told which pods go, Ebbtide sizes it and grows it back, its owner sets no
     bounds of its own (a Kueue-admitted workload is fixed: it is preempted whole), and its pods
     do not ask for the checkpoint handshake (a shrink gives them no notice)."""
@@ -410,9 +410,7 @@ def _shrinks_instead(view: TrainingView) -> bool:
         and view.protected is None
         and w.min_replicas is None
         and w.gpus_per_replica > 0
-        and not any(
-            (p.annotations.get(HANDSHAKE) or "").strip().lower() == "true" for p in view.pods
-        )
+        and not any(opted_in(p.annotations) for p in view.pods)
     )
 
 

@@ -56,6 +56,29 @@ def test_devices_per_node_are_bounded() -> None:
     assert engine.dropped == {"device_limit": 1_000 - MAX_DEVICES_PER_NODE + 1}
 
 
+def test_a_node_that_changes_its_mig_layout_again_and_again_is_still_read() -> None:
+    """Regression: every layout names new MIG instances, and the cap counted every device ever
+    seen, so a node cycled through layouts dropped its new instances' readings for good. Once
+    the old layout's windows hold no reading, they make room."""
+    engine = _engine("w0")
+    window_s = 300.0  # the policy's utilization window (make_policy: no mig.convertAfter)
+
+    def instance(ts: float, gpu: int, i: int, profile: str) -> GpuUtilization:
+        return GpuUtilization(
+            ts=ts, node="w0", gpu=gpu, util_pct=5.0, mig_profile=profile, mig_instance=i
+        )
+
+    for gpu in range(16):
+        for i in range(8):
+            engine.observe(instance(T0, gpu, i, "1g.10gb"))
+    assert len(gpu_utilization(engine, T0)) == MAX_DEVICES_PER_NODE
+    later = T0 + window_s + 30
+    assert engine.observe(instance(later, 0, 9, "3g.40gb"))
+    assert engine.observe(instance(later, 1, 9, "3g.40gb"))
+    assert list(gpu_utilization(engine, later)) == ["w0/0/9", "w0/1/9"]
+    assert engine.dropped == {}
+
+
 def test_merged_partials_for_unknown_nodes_are_dropped_and_counted() -> None:
     """The decider's path (aggregated partials) drops unknown nodes the same way, counting the
     readings each partial summed, and ignores their idle marks."""
