@@ -394,6 +394,7 @@ class Engine:
             else:
                 services[key] = _Service(name, svc_spec)
         self._services = services
+        self.unresolved = {}  # said afresh under the new objectives, by the next histogram
         self._by_name = {svc.name: svc for svc in services.values()}
         self._ordered = [services[k] for k in sorted(services)]
         for i, svc in enumerate(self._ordered):

@@ -66,6 +66,25 @@ def test_histograms_ending_below_the_objective_are_counted_and_scraped() -> None
     assert 'ebbtide_histogram_last_bound_below_objective_ms{service="serving/chat"} 250.0' in text
 
 
+def test_a_reload_forgets_what_it_said_of_the_old_objectives() -> None:
+    """Regression: the services named as unresolved stayed named after a reload that removed
+    them or moved their objective (the metric kept reporting them); the next histogram under
+    the new policy says afresh."""
+    text = LIBRARY.read_text()
+    engine = Engine(load_policy_text(text, str(LIBRARY)))
+    engine.advance(T0)
+    hist = LatencyHistogram(bounds_ms=[100.0, 250.0], counts=[1, 1, 1])
+    event = InferenceLatency(ts=T0, service="chat", namespace="serving", histogram=hist)
+    engine.observe(event)
+    assert engine.unresolved == {"serving/chat": 250.0}
+    lower = text.replace("objectiveMs: 300", "objectiveMs: 250")
+    assert lower != text
+    engine.reload(load_policy_text(lower, str(LIBRARY)))
+    assert engine.unresolved == {}
+    engine.observe(event)
+    assert engine.unresolved == {}
+
+
 def test_unassigned_partitions_are_scraped_per_topic() -> None:
     """Partitions the consumer does not read show in ``ebbtide_partitions_unassigned``."""
     engine = Engine(load_policy_text(LIBRARY.read_text(), str(LIBRARY)))
