@@ -11,8 +11,8 @@ lint:
 bench:
 	python benchmarks/ingest.py --events 200000 --runs 3
 	python benchmarks/engine.py
-	python benchmarks/replay.py --lengths 1000000 5000000 --runs 3
-	python benchmarks/replay.py --shape sparse --runs 3
+	python benchmarks/replay_speed.py --lengths 1000000 5000000 --runs 3
+	python benchmarks/replay_speed.py --shape sparse --runs 3
 	python benchmarks/shards.py --replicas 1 2 --json
 	python benchmarks/latency.py --rates 1000 10000 50000 --trials 20
 	python benchmarks/scale.py --seconds 90

@@ -1,6 +1,7 @@
 """Scale: 10,000 GPUs and 2,000 services through the whole controller, in one process.
 
-The controller's own code path — :class:`controller.app.Controller` handing validated batches to
+The controller's own code path — :class:`controller.process.app.Controller` handing validated
+batches to
 the engine (``observe``, the Kafka handler) and ``evaluate_once`` (engine → safety gate →
 cluster) — on a simulated cluster of 1,250 nodes x 8 GPUs: 2,000 inference services of 2
 replicas and 100 elastic training jobs of 50 replicas; 1,000 GPUs free. Every simulated second
@@ -23,11 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from controller.app import Controller
-from controller.safety import SafetyGate
-from controller.settings import load_settings
-from controller.sim.cluster import SimCluster
-from controller.sim.runtime import SimRuntime
+from controller.loop.gate import SafetyGate
+from controller.process.app import Controller
+from controller.process.settings import load_settings
+from controller.simcluster.sim_runtime import SimRuntime
+from controller.simcluster.simulator import SimCluster
 from policies.loader import load_policy_text
 from policies.snapshot import SnapshotBuilder
 from streams.consumer import Batch

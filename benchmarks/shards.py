@@ -64,7 +64,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controller.aggregate import ensure_aggregates_topic
+from controller.process.aggregate import ensure_aggregates_topic
 from policies.decisions import decision_to_dict
 from policies.engine import Engine
 from policies.loader import load_policy_text

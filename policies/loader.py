@@ -34,8 +34,8 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.scalarbool import ScalarBoolean
 
-from policies.errors import PoliciesError
 from policies.model import Loc, Policy, format_loc
+from policies.policy_errors import PoliciesError
 
 __all__ = [
     "PolicyError",

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
-from policies.errors import PoliciesError
+from policies.policy_errors import PoliciesError
 
 __all__ = ["NODE_NAME_FIELD", "NodeAffinity", "Operator", "Requirement", "UnknownAffinity"]
 

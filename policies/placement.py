@@ -11,7 +11,8 @@ Design:
   cordoned nor reconfiguring, and it has the whole GPUs (or MIG instances of each profile) free.
 * :func:`admits` is the label, affinity and taint half, shared by the engine
   (:mod:`policies.preemption`, :mod:`policies.rules`, :mod:`policies.inventory`) and the
-  simulated cluster's scheduler (:mod:`controller.sim.placement`), so a plan the engine believes
+  simulated cluster's scheduler (:mod:`controller.simcluster.nodeindex`), so a plan the engine
+  believes
   in is one the simulated scheduler carries out. A placement Ebbtide cannot read
   (:attr:`~policies.snapshot.Placement.unknown`) is admitted nowhere: no room is counted for it
   and no training is freed for it.

@@ -14,7 +14,7 @@ of a partition starting at ``c`` therefore drops every flush of that partition i
 at ``c`` or later (those offsets are being re-read) before adding the new one. The topic is
 compacted under ``topic/partition/first``, so a re-sent flush also replaces its predecessor on
 the broker; no two flushes share a key, so the topic is also time-limited (``compact,delete``,
-:func:`controller.aggregate.ensure_aggregates_topic`).
+:func:`controller.process.aggregate.ensure_aggregates_topic`).
 
 Cells carry their interval (``slot`` and ``interval_s``), so a decider merges each into the
 window interval it belongs to, whenever it arrives. Latency cells carry the DDSketch store's bins

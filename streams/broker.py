@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-from streams.errors import BrokerError
+from streams.stream_errors import BrokerError
 
 __all__ = ["EmbeddedBroker", "free_port"]
 

@@ -22,10 +22,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from streams.connection import KafkaConfig
-from streams.errors import IncompleteRead, KafkaUnavailable, RecordingError
 from streams.positions import PartitionWatch, StartLine, partitions_of
 from streams.producer import KafkaProducer, RawMessage
 from streams.recording import BadLine, RecordingWriter, read_recording
+from streams.stream_errors import IncompleteRead, KafkaUnavailable, RecordingError
 
 __all__ = ["PublishResult", "TopicReader", "publish", "record"]
 
@@ -238,7 +238,7 @@ async def publish(
     The events' own ``ts`` fields are sent as recorded, unless ``retime``: then they are moved
     so the first event happens now and later ones follow at the recording's pace divided by
     ``speed`` — what a live controller, which judges windows by its own clock, needs to see.
-    A damaged recording raises :class:`~streams.errors.RecordingError` saying how many
+    A damaged recording raises :class:`~streams.stream_errors.RecordingError` saying how many
     messages were sent before the damage (they stay sent).
     """
     retimer = _Retimer(speed or 1.0) if retime else None

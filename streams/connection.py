@@ -16,7 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from aiokafka.helpers import create_ssl_context
 
-from streams.errors import KafkaUnavailable
+from streams.stream_errors import KafkaUnavailable
 
 __all__ = ["KafkaConfig", "Secret", "default_replication", "ensure_topics"]
 

@@ -57,10 +57,10 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 
 from streams.connection import KafkaConfig
-from streams.errors import KafkaUnavailable
 from streams.events import DEFAULT_TOPICS, Event, EventDecoder, Rejection
 from streams.positions import PartitionWatch, StartLine, partitions_of
 from streams.producer import DeadLetter, RawMessage
+from streams.stream_errors import KafkaUnavailable
 
 __all__ = [
     "Batch",
@@ -97,7 +97,7 @@ class Batch:
     def offset_of(self, tp: TopicPartition, index: int) -> int:
         """The offset of ``events[index]``, an event of partition ``tp``, or the next offset to
         consume when ``index`` is the end of its span: where a handler that keeps state per
-        partition can cut it (see :mod:`controller.aggregate`)."""
+        partition can cut it (see :mod:`controller.process.aggregate`)."""
         start, end, first = self.spans[tp]
         if index == end:
             return self.positions[tp]

@@ -33,7 +33,7 @@ from typing import Any
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from streams.errors import KafkaUnavailable
+from streams.stream_errors import KafkaUnavailable
 
 __all__ = ["PartitionWatch", "StartLine", "partitions_of"]
 

@@ -16,8 +16,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from streams.connection import KafkaConfig
-from streams.errors import KafkaUnavailable, ProduceError
 from streams.events import DEFAULT_TOPICS, Event, Rejection, encode_event, event_key, event_type
+from streams.stream_errors import KafkaUnavailable, ProduceError
 
 __all__ = [
     "DEAD_LETTER_TOPIC",

@@ -36,7 +36,6 @@ from typing import Any, Literal
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 
-from streams.errors import PrometheusRejected, PrometheusUnavailable
 from streams.events import (
     DEFAULT_TOPICS,
     Event,
@@ -49,6 +48,7 @@ from streams.events import (
 )
 from streams.producer import RawMessage
 from streams.recording import RecordingWriter
+from streams.stream_errors import PrometheusRejected, PrometheusUnavailable
 
 __all__ = [
     "PromQuery",

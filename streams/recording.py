@@ -35,9 +35,9 @@ from typing import IO, Any, Self
 
 import msgspec
 
-from streams.errors import RecordingError
 from streams.events import Event, EventDecoder, Rejection
 from streams.producer import RawMessage
+from streams.stream_errors import RecordingError
 
 __all__ = [
     "DAMAGE",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.settings import Settings
+from controller.process.settings import Settings
 from policies.loader import load_policy_text
 
 POLICY = """

@@ -16,9 +16,9 @@ import pytest
 import controller
 import policies
 import streams
-from controller.errors import ControllerError
-from policies.errors import PoliciesError
-from streams.errors import StreamsError
+from controller.controller_errors import ControllerError
+from policies.policy_errors import PoliciesError
+from streams.stream_errors import StreamsError
 
 
 def _own_exceptions(package: ModuleType) -> list[str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from controller.metrics import Metrics, StateSources
+from controller.process.metrics import Metrics, StateSources
 from policies.engine import Engine
 from policies.loader import load_policy_text
 from streams.events import InferenceLatency

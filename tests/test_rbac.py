@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from controller.kube.state import workload_kinds
-from controller.rbac import CLUSTER_RULES, allowed, cluster_rules
-from controller.settings import DEFAULT_WORKLOAD_KINDS
+from controller.process.rbac import CLUSTER_RULES, allowed, cluster_rules
+from controller.process.settings import DEFAULT_WORKLOAD_KINDS
 from support.kubeapi_rbac import RbacSettings, chart_authorizer
 
 EBBTIDE = "ebbtide-system"

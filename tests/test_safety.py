@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.cluster import Outcome
-from controller.safety import SafetyGate, Target, flight_key, target_refusal
+from controller.loop.gate import SafetyGate, Target, flight_key, target_refusal
+from controller.loop.port import Outcome
 from policies.budgets import Ledger
 from policies.decisions import Decision, Evict, Explanation, MigConvert, MigRevert, Scale
 from policies.model import Policy

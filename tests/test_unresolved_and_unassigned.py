@@ -8,8 +8,8 @@ from pathlib import Path
 from click.testing import CliRunner
 from prometheus_client import generate_latest
 
-from controller.cli.policy import policy
-from controller.metrics import Metrics, StateSources
+from controller.cli.policy_commands import policy
+from controller.process.metrics import Metrics, StateSources
 from policies.engine import Engine
 from policies.loader import load_policy_text
 from streams.consumer import ConsumerStats

@@ -26,7 +26,7 @@ from typing import Final
 from kubernetes_asyncio.client import ApiClient
 
 from controller.kube.informer import Change, Informer
-from controller.kube.migrecord import STATE_LABEL, labels_of
+from controller.kube.migannotation import STATE_LABEL, labels_of
 from controller.kube.state import NODES
 
 __all__ = ["RELEASE_STATES", "MigWatch"]

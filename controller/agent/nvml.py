@@ -37,7 +37,7 @@ from typing import Any, Final, Self
 
 import structlog
 
-from controller.errors import ControllerError
+from controller.controller_errors import ControllerError
 
 __all__ = [
     "DeviceFailure",

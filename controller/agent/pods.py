@@ -31,7 +31,7 @@ from typing import Any, Final
 import grpc  # type: ignore[import-untyped, unused-ignore]
 import structlog
 
-from controller.errors import ControllerError
+from controller.controller_errors import ControllerError
 
 __all__ = [
     "DEFAULT_SOCKET",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from controller.logs import configure_logging
+from controller.process.logs import configure_logging
 
 __all__ = ["cli", "main"]
 
@@ -34,9 +34,25 @@ def cli(log_level: str, log_format: str) -> None:
 
 
 def _register() -> None:
-    from controller.cli import agent, policy, replay, run, scenario, simulate, stream_commands
+    from controller.cli import (
+        agent_command,
+        policy_commands,
+        replay_command,
+        run_command,
+        scenario_commands,
+        simulate_command,
+        stream_commands,
+    )
 
-    for module in (stream_commands, policy, run, replay, simulate, scenario, agent):
+    for module in (
+        stream_commands,
+        policy_commands,
+        run_command,
+        replay_command,
+        simulate_command,
+        scenario_commands,
+        agent_command,
+    ):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -14,7 +14,7 @@ import click
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from controller.settings import KafkaSettings
+from controller.process.settings import KafkaSettings
 from policies.loader import PolicyLoadError, check_policy, read_sources
 from policies.model import Policy, parse_duration
 

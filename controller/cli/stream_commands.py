@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
+from controller.cli.asyncrun import run_async, stop_on_signals
 from controller.cli.options import bootstrap_option, kafka_settings, progress, stderr_is_terminal
-from controller.cli.runner import run_async, stop_on_signals
 from streams import prometheus as prom
 from streams.broker import EmbeddedBroker
 from streams.capture import PublishResult
@@ -20,10 +20,10 @@ from streams.capture import publish as publish_recording
 from streams.capture import record as record_topics
 from streams.connection import KafkaConfig, ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer
-from streams.errors import RecordingError
 from streams.events import DEFAULT_TOPICS, InferenceLatency, event_schema
 from streams.producer import DEAD_LETTER_TOPIC, DeadLetter, KafkaProducer
 from streams.recording import BadLine, read_recording
+from streams.stream_errors import RecordingError
 
 __all__ = ["COMMANDS"]
 

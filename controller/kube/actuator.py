@@ -1,8 +1,8 @@
 """The Kubernetes actuator: the ``apply`` half of the cluster port.
 
 :class:`KubeActuator` carries out the engine's decisions one at a time, in order, and reports one
-:class:`~controller.cluster.ActionResult` per decision; a single decision's failure never raises.
-Each decision passes the :class:`~controller.safety.SafetyGate` (leader, kill switch, in-flight,
+:class:`~controller.loop.port.ActionResult` per decision; a single decision's failure never raises.
+Each decision passes the :class:`~controller.loop.gate.SafetyGate` (leader, kill switch, in-flight,
 budget), then the live object is **re-read**, checked against the policy's selectors and
 protections, and only then written — leadership is checked again just before the write.
 
@@ -35,7 +35,7 @@ after any uncertain failure the object is re-read: a scale found at ``to``, or a
 after we wrote counts as ours (``APPLIED``, budget spent) and is never written again. Together
 with the conditional writes this makes an API fault unable to cause a duplicate action.
 
-Every result is recorded (:mod:`controller.kube.recorder`): a counter, a log line, and — except
+Every result is recorded (:mod:`controller.kube.kube_events`): a counter, a log line, and — except
 ``ALREADY_DONE`` — an Event on the pod, workload or node.
 """
 
@@ -48,7 +48,6 @@ from typing import Any, Final, TypeVar
 import structlog
 from kubernetes_asyncio import client
 
-from controller.cluster import ActionResult, Outcome
 from controller.kube.client import (
     ApiLimits,
     Conflict,
@@ -57,8 +56,8 @@ from controller.kube.client import (
     TooManyRequests,
     Transient,
 )
+from controller.kube.kube_events import ActionStats, ObjectRef, Recorder
 from controller.kube.migflow import MigFlow, MigFlowSettings
-from controller.kube.recorder import ActionStats, ObjectRef, Recorder
 from controller.kube.translate import (
     DEPLOYMENT,
     PYTORCHJOB,
@@ -71,7 +70,8 @@ from controller.kube.translate import (
 from controller.kube.workloads import ADAPTERS, Adapter, Io, Patch, kueue
 from controller.kube.workloads.apps import mark_for_removal
 from controller.kube.workloads.autoscalers import Owners
-from controller.safety import Permit, SafetyGate, Target, Verdict
+from controller.loop.gate import Permit, SafetyGate, Target, Verdict
+from controller.loop.port import ActionResult, Outcome
 from policies.checkpoint import (
     ACK,
     DEFAULT_DEADLINE_S,

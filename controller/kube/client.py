@@ -28,7 +28,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from controller.errors import ControllerError
+from controller.controller_errors import ControllerError
 
 __all__ = [
     "ApiLimits",

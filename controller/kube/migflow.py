@@ -8,7 +8,7 @@ drain the node. Whoever changes the label must cordon the node and move its GPU 
 and must not leave it cordoned when anything goes wrong. That takes minutes, so it cannot be one
 blocking call: it is a small state machine advanced by :meth:`MigFlow.advance` /
 :meth:`MigFlow.resume_all` on each evaluation tick, with its whole state in one JSON annotation
-on the node (``ebbtide.io/mig-flow``, :class:`~controller.kube.migrecord.FlowRecord`).
+on the node (``ebbtide.io/mig-flow``, :class:`~controller.kube.migannotation.FlowRecord`).
 
 Convert (whole cards → MIG) and revert (MIG → ``all-disabled``) are the same flow:
 
@@ -94,9 +94,9 @@ from typing import Any, Final
 import structlog
 from kubernetes_asyncio import client
 
-from controller.cluster import ActionResult, Outcome
 from controller.kube.client import ApiLimits, Conflict, KubeError, NotFound
-from controller.kube.migrecord import (
+from controller.kube.kube_events import ObjectRef, Recorder
+from controller.kube.migannotation import (
     CONFIG_LABEL,
     FLOW_ANNOTATION,
     STATE_LABEL,
@@ -119,7 +119,6 @@ from controller.kube.migstep import (
     draining_detail,
     next_step,
 )
-from controller.kube.recorder import ObjectRef, Recorder
 from controller.kube.translate import (
     DEPLOYMENT,
     PYTORCHJOB,
@@ -128,7 +127,8 @@ from controller.kube.translate import (
     WorkloadKind,
     pod_from,
 )
-from controller.safety import SafetyGate, Target, Verdict
+from controller.loop.gate import SafetyGate, Target, Verdict
+from controller.loop.port import ActionResult, Outcome
 from policies.decisions import Evict, Explanation
 from policies.drain import DrainRule
 

@@ -16,8 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controller.cluster import Outcome
-from controller.kube.migrecord import (
+from controller.kube.migannotation import (
     AUTOSCALER_HOLD,
     CONFIG_LABEL,
     FLOW_ANNOTATION,
@@ -33,6 +32,7 @@ from controller.kube.migrecord import (
     record_of,
 )
 from controller.kube.migstep import MigFlowSettings, Wait
+from controller.loop.port import Outcome
 from policies.decisions import MigConvert
 from policies.miglayout import expected_resources, layout_of, strategy_of
 from policies.model import Policy, PoolSpec

@@ -29,8 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from controller.cluster import Outcome
-from controller.kube.migrecord import (
+from controller.kube.migannotation import (
     CONFIG_LABEL,
     FLOW_ANNOTATION,
     STATE_LABEL,
@@ -39,6 +38,7 @@ from controller.kube.migrecord import (
     gpu_resources,
     labels_of,
 )
+from controller.loop.port import Outcome
 from policies.drain import DrainRule, plan_drain
 from policies.snapshot import Pod
 

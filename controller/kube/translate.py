@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, cast
 
-from controller.kube.migrecord import FLOW_ANNOTATION
+from controller.kube.migannotation import FLOW_ANNOTATION
 from policies.miglayout import (
     CONFIG_LABEL,
     GPU_RESOURCE,

@@ -16,8 +16,8 @@ from controller.agent import nvml as nvml_module
 from controller.agent.migwatch import MigWatch
 from controller.agent.nvml import NvmlReader
 from controller.agent.publisher import Agent, AgentSettings
-from controller.cli.agent import agent as agent_command
-from controller.kube.migrecord import STATE_LABEL
+from controller.cli.agent_command import agent as agent_command
+from controller.kube.migannotation import STATE_LABEL
 from streams.connection import KafkaConfig
 from streams.producer import KafkaProducer
 from support.kubeapi import KubeAPIServer

@@ -13,14 +13,14 @@ import pytest
 from click.testing import CliRunner
 
 from controller.cli import options, stream_commands
-from controller.cli.replay import replay_command
+from controller.cli.replay_command import replay_command
 from controller.cli.stream_commands import publish
-from controller.replay.inventory import scan_recording
-from controller.replay.source import read_event_batches
+from controller.offline.replay.inferred import scan_recording
+from controller.offline.replay.source import read_event_batches
 from streams.broker import EmbeddedBroker
-from streams.errors import RecordingError
 from streams.producer import RawMessage
 from streams.recording import RecordingWriter, read_header, read_recording
+from streams.stream_errors import RecordingError
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "examples" / "sample-events.jsonl"

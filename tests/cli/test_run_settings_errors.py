@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from controller.cli import cli
-from controller.settings import load_settings
+from controller.process.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 BALANCED = ROOT / "policies" / "library" / "balanced.yaml"

@@ -13,19 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from controller import app
-from controller.app import Controller, load_policy_files
-from controller.cluster import Outcome
-from controller.kube.migrecord import FlowRecord
-from controller.settings import Settings, load_settings
-from controller.sim.runtime import SimRuntime
+from controller.kube.migannotation import FlowRecord
+from controller.loop.port import Outcome
+from controller.process import app
+from controller.process.app import Controller, load_policy_files
+from controller.process.settings import Settings, load_settings
+from controller.simcluster.sim_runtime import SimRuntime
 from policies.decisions import Decision, Evict, Explanation, MigConvert, Scale, decision_to_dict
 from streams.broker import EmbeddedBroker
 from streams.capture import TopicReader
 from streams.connection import ensure_topics
-from streams.errors import IncompleteRead, ProduceError
 from streams.events import InferenceLatency
 from streams.producer import KafkaProducer
+from streams.stream_errors import IncompleteRead, ProduceError
 from support.e2e import HERE, eventually
 
 SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "scenario-small.yaml"

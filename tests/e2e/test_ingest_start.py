@@ -13,9 +13,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controller.app import Controller, load_policy_files
-from controller.settings import load_settings
-from controller.sim.runtime import SimRuntime
+from controller.process.app import Controller, load_policy_files
+from controller.process.settings import load_settings
+from controller.simcluster.sim_runtime import SimRuntime
 from streams.broker import EmbeddedBroker
 from streams.connection import KafkaConfig, ensure_topics
 from streams.producer import KafkaProducer

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from controller.app import Controller, load_policy_files
-from controller.cluster import ActionResult, Outcome
-from controller.safety import SafetyGate
-from controller.settings import Settings, load_settings
-from controller.sim.runtime import SimRuntime
+from controller.loop.gate import SafetyGate
+from controller.loop.port import ActionResult, Outcome
+from controller.process.app import Controller, load_policy_files
+from controller.process.settings import Settings, load_settings
+from controller.simcluster.sim_runtime import SimRuntime
 from policies.decisions import Decision, Scale
 from streams.broker import EmbeddedBroker
 from streams.capture import TopicReader

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fault_support import applied, evictions, inconsistencies, repeated, writes
 
-from controller.cluster import Outcome
+from controller.loop.port import Outcome
 from streams.events import GpuUtilization
 from support.e2e import WHOLE, World, build_cluster, in_process_controller, ready
 from support.kubeapi import Fault, KubeAPIServer

@@ -1,4 +1,5 @@
-"""The chart's RBAC equals controller/rbac.py, and its policies pass `ebbtide policy validate`."""
+"""The chart's RBAC equals controller/process/rbac.py, and its policies pass `ebbtide policy
+validate`."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from click.testing import CliRunner
 
 from controller.cli import cli
 from controller.kube.state import workload_kinds
-from controller.rbac import CLUSTER_RULES, LEASE_RULES, Rule, cluster_rules
-from controller.settings import Settings
+from controller.process.rbac import CLUSTER_RULES, LEASE_RULES, Rule, cluster_rules
+from controller.process.settings import Settings
 
 from .conftest import NAMESPACE, VALUE_SETS, Rendered, load_yaml, load_yaml_all, render
 
@@ -40,12 +41,12 @@ def test_no_rbac_wildcards(rendered: dict[str, Rendered], name: str) -> None:
 
 
 def test_cluster_role_is_exactly_the_code_list(rendered: dict[str, Rendered]) -> None:
-    """The ClusterRole's rules equal controller.rbac.CLUSTER_RULES, in order."""
+    """The ClusterRole's rules equal controller.process.rbac.CLUSTER_RULES, in order."""
     assert _as_rules(rendered["default"].one("ClusterRole")) == list(CLUSTER_RULES)
 
 
 def test_lease_role_is_exactly_the_code_list(rendered: dict[str, Rendered]) -> None:
-    """The Role (release namespace only) equals controller.rbac.LEASE_RULES."""
+    """The Role (release namespace only) equals controller.process.rbac.LEASE_RULES."""
     role = rendered["default"].one("Role")
     assert role["metadata"]["namespace"] == NAMESPACE
     assert _as_rules(role) == list(LEASE_RULES)
@@ -91,7 +92,7 @@ def test_cluster_role_follows_the_workload_kinds_setting(
     chart: Any, kinds: list[str], kueue: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """controller.workloadKinds reaches the controller as its kube.workload_kinds setting, and
-    the ClusterRole is exactly controller.rbac.cluster_rules for those kinds and
+    the ClusterRole is exactly controller.process.rbac.cluster_rules for those kinds and
     controller.kueue."""
     out = render(chart, {"controller": {"workloadKinds": kinds, "kueue": kueue}})
     container = load_yaml(out["ebbtide/templates/deployment.yaml"])["spec"]["template"]["spec"][
@@ -113,7 +114,8 @@ def cluster_role(out: dict[str, str]) -> list[Rule]:
 
 def test_every_setting_renders_exactly_the_code_list(chart: Any) -> None:
     """For every subset of the workload kinds, with and without controller.kueue, the chart's
-    ClusterRole is controller.rbac.cluster_rules for the same values (what the test API server
+    ClusterRole is controller.process.rbac.cluster_rules for the same values (what the test API
+    server
     authorizes with is what the controller declares)."""
     kinds = ["Deployment", "StatefulSet", "PyTorchJob", "JobSet", "RayCluster", "Job"]
     for subset in itertools.chain.from_iterable(

@@ -1,4 +1,5 @@
-"""The controller container's rendered env and args load into ``controller.settings.Settings``:
+"""The controller container's rendered env and args load into
+``controller.process.settings.Settings``:
 every EBBTIDE_* name the chart writes is one the controller reads."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from controller.settings import Settings, load_settings
+from controller.process.settings import Settings, load_settings
 
 from .conftest import NAMESPACE, VALUE_SETS, Rendered, load_yaml, render
 

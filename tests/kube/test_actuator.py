@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from controller.cluster import ActionResult, Outcome
 from controller.kube.actuator import KubeActuator
 from controller.kube.client import ApiLimits
-from controller.safety import SafetyGate
+from controller.loop.gate import SafetyGate
+from controller.loop.port import ActionResult, Outcome
 from policies.decisions import Decision, Evict, Explanation, Scale
 from policies.model import Policy
 from support.kubeapi import KubeAPIServer

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from controller.cluster import Outcome
+from controller.loop.port import Outcome
 from policies.checkpoint import (
     ACK,
     DEFAULT_DEADLINE_S,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.app import Controller
-from controller.cluster import ActionResult, Outcome
+from controller.loop.port import ActionResult, Outcome
+from controller.process.app import Controller
 from policies.checkpoint import ACK, FOR, HANDSHAKE, NOTICE, stamp
 from streams.events import InferenceLatency
 from support.e2e import build_cluster, in_process_controller, pin_training

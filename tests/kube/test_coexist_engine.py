@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from controller.cluster import Outcome
+from controller.loop.port import Outcome
 from policies.decisions import Scale
 from policies.engine import Engine
 from support.e2e import eventually

@@ -8,11 +8,11 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient
 
-from controller.cluster import Outcome
 from controller.kube.actuator import KubeActuator
 from controller.kube.client import ApiLimits
 from controller.kube.workloads.apps import DELETION_COST
-from controller.safety import SafetyGate
+from controller.loop.gate import SafetyGate
+from controller.loop.port import Outcome
 from policies.decisions import Explanation, Scale
 from policies.model import Policy
 from support.kubeapi import KubeAPIServer

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from controller.cluster import Outcome
+from controller.loop.port import Outcome
 from support.e2e import deployment, workload_pod
 from support.kubeapi import KubeAPIServer
 from support.kubeapi_objects import make_pod

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from controller.cluster import ActionResult, Outcome
 from controller.kube.actuator import ApiLimits, KubeActuator, MigFlowSettings
+from controller.kube.kube_runtime import KubeRuntime
 from controller.kube.migflow import CONFIG_LABEL, FLOW_ANNOTATION, STATE_LABEL
-from controller.kube.runtime import KubeRuntime
-from controller.safety import SafetyGate
-from controller.settings import Settings
+from controller.loop.gate import SafetyGate
+from controller.loop.port import ActionResult, Outcome
+from controller.process.settings import Settings
 from policies.decisions import Explanation, MigConvert, MigRevert
 from policies.model import Policy
 from support.kubeapi import KubeAPIServer

@@ -24,10 +24,10 @@ from test_migflow import (
     settled,
 )
 
-from controller.cluster import Outcome
 from controller.kube.actuator import ApiLimits, KubeActuator, MigFlowSettings
 from controller.kube.migflow import CONFIG_LABEL, FLOW_ANNOTATION, STATE_LABEL
-from controller.safety import SafetyGate
+from controller.loop.gate import SafetyGate
+from controller.loop.port import Outcome
 from policies.decisions import MigConvert, MigRevert
 from policies.model import Policy
 from support.kubeapi import KubeAPIServer

@@ -27,11 +27,11 @@ from test_migflow import (
     settled,
 )
 
-from controller.cluster import Outcome
 from controller.kube.actuator import ApiLimits, KubeActuator, MigFlowSettings
+from controller.kube.migannotation import AUTOSCALER_HOLD
 from controller.kube.migflow import CONFIG_LABEL, FLOW_ANNOTATION, STATE_LABEL
-from controller.kube.migrecord import AUTOSCALER_HOLD
-from controller.safety import SafetyGate
+from controller.loop.gate import SafetyGate
+from controller.loop.port import Outcome
 from policies.decisions import MigConvert
 from policies.model import Policy
 from support.kubeapi import KubeAPIServer

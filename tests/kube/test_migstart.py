@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from controller.cluster import Outcome
-from controller.kube.migrecord import (
+from controller.kube.migannotation import (
     AUTOSCALER_HOLD,
     CONFIG_LABEL,
     FLOW_ANNOTATION,
@@ -20,6 +19,7 @@ from controller.kube.migrecord import (
 )
 from controller.kube.migstart import Begin, Finish, Resume, Start, first_step
 from controller.kube.migstep import MigFlowSettings, Wait
+from controller.loop.port import Outcome
 from policies.decisions import Explanation, MigConvert, MigRevert
 from policies.model import Policy
 from support.migstep_builders import MIG56, NOW, TARGET, WHOLE8, rec

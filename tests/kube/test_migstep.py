@@ -13,8 +13,7 @@ from typing import get_args
 
 import pytest
 
-from controller.cluster import Outcome
-from controller.kube.migrecord import CONFIG_LABEL, STATE_LABEL, Phase
+from controller.kube.migannotation import CONFIG_LABEL, STATE_LABEL, Phase
 from controller.kube.migstep import (
     Drained,
     EvictPods,
@@ -26,6 +25,7 @@ from controller.kube.migstep import (
     Write,
     next_step,
 )
+from controller.loop.port import Outcome
 from support.migstep_builders import (
     AWAITING_PLUGIN,
     CLOSE,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.cluster import Outcome
+from controller.loop.port import Outcome
 from streams.events import InferenceLatency
 from support.e2e import TRAINING, build_cluster, eventually, in_process_controller, pin_training
 from support.kubeapi import KubeAPIServer

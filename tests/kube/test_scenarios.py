@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.app import Controller
-from controller.cluster import ActionResult, Outcome
+from controller.loop.port import ActionResult, Outcome
+from controller.process.app import Controller
 from policies.snapshot import Snapshot
 from streams.events import InferenceLatency
 from support.e2e import HERE, TRAINING, build_cluster, in_process_controller, workload_pod

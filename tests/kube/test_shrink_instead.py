@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.cluster import ActionResult, Outcome
 from controller.kube.workloads.apps import DELETION_COST
+from controller.loop.port import ActionResult, Outcome
 from policies.decisions import Scale
 from streams.events import InferenceLatency
 from support.e2e import build_cluster, in_process_controller

@@ -15,11 +15,11 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from structlog.testing import capture_logs
 
 from controller.kube.informer import Backoff, Informer
-from controller.kube.runtime import KubeRuntime
+from controller.kube.kube_runtime import KubeRuntime
 from controller.kube.state import WORKLOAD_KINDS, ClusterStateSettings, KubeClusterState
 from controller.kube.translate import DEPLOYMENT, PYTORCHJOB, STATEFULSET, snapshot_from
 from controller.kube.workloads import ADAPTERS
-from controller.settings import Settings, WorkloadKindName
+from controller.process.settings import Settings, WorkloadKindName
 from policies.model import Policy
 from policies.snapshot import Snapshot
 from support.kubeapi import KubeAPIServer, LoggedRequest

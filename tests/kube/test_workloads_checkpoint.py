@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from controller.cluster import Outcome
+from controller.loop.port import Outcome
 from policies.checkpoint import (
     ACK,
     DEADLINE,

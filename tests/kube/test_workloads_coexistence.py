@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from controller.cluster import Outcome
+from controller.loop.port import Outcome
 from policies.drain import protection
 from policies.snapshot import Pod, frozen_map
 from support.kubeapi import KubeAPIServer

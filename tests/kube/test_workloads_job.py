@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from controller.cluster import Outcome
 from controller.kube.translate import Priorities
 from controller.kube.workloads import kueue
 from controller.kube.workloads.job import JOBS
 from controller.kube.workloads.kueue import PREEMPTED
+from controller.loop.port import Outcome
 from support.kubeapi import KubeAPIServer
 from support.kubeapi_objects import make_pod
 from support.workload_kinds import (

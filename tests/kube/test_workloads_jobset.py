@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from controller.cluster import Outcome
 from controller.kube.client import KubeError
 from controller.kube.state import workload_kinds
 from controller.kube.translate import Priorities
 from controller.kube.workloads import ADAPTERS, Io
 from controller.kube.workloads.jobset import JOBSETS
-from controller.settings import Settings
+from controller.loop.port import Outcome
+from controller.process.settings import Settings
 from policies.inventory import Inventory
 from policies.snapshot import Snapshot
 from support.kubeapi import KubeAPIServer

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from controller.cluster import Outcome
 from controller.kube.translate import Priorities
 from controller.kube.workloads.pytorchjob import PYTORCHJOBS
+from controller.loop.port import Outcome
 from policies.inventory import Inventory
 from policies.snapshot import Snapshot
 from support.kubeapi import KubeAPIServer

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from controller.cluster import Outcome
+from controller.loop.port import Outcome
 from support.kubeapi import KubeAPIServer
 from support.kubeapi_objects import make_pod
 from support.kubeapi_rbac import Authorizer

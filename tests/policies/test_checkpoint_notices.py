@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from policy_fixtures import T0, TRAINING, cluster, make_policy, run
 
-from controller.cluster import NOT_FREED, ActionResult, Outcome, feed_back
+from controller.loop.port import NOT_FREED, ActionResult, Outcome, feed_back
 from policies.checkpoint import FOR, HANDSHAKE, NOTICE, stamp
 from policies.decisions import Decision, Evict, Explanation, Scale
 from policies.engine import Engine

@@ -6,7 +6,7 @@ from __future__ import annotations
 from policy_fixtures import T0, WHOLE, make_policy, util
 from prometheus_client import generate_latest
 
-from controller.metrics import Metrics, StateSources
+from controller.process.metrics import Metrics, StateSources
 from policies.engine import MAX_DEVICES_PER_NODE, Engine
 from policies.snapshot import Snapshot, SnapshotBuilder
 from streams.events import GpuUtilization

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from policy_fixtures import BASE, T0, TRAINING, WHOLE, latency, make_policy, training, util
 
-from controller.replay import runner
-from controller.replay.runner import DECISIONS_FILE, ReplaySettings, replay
-from controller.sim import SimCluster
+from controller.offline.replay import replayer as runner
+from controller.offline.replay.replayer import DECISIONS_FILE, ReplaySettings, replay
+from controller.simcluster import SimCluster
 from policies.decisions import Decision, decision_to_dict
 from policies.engine import Engine
 from policies.model import Policy

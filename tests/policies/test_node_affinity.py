@@ -12,7 +12,7 @@ import pytest
 from policy_fixtures import BASE, T0, TRAINING, WHOLE, make_policy, run
 
 from controller.kube.translate import placement_from
-from controller.sim.placement import NodeIndex, NodeRec
+from controller.simcluster.nodeindex import NodeIndex, NodeRec
 from policies.decisions import Evict, Scale
 from policies.engine import Engine
 from policies.nodeaffinity import NodeAffinity, UnknownAffinity

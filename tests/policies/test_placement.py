@@ -21,7 +21,7 @@ from policy_fixtures import (
 )
 from prometheus_client import generate_latest
 
-from controller.metrics import Metrics, StateSources
+from controller.process.metrics import Metrics, StateSources
 from policies.budgets import LogRecord
 from policies.decisions import Decision, Evict, MigRevert, Scale, decision_to_dict
 from policies.engine import Engine

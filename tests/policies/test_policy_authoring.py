@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from ruamel.yaml import YAML
 
-from controller.cli.policy import policy
+from controller.cli.policy_commands import policy
 from policies.model import policy_json_schema
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from controller.cli.policy import policy
+from controller.cli.policy_commands import policy
 from policies.casetest import load_cases, run_cases
 from policies.loader import Source, load_policy, read_sources
 

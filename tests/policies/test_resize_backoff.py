@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 from policy_fixtures import T0, cluster, feed_latency, make_policy, run, training
 
-from controller.cluster import (
+from controller.loop.port import (
     NOT_FREED,
     NOT_LEADER,
     RESIZE_FAILED_HOLD_OFF_S,
@@ -17,7 +17,7 @@ from controller.cluster import (
     Outcome,
     feed_back,
 )
-from controller.sim import SimCluster, SimDelays
+from controller.simcluster import SimCluster, SimDelays
 from policies.decisions import Decision, Evict, Scale
 from policies.engine import Engine
 from policies.model import PoolSpec
@@ -44,7 +44,7 @@ def shrinks(decisions: Sequence[Decision]) -> list[str]:
 
 def answer(decisions: Sequence[Decision], shrink: ActionResult | None) -> list[ActionResult]:
     """The shrink ends as ``shrink`` says, evictions are applied, and a scale-up whose GPUs were
-    not freed is refused, as the process loop does (``controller.app``)."""
+    not freed is refused, as the process loop does (``controller.process.app``)."""
     out = []
     for d in decisions:
         if isinstance(d, Scale) and d.role == "training" and shrink is not None:
@@ -119,7 +119,7 @@ class _RigidOwner(SimCluster):
 
 
 async def _act(sim: SimCluster, decisions: Sequence[Decision]) -> list[ActionResult]:
-    """Apply in order; a scale-up whose freeing failed is refused (``controller.app``)."""
+    """Apply in order; a scale-up whose freeing failed is refused (``controller.process.app``)."""
     unfreed: set[str] = set()
     out: list[ActionResult] = []
     for d in decisions:

@@ -8,11 +8,11 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from controller.cluster import Outcome
 from controller.kube.actuator import KubeActuator
 from controller.kube.informer import Informer, Resource
 from controller.kube.leader import LeaderElector, LeaseSettings
-from controller.safety import SafetyGate
+from controller.loop.gate import SafetyGate
+from controller.loop.port import Outcome
 from policies.decisions import Evict, Explanation, Scale
 from policies.loader import load_policy_text
 

@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from controller.sim import SimCluster
-from controller.simulate.latency import ServiceModel, ServiceQueue
-from controller.simulate.load import poisson
+from controller.offline.experiment.load import poisson
+from controller.offline.models.queueing import ServiceModel, ServiceQueue
+from controller.simcluster import SimCluster
 from policies.loader import load_policy_text
 from policies.model import Policy
 from policies.snapshot import SnapshotBuilder

@@ -17,15 +17,15 @@ from replay_builders import (
     write_recording,
 )
 
-from controller.replay.counterfactual import (
+from controller.offline.accounting.summary import MODELLED_FIT
+from controller.offline.models.fit import Fit, LatencyFit, fit_service
+from controller.offline.replay.counterfactual import (
     FitRecorder,
     ModelledLatency,
     _tick_of,
     counterfactual_replay,
 )
-from controller.replay.fit import Fit, LatencyFit, fit_service
-from controller.replay.runner import ReplayCluster, ReplaySettings, Withheld, replay
-from controller.replay.summary import MODELLED_FIT
+from controller.offline.replay.replayer import ReplayCluster, ReplaySettings, Withheld, replay
 from policies.model import Policy
 from streams.events import InferenceLatency, LatencyHistogram
 

@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from controller.replay.fit import (
+from controller.offline.experiment.load import poisson
+from controller.offline.models.fit import (
     BUCKET_S,
     HOLD_OUT,
     MIN_POINTS,
@@ -20,8 +21,7 @@ from controller.replay.fit import (
     quantile_at,
     smoothed_rates,
 )
-from controller.simulate.latency import ServiceModel, ServiceQueue
-from controller.simulate.load import poisson
+from controller.offline.models.queueing import ServiceModel, ServiceQueue
 
 BASE_MS, JITTER, CAPACITY = 40.0, 0.15, 5.0
 P0_MS = BASE_MS * (1 + JITTER * math.log(100))  # the P99 at zero load

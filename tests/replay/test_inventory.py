@@ -6,7 +6,7 @@ from pathlib import Path
 
 from replay_builders import T0, write_recording
 
-from controller.replay.inventory import infer_cluster
+from controller.offline.replay.inferred import infer_cluster
 from policies.loader import load_policy_text
 from streams.events import Event, GpuUtilization, InferenceLatency
 

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from replay_builders import POLICY, chat_events, write_recording
 
-from controller.cli.replay import replay_command
+from controller.cli.replay_command import replay_command
 from streams.events import InferenceLatency
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """Pool utilization across MIG conversions and reverts: a node's previous layout stops counting
-(one meter, controller/replay/poolmeter.py, for replay and simulate)."""
+(one meter, controller/offline/accounting/poolmeter.py, for replay and simulate)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from replay_builders import T0, one_node_cluster, policy, write_recording
 
-from controller.replay.poolmeter import PoolMeter
-from controller.replay.runner import replay
-from controller.simulate import telemetry
+from controller.offline.accounting.poolmeter import PoolMeter
+from controller.offline.models import telemetry
+from controller.offline.replay.replayer import replay
 from policies.snapshot import Snapshot, SnapshotBuilder
 from streams.events import Event, GpuUtilization, InferenceLatency
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from replay_builders import T0, chat_events, one_node_cluster, policy, write_recording
 
-from controller.replay.runner import DECISIONS_FILE, ReplayResult, ReplaySettings, replay
-from controller.replay.source import read_event_batches
-from controller.replay.timeline import Timeline
+from controller.offline.accounting.timeline import Timeline
+from controller.offline.replay.replayer import DECISIONS_FILE, ReplayResult, ReplaySettings, replay
+from controller.offline.replay.source import read_event_batches
 from streams.events import GpuUtilization, Rejection
 from streams.recording import read_events
 

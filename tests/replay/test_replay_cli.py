@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from replay_builders import POLICY, burst_rate, queue_chat_events, write_recording
 
-from controller.cli.replay import replay_command
+from controller.cli.replay_command import replay_command
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "examples" / "sample-events.jsonl"

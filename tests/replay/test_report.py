@@ -10,8 +10,8 @@ from typing import Any
 
 from replay_builders import T0, chat_events, one_node_cluster, policy, write_recording
 
-from controller.replay.report import FIGURES_ID, write_outputs
-from controller.replay.runner import replay
+from controller.offline.accounting.report import FIGURES_ID, write_outputs
+from controller.offline.replay.replayer import replay
 
 VOID = {"meta", "br", "hr", "img", "input", "link", "col", "area", "base", "wbr", "source"}
 

@@ -11,7 +11,7 @@ from aiokafka import AIOKafkaProducer
 
 from streams.capture import TopicReader
 from streams.connection import KafkaConfig, ensure_topics
-from streams.errors import IncompleteRead
+from streams.stream_errors import IncompleteRead
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import pytest
 from aiokafka.errors import KafkaError
 
 import streams
-import streams.errors as errors
+import streams.stream_errors as errors
 from streams.broker import free_port
 from streams.connection import KafkaConfig, ensure_topics
 from streams.producer import KafkaProducer
@@ -31,7 +31,7 @@ def _unreachable() -> KafkaConfig:
 
 
 def test_every_wire_error_derives_from_the_one_base() -> None:
-    """Each exception streams.errors exports is a StreamsError."""
+    """Each exception streams.stream_errors exports is a StreamsError."""
     exported = [getattr(errors, name) for name in errors.__all__]
     assert all(issubclass(e, errors.StreamsError) for e in exported)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+from support.prometheus import PrometheusServer
 
 from streams.broker import free_port
 from streams.events import GpuUtilization, InferenceLatency, Rejection
@@ -27,7 +28,6 @@ from streams.prometheus import (
     to_events,
 )
 from streams.recording import read_events
-from support.prometheus import PrometheusServer
 
 NOW = datetime(2026, 12, 2, 16, 0, tzinfo=UTC)
 

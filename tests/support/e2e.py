@@ -30,9 +30,9 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from controller.app import Controller, load_policy_files
-from controller.kube.runtime import KubeRuntime
-from controller.settings import load_settings
+from controller.kube.kube_runtime import KubeRuntime
+from controller.process.app import Controller, load_policy_files
+from controller.process.settings import load_settings
 from policies.miglayout import MigStrategy
 from streams.broker import EmbeddedBroker, free_port
 from support.kubeapi import KubeAPIServer

@@ -33,7 +33,7 @@ from typing import Any
 import helm_python as helm
 from ruamel.yaml import YAML
 
-from controller.settings import DEFAULT_WORKLOAD_KINDS
+from controller.process.settings import DEFAULT_WORKLOAD_KINDS
 
 from .kubeapi_objects import ApiError
 

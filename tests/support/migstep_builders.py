@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.cluster import Outcome
-from controller.kube.migrecord import (
+from controller.kube.migannotation import (
     AUTOSCALER_HOLD,
     CONFIG_LABEL,
     FLOW_ANNOTATION,
@@ -17,6 +16,7 @@ from controller.kube.migrecord import (
     FlowRecord,
 )
 from controller.kube.migstep import GpuPods, Step, Switches, Write
+from controller.loop.port import Outcome
 from policies.drain import DrainRule
 from policies.snapshot import Pod
 

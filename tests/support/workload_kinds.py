@@ -25,7 +25,7 @@ from controller.kube.informer import Backoff
 from controller.kube.state import ClusterStateSettings, KubeClusterState, workload_kinds
 from controller.kube.translate import WorkloadKind
 from controller.kube.workloads.autoscalers import Owners
-from controller.safety import SafetyGate
+from controller.loop.gate import SafetyGate
 from policies.decisions import Evict, Explanation, Scale
 from policies.model import Policy
 

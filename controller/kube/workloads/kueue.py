@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from controller.errors import ControllerError
+from controller.controller_errors import ControllerError
 from controller.kube.translate import Obj, get_path
 
 if TYPE_CHECKING:

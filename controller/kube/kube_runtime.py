@@ -1,0 +1,126 @@
+"""The Kubernetes cluster runtime: watches, actuator and leader election, assembled.
+
+:class:`KubeRuntime` is what ``ebbtide run --cluster kube`` hands the controller: the cluster
+port (a snapshot from :class:`~controller.kube.state.KubeClusterState`, decisions carried out by
+:class:`~controller.kube.actuator.KubeActuator` behind a :class:`~controller.loop.gate.SafetyGate`),
+leadership from a Lease (:class:`~controller.kube.leader.LeaderElector`), and the per-tick
+upkeep that moves MIG conversions along. Every replica watches; only the leader writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from kubernetes_asyncio.client import ApiClient
+
+from controller.kube.actuator import KubeActuator, MigFlowSettings
+from controller.kube.client import connect
+from controller.kube.leader import LeaderElector, LeaseSettings
+from controller.kube.state import ClusterStateSettings, KubeClusterState, workload_kinds
+from controller.loop.gate import SafetyGate
+from controller.loop.port import ActionResult, Cluster
+from controller.process.settings import Settings
+from policies.budgets import Ledger
+from policies.decisions import Decision
+from policies.model import Policy
+from policies.snapshot import Snapshot
+
+__all__ = ["KubeCluster", "KubeRuntime"]
+
+
+class KubeCluster:
+    """The cluster port over the watch cache and the actuator."""
+
+    def __init__(self, state: KubeClusterState, actuator: KubeActuator) -> None:
+        self.state = state
+        self.actuator = actuator
+
+    @property
+    def synced(self) -> bool:
+        return self.state.synced
+
+    def snapshot(self) -> Snapshot:
+        return self.state.snapshot()
+
+    async def apply(self, decisions: Sequence[Decision]) -> list[ActionResult]:
+        return await self.actuator.apply(decisions)
+
+    async def report(self, result: ActionResult) -> None:
+        await self.actuator.report(result)
+
+
+class KubeRuntime:
+    """A real cluster through its API. Build with :meth:`connect`."""
+
+    def __init__(self, api: ApiClient, settings: Settings, policy: Policy) -> None:
+        k = settings.kube
+        self._api = api
+        self.elector = LeaderElector(
+            api,
+            identity=k.identity,
+            settings=LeaseSettings(
+                name=k.lease_name,
+                namespace=k.lease_namespace,
+                lease_duration_s=k.lease_duration_s,
+                renew_deadline_s=k.renew_deadline_s,
+                retry_period_s=k.retry_period_s,
+            ),
+        )
+        dry_run = bool(settings.for_policy(policy).dry_run)
+        self.gate = SafetyGate(policy, is_leader=self.is_leader, dry_run=dry_run)
+        kinds = workload_kinds(k.workload_kinds)
+        self.state = KubeClusterState(
+            api, ClusterStateSettings(node_selector=k.node_selector or None, workload_kinds=kinds)
+        )
+        mig = MigFlowSettings(
+            drain_timeout_s=k.mig_drain_timeout_s,
+            reconfigure_timeout_s=k.mig_reconfigure_timeout_s,
+            reboot_timeout_s=k.mig_reboot_timeout_s,
+            advertise_timeout_s=k.mig_advertise_timeout_s,
+        )
+        actuator = KubeActuator(
+            api,
+            self.gate,
+            nodes=self.state.nodes,
+            workload_kinds=kinds,
+            mig=mig,
+            owners=self.state.owners,
+        )
+        self._cluster = KubeCluster(self.state, actuator)
+
+    @classmethod
+    async def connect(cls, settings: Settings, policy: Policy) -> KubeRuntime:
+        """Connect with in-cluster config or a kubeconfig (``KubeConfigError`` if neither)."""
+        api = await connect(settings.kube.kubeconfig, context=settings.kube.context)
+        return cls(api, settings, policy)
+
+    @property
+    def cluster(self) -> Cluster:
+        return self._cluster
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.gate.ledger
+
+    def is_leader(self) -> bool:
+        return self.elector.is_leader
+
+    def reconfigure(self, policy: Policy) -> None:
+        self.gate.reconfigure(policy)
+
+    async def run(self) -> None:
+        await asyncio.gather(self.state.run(), self.elector.run())
+
+    async def tick(self, now: float) -> list[ActionResult]:
+        """Move MIG conversions along and clear expired checkpoint notices (the leader only:
+        followers never write)."""
+        if not self.is_leader() or not self.state.synced:
+            return []
+        actuator = self._cluster.actuator
+        await actuator.expire_notices(self.state.snapshot().pods)
+        return await actuator.resume_all()
+
+    async def close(self) -> None:
+        self.state.stop()
+        await self._api.close()

@@ -1,0 +1,526 @@
+"""Closed-loop simulation: generated load, a queueing model, the engine, the simulated cluster.
+
+Design:
+
+* **The loop.** Ticks fall every ``dt`` (1 s) at ``T_k = T_0 + k dt`` from ``T_0 = EPOCH +
+  start`` (the time of day the run starts) for ``duration``. Tick ``k``: (1) each policy
+  service is offered ``peak_rps * shape(T_k)`` requests/s (:mod:`.load`); a Poisson count of
+  them arrive; their latencies come from the queueing model (:mod:`.latency`) with the capacity
+  of the service's Running replicas *in the simulated cluster now*, and go out as one
+  :class:`~streams.events.InferenceLatency` event stamped ``T_k``; (2) every ``util_every_s``
+  each GPU and MIG instance reports its utilization from what runs on it (:mod:`.telemetry`);
+  (3) the controller observes the events; (4) ``cluster.advance(T_k)``, ``evaluate(T_k,
+  snapshot)``, ``apply``; (5) the accounting. Decisions change the replicas, the replicas change
+  the next tick's latency: the loop is closed.
+* **Same as replay.** The event order per tick (events stamped ``T_k`` observed, then the
+  evaluation at ``T_k``) is exactly what ``ebbtide replay`` does with a recording of these
+  events, and the accounting reuses :mod:`controller.offline.accounting.summary`, ``.timeline`` and
+  ``.report``: ``summary.json``, ``decisions.jsonl`` and ``report.html`` have the same keys and
+  meaning. Replaying a ``--record``-ed run under the same policy and scenario reproduces its
+  decisions and figures.
+* **Controllers.** ``ebbtide``: the real :class:`~policies.engine.Engine`, every decision through
+  :class:`~controller.simcluster.sim_runtime.GatedSimCluster` (the SafetyGate, on the simulated
+  clock), as
+  live. Peers (:mod:`.peers`, :mod:`.baselines`): ``hpa-priority`` and ``keda-priority`` (the
+  HPA's algorithm on a Prometheus-delayed P99, KEDA's polling in front for the second),
+  ``static`` (a plan applied before ``T_0``, then nothing) and ``polling`` (HPA on a 30 s-old
+  P99 every 30 s), applied to the simulated cluster directly. A peer's SLO is measured by an
+  engine for the same policy with its kill switch on, so all are judged by the same windows and
+  thresholds.
+* **One scheduler for all.** kube-scheduler preempts by PriorityClass in every real cluster, so
+  every run's simulated cluster does too (:attr:`Bench.preemption`, on by default), Ebbtide's
+  included: where the scenario puts inference above training, a scaled-up inference pod that
+  finds no GPU evicts training whoever scaled it. The one exception is ``polling``, the earlier
+  benchmarks' peer, kept and labelled "no preemption".
+* **Goodput and the worst minutes.** :mod:`.goodput` follows the cluster's effects from ``T_0``
+  and counts training work lost since the last checkpoint; :class:`~.figures.WorstWindow` keeps
+  the worst 5-minute percentile of the raw requests (:mod:`.figures` defines every column).
+* **Deterministic for a seed.** Arrivals come from one ``random.Random`` per service seeded by
+  ``(seed, service)``, latency noise from another, utilization noise from a third; arrivals and
+  latency draws do not depend on the cluster, so every controller sees the same requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Final, Literal
+
+import msgspec
+
+from controller.loop.gate import SafetyGate
+from controller.loop.port import ActionResult, Outcome, feed_back
+from controller.offline.accounting.summary import MODELLED, USES, Summary, sample_reclaimable
+from controller.offline.accounting.timeline import Timeline
+from controller.offline.experiment.baselines import PollingAutoscaler, static_partition
+from controller.offline.experiment.figures import RunFigures, WorstWindow
+from controller.offline.experiment.goodput import Goodput
+from controller.offline.experiment.load import LoadShape, peak_factor, poisson
+from controller.offline.experiment.peers import HpaPriority, KedaPriority, Peer
+from controller.offline.models.queueing import ServiceModel, ServiceQueue, default_model
+from controller.offline.models.telemetry import (
+    PoolMeter,
+    Telemetry,
+    physical_mean,
+    running_replicas,
+)
+from controller.offline.replay.replayer import (
+    DECISIONS_FILE,
+    ReplayResult,
+    count_action,
+    decision_line,
+)
+from controller.simcluster import EPOCH, Scenario, SimCluster
+from controller.simcluster.sim_runtime import GatedSimCluster
+from policies.decisions import Decision
+from policies.engine import Engine
+from policies.inventory import Inventory
+from policies.model import Policy
+from policies.snapshot import Snapshot
+from streams.events import DEFAULT_TOPICS, Event, InferenceLatency, encode_event, event_type
+from streams.producer import RawMessage
+from streams.recording import RecordingWriter
+
+__all__ = ["CONTROLLERS", "Bench", "RunFigures", "SimulateSettings", "run_controller"]
+
+Controller = Literal["ebbtide", "hpa-priority", "keda-priority", "static", "polling"]
+CONTROLLERS: Final[tuple[Controller, ...]] = (
+    "ebbtide",
+    "hpa-priority",
+    "keda-priority",
+    "static",
+    "polling",
+)
+#: Simulated seconds static partitioning's plan gets to settle before ``T_0``.
+SETTLE_S: Final = 120.0
+#: Ticks between progress reports (a terminal's bar; a day at 1 s ticks is 86,400).
+PROGRESS_EVERY: Final = 600
+_DONE: Final = frozenset({Outcome.APPLIED, Outcome.IN_PROGRESS})
+_BASELINE_NAMES: Final = {
+    "polling": "polling-autoscaler",
+    "static": "static-partitioning",
+    "hpa-priority": "hpa-priority",
+    "keda-priority": "keda-priority",
+}
+LABELS: Final[dict[str, str]] = {
+    "ebbtide": "Ebbtide (event-driven)",
+    "hpa-priority": HpaPriority.label,
+    "keda-priority": KedaPriority.label,
+    "static": "static partitioning (peak-sized)",
+    "polling": PollingAutoscaler.label,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SimulateSettings:
+    duration_s: float
+    """Simulated seconds to run."""
+    seed: int = 0
+    start_of_day_s: float = 2 * 3600.0
+    """Time of day (UTC) of ``T_0``, on ``EPOCH``'s day."""
+    evaluate_every: float = 1.0
+    util_every_s: float = 15.0
+    points: int = 600
+
+
+@dataclass(frozen=True, slots=True)
+class Bench:
+    """What every controller of a comparison shares: cluster, policy, load, services."""
+
+    scenario: Scenario
+    policy: Policy
+    shape: LoadShape
+    settings: SimulateSettings
+    models: Mapping[str, ServiceModel]
+    workloads: Mapping[str, str]
+    """Workload key -> policy service key, for services with a model."""
+    inference_outranks_training: bool = False
+    """Every service's workload has a higher priority than every training workload."""
+    preemption: bool = True
+    """The scheduler preempts by PriorityClass in every run but ``polling``."""
+
+    @property
+    def start(self) -> float:
+        return EPOCH + self.settings.start_of_day_s
+
+    @classmethod
+    def of(
+        cls,
+        scenario: Scenario,
+        policy: Policy,
+        make_shape: Callable[[float], LoadShape],
+        settings: SimulateSettings,
+    ) -> Bench:
+        """Default service models (:func:`~.latency.default_model`) for every policy service
+        whose workload the scenario has; ``make_shape`` gets the run's start."""
+        start = EPOCH + settings.start_of_day_s
+        snap = SimCluster.from_scenario(scenario, start=start, policy=policy).snapshot()
+        inv = Inventory(snap, policy)
+        models: dict[str, ServiceModel] = {}
+        workloads: dict[str, str] = {}
+        for name, svc in sorted(policy.spec.services.items()):
+            key = f"{svc.namespace}/{name}"
+            wl = inv.service_workload.get(key)
+            if wl is None:
+                continue
+            models[key] = default_model(
+                key, objective_ms=svc.slo.objective_ms, initial_replicas=wl.replicas
+            )
+            workloads[wl.key] = key
+        serving = [w.priority for w in snap.workloads if w.key in workloads]
+        training = [v.workload.priority for v in inv.training.values()]
+        outranks = bool(serving and training) and min(serving) > max(training)
+        return cls(scenario, policy, make_shape(start), settings, models, workloads, outranks)
+
+
+def _renamed(policy: Policy, name: str) -> Policy:
+    """``policy`` with its kill switch on, named ``name``: the SLO meter of a baseline."""
+    meta = policy.metadata.model_copy(update={"name": name})
+    spec = policy.spec.model_copy(update={"kill_switch": True})
+    return policy.model_copy(update={"metadata": meta, "spec": spec})
+
+
+class _Loop:
+    """One controller's run (see the module docstring)."""
+
+    def __init__(
+        self,
+        bench: Bench,
+        controller: Controller,
+        *,
+        decisions: IO[bytes],
+        recorder: RecordingWriter | None,
+        runner: asyncio.Runner,
+    ) -> None:
+        s = bench.settings
+        self.bench, self.controller, self.runner = bench, controller, runner
+        self.dt = s.evaluate_every
+        self.t0 = bench.start
+        self.ticks = max(1, round(s.duration_s / self.dt))
+        self.util_every = max(1, round(s.util_every_s / self.dt))
+        self.out, self.recorder = decisions, recorder
+        self.encode = msgspec.json.Encoder().encode
+        policy = bench.policy
+        start = self.t0 - SETTLE_S if controller == "static" else self.t0
+        self.sim = SimCluster.from_scenario(bench.scenario, start=start, policy=policy)
+        self.sim.preemption = bench.preemption and controller != "polling"
+        self.apply: Callable[[Sequence[Decision]], Coroutine[Any, Any, list[ActionResult]]]
+        self.peer: Peer | None = None
+        if controller == "ebbtide":
+            self.meter = Engine(policy)
+            gate = SafetyGate(policy, clock=lambda: self.sim.now, ledger=self.meter.ledger)
+            self.apply = GatedSimCluster(self.sim, gate).apply
+            summary_policy = policy
+        else:
+            summary_policy = _renamed(policy, _BASELINE_NAMES[controller])
+            self.meter = Engine(summary_policy)
+            self.apply = self.sim.apply
+            if controller == "polling":
+                self.peer = PollingAutoscaler(policy, start=self.t0)
+            elif controller == "hpa-priority":
+                self.peer = HpaPriority(policy, start=self.t0)
+            elif controller == "keda-priority":
+                self.peer = KedaPriority(policy, start=self.t0)
+        self.summary = Summary.for_policy(summary_policy, summary_policy.sha256(), self.dt)
+        self.summary.latency = MODELLED
+        self.services = [
+            (key, acc, policy.spec.services[key.split("/", 1)[1]].slo.percentile / 100.0)
+            for key, acc in self.summary.services.items()
+        ]
+        self.resolution = {
+            f"{v.namespace}/{n}": v.slo.resolution for n, v in policy.spec.services.items()
+        }
+        self.peak_slot: dict[str, int] = {}
+        self.timeline = Timeline(start=self.t0, dt=self.dt, capacity=s.points)
+        self.markers: list[dict[str, object]] = []
+        pools = sorted(policy.spec.pools.items())
+        self.pool_meter = PoolMeter([(n, p.node_selector) for n, p in pools])
+        selector = policy.spec.training.selector if policy.spec.training else None
+        seed = s.seed
+        self.telemetry = Telemetry(
+            services=bench.workloads,
+            training_selector=selector or self.sim.training_selector,
+            rng=random.Random(f"{seed}/telemetry"),
+        )
+        self.queues = {
+            key: (
+                ServiceQueue(m, random.Random(f"{seed}/latency/{key}")),
+                random.Random(f"{seed}/arrivals/{key}"),
+            )
+            for key, m in sorted(bench.models.items())
+        }
+        self.snap: Snapshot | None = None
+        self.replicas: dict[str, int] = {}
+        self.cluster_util: float | None = None
+        self.util_sum = 0.0
+        self.util_ticks = 0
+        self.training_gpu_s = 0.0
+        self.events = 0
+        self.worst = WorstWindow(self.t0, {key: q for key, _, q in self.services})
+        self.goodput: Goodput | None = None
+        self.preempted_before = 0
+        self.preempted_seen = 0
+        self.timeline.channel("preempted", "sum")
+        for key, _, _ in self.services:
+            self.timeline.channel(f"p:{key}", "max")
+        for name, _ in pools:
+            self.timeline.channel(f"util:{name}", "mean")
+            self.timeline.channel(f"reclaim:{name}", "mean")
+            for u in USES:
+                self.timeline.channel(f"use:{name}:{u}", "mean")
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _write(self, results: Sequence[ActionResult], *, count: bool, bucket: int) -> None:
+        for result in results:
+            line = decision_line(result)
+            line["controller"] = self.controller
+            self.out.write(self.encode(line) + b"\n")
+            if count:
+                count_action(
+                    result,
+                    summary=self.summary,
+                    timeline=self.timeline,
+                    bucket=bucket,
+                    markers=self.markers,
+                )
+
+    def _emit(self, ev: Event) -> None:
+        self.events += 1
+        if self.controller == "ebbtide" or type(ev) is InferenceLatency:
+            self.meter.observe(ev)
+        if self.peer is not None:
+            self.peer.observe(ev)
+        if self.recorder is not None:
+            ts_ms = round(ev.time * 1000)
+            self.recorder.write(
+                RawMessage(
+                    DEFAULT_TOPICS[event_type(ev)],
+                    0,
+                    self.events - 1,
+                    ev.key.encode(),
+                    encode_event(ev),
+                    (),
+                    ts_ms,
+                )
+            )
+
+    def _quantile(self, key: str, now: float) -> float | None:
+        status = next(s for s in self.meter.service_status(now) if s.key == key)
+        return status.quantile_ms
+
+    def _refresh(self) -> Snapshot:
+        snap = self.sim.snapshot()
+        if snap is not self.snap:
+            self.snap = snap
+            self.pool_meter.refresh(snap)
+            self.replicas = running_replicas(snap, self.bench.workloads)
+        return snap
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Static partitioning: apply the plan before ``T_0`` and let the cluster settle."""
+        if self.controller != "static":
+            return
+        b = self.bench
+        plan = static_partition(
+            self.sim.snapshot(),
+            b.policy,
+            b.models,
+            peak_factor=peak_factor(b.shape, self.t0, b.settings.duration_s),
+            at=self.sim.now,
+        )
+        results = self.runner.run(self.sim.apply(plan.decisions))
+        self._write(results, count=False, bucket=0)
+        self.sim.advance(self.t0)
+
+    def tick(self, k: int) -> None:
+        now = self.t0 + k * self.dt
+        self.meter.advance(now)  # this tick's events are stamped now: on time
+        dt, b = self.dt, self.bench
+        factor = b.shape.factor(now)
+        snap = self._refresh()
+        rho: dict[str, float] = {}
+        for key, (queue, arrivals) in self.queues.items():
+            offered = b.models[key].peak_rps * factor
+            n = poisson(arrivals, offered * dt)
+            samples = queue.step(
+                offered_rps=offered, replicas=self.replicas.get(key, 0), arrivals=n, dt=dt
+            )
+            rho[key] = queue.rho
+            if samples:
+                self.worst.add(key, now, samples)
+                ns, _, name = key.partition("/")
+                self._emit(InferenceLatency(ts=now, service=name, namespace=ns, samples_ms=samples))
+        if k % self.util_every == 0:
+            self.telemetry.refresh(snap)
+            readings = self.telemetry.readings(now, rho=rho, other_load=factor)
+            for ev in readings:
+                self._emit(ev)
+                self.pool_meter.report(ev)
+            self.cluster_util = physical_mean(readings)
+        tl = self.timeline
+        bucket = tl.bucket(k)
+        self.sim.advance(now)
+        snap = self._refresh()
+        decisions = self.meter.evaluate(now, snap)
+        if self.peer is not None:
+            decisions = self.peer.evaluate(now, snap)
+        if decisions:
+            results = self.runner.run(self.apply(decisions))
+            if self.controller == "ebbtide":
+                feed_back(self.meter, results, now=now)
+            self._write(results, count=True, bucket=bucket)
+            self._refresh()
+        self._account(k, now, bucket)
+
+    def _account(self, k: int, now: float, bucket: int) -> None:
+        tl, summary = self.timeline, self.summary
+        sample = tl.is_sample_tick(k)
+        for key, acc, _ in self.services:
+            level = self.meter.slo_state(key).last_level
+            read = sample and level != "none"
+            if level == "above":
+                slot = int(now // self.resolution[key])
+                if not acc.in_breach or self.peak_slot.get(key) != slot:
+                    self.peak_slot[key] = slot
+                    read = True
+            p = self._quantile(key, now) if read else None
+            if p is not None:
+                tl.add(f"p:{key}", bucket, p)
+            acc.tick(now, level, p)
+        usage = self.sim.gpus_by_use()
+        meter = self.pool_meter
+        for i, name in enumerate(meter.names):
+            util = meter.pool_util(i)
+            if util is not None:
+                tl.add(f"util:{name}", bucket, util)
+            use = usage.get(name)
+            uses = {u: getattr(use, u) if use is not None else 0 for u in USES}
+            for u, v in uses.items():
+                tl.add(f"use:{name}:{u}", bucket, v)
+            summary.pools[name].tick(util, uses)
+        if sample:
+            sample_reclaimable(summary, tl, bucket, self.meter.pool_status(now))
+        self.training_gpu_s += sum(u.training for u in usage.values()) * self.dt
+        if self.goodput is not None:
+            self.goodput.update()
+        preempted = self.sim.preemptions - self.preempted_before - self.preempted_seen
+        if preempted:
+            self.preempted_seen += preempted
+            self.timeline.add("preempted", bucket, float(preempted))
+        if self.cluster_util is not None:
+            self.util_sum += self.cluster_util
+            self.util_ticks += 1
+        if summary.first_tick is None:
+            summary.first_tick = now
+        summary.last_tick = now
+        summary.ticks += 1
+
+    def run(self, progress: Callable[[int], None] | None = None) -> None:
+        """All ticks; ``progress`` gets the simulated seconds done every
+        :data:`PROGRESS_EVERY` ticks."""
+        self.setup()
+        self.preempted_before = self.sim.preemptions  # static's settling is not measured
+        self.goodput = Goodput(
+            self.sim,
+            checkpoints=self.bench.scenario.checkpoints(),
+            training_selector=self.telemetry.training_selector,
+            start=self.t0,
+        )
+        for k in range(self.ticks):
+            self.tick(k)
+            if progress is not None and k % PROGRESS_EVERY == 0:
+                progress(int(k * self.dt))
+        end = self.t0 + self.ticks * self.dt
+        for _, acc, _ in self.services:
+            acc.close(end)
+        self.worst.flush()
+        self.summary.accepted = self.events
+        m = self.meter
+        self.summary.engine = {"observed": m.observed, "late": m.late, "unknown_service": m.unknown}
+
+    def figures(self, wall_s: float) -> RunFigures:
+        accs = self.summary.services
+        evaluated = sum(a.evaluated for a in accs.values())
+        by = self.summary.by_action_outcome
+        lost = self.goodput.lost_gpu_s / 3600.0 if self.goodput is not None else 0.0
+        trained = self.training_gpu_s / 3600.0
+        worst = [w for w in self.worst.worst.values() if w is not None]
+        services = {
+            key: {
+                "slo_attainment": a.within / a.evaluated if a.evaluated else None,
+                "breach_minutes": round((a.evaluated - a.within) * self.dt / 60.0, 3),
+                "p99_worst_5min_ms": self.worst.worst.get(key),
+            }
+            for key, a in accs.items()
+        }
+        applied = Outcome.APPLIED.value
+        actions = sum(
+            n for (_, outcome), n in by.items() if outcome in (applied, Outcome.IN_PROGRESS.value)
+        )
+        preempting = self.sim.preemption
+        label = LABELS[self.controller]
+        if self.controller == "ebbtide":
+            label += " + priority preemption" if preempting else ", no preemption"
+        return RunFigures(
+            controller=self.controller,
+            label=label,
+            policy=self.summary.policy.metadata.name,
+            preemption=preempting,
+            slo_attainment=sum(a.within for a in accs.values()) / evaluated if evaluated else None,
+            breach_minutes=sum((a.evaluated - a.within) for a in accs.values()) * self.dt / 60.0,
+            p99_worst_5min_ms=max(worst) if worst else None,
+            mean_gpu_util_pct=self.util_sum / self.util_ticks if self.util_ticks else None,
+            training_gpu_hours=trained,
+            training_goodput_gpu_hours=trained - lost,
+            training_lost_gpu_hours=lost,
+            reclaimable_gpu_hours=sum(p.reclaimable_gpu_s for p in self.summary.pools.values())
+            / 3600.0,
+            actions=actions,
+            evictions=by["evict", applied],
+            preemptions=self.sim.preemptions - self.preempted_before,
+            mig_conversions=sum(by["mig_convert", o.value] for o in _DONE),
+            scale_actions=by["scale", applied],
+            events=self.events,
+            wall_s=wall_s,
+            services=services,
+        )
+
+
+def run_controller(
+    bench: Bench,
+    controller: Controller,
+    out_dir: Path,
+    *,
+    record: Path | None = None,
+    record_header: Mapping[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[ReplayResult, RunFigures]:
+    """Run ``controller`` on ``bench``; write ``decisions.jsonl`` into ``out_dir`` (the caller
+    writes ``summary.json`` and ``report.html`` with
+    :func:`controller.offline.accounting.report.write_outputs`) and, with ``record``, every
+    generated event
+    as a recording ``ebbtide replay`` and ``publish`` accept. ``progress`` is called with the
+    simulated seconds done, now and then."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    recorder = None
+    if record is not None:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        recorder = RecordingWriter(record, source="ebbtide simulate", **(record_header or {}))
+    try:
+        with open(out_dir / DECISIONS_FILE, "wb") as out, asyncio.Runner() as runner:
+            loop = _Loop(bench, controller, decisions=out, recorder=recorder, runner=runner)
+            loop.run(progress)
+    finally:
+        if recorder is not None:
+            recorder.close()
+    wall = time.perf_counter() - started
+    result = ReplayResult(loop.summary, loop.timeline, loop.markers, wall, command="simulate")
+    return result, loop.figures(wall)

@@ -1,0 +1,563 @@
+"""Open-loop replay: a recording through the real engine and a simulated cluster, in event time.
+
+Design:
+
+* **Time is event time.** Ticks fall every ``evaluate_every`` seconds at ``T_k = T_0 + k dt``,
+  ``T_0`` being the first accepted event's time rounded up to a multiple of ``dt``. Events are
+  observed in file order; before observing one later than the next tick, every tick before it is
+  run. A tick is: ``cluster.advance(T)`` (grace periods, pod start-ups, MIG reconfigurations due
+  by then), ``engine.evaluate(T, cluster.snapshot())``, ``cluster.apply(decisions)`` (each
+  decision and its outcome go to ``decisions.jsonl`` at once), then the accounting of
+  :mod:`controller.offline.accounting.summary` and the report's
+  :class:`~controller.offline.accounting.timeline.Timeline`.
+  After the last event one final tick covers it. Events arriving after their tick are observed
+  late, as the live controller would see them.
+* **Open loop.** Latency and utilization come from the recording whatever the decisions were;
+  only the simulated cluster's allocation follows the decisions (``simulate`` closes the loop).
+  A :class:`TickHook` may change that: it sees each batch of events before the loop (and may
+  replace some by :class:`Withheld`, which move the clock but reach no engine) and, at each
+  tick before the evaluation, gives the engine events of its own made from the simulated
+  cluster's state (:mod:`.counterfactual` closes the loop this way).
+* **Synchronous.** Reading the file blocks anyway, so the loop is plain code; the port's
+  ``async apply`` runs on a private :class:`asyncio.Runner`, only on ticks with decisions.
+* **As fast as possible**, or paced: with ``speed`` the tick at ``T`` waits until
+  ``(T - T_0) / speed`` wall seconds have passed since the start.
+* **Memory independent of the recording's length**: events are streamed a batch at a time
+  (:mod:`controller.offline.replay.source`), the engine's windows and the accounting are bounded by
+  the
+  policy's services and the cluster's GPUs, decisions are written as they happen, the time
+  series are downsampled to a fixed number of points, and breaches listed are capped.
+* **The hot loop** does per event: a type check, a comparison with the next tick, the engine's
+  ``observe`` and, for utilization, the pool meter's ``report``
+  (:mod:`controller.offline.accounting.poolmeter`:
+  one dict lookup and two float updates). Per-tick work follows what changed. A tick the engine says
+  is idle (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to run, the pool
+  rules quiet) while the simulated cluster's ``advance`` changed nothing, and that is not the first
+  of a timeline bucket, is only accounted: no ``evaluate``, no snapshot; before the cluster's next
+  due time it is not even advanced. Services are accounted when the engine changed their SLO state
+  (:meth:`~policies.engine.Engine.changed`), when their breach's peak is due (once per window slot)
+  or when the plot samples them; the others' unchanged ticks are accounted in bulk when they next
+  change or at the end (:meth:`~controller.offline.accounting.summary.ServiceAccount.repeat`), and
+  GPUs by use
+  once per timeline bucket or cluster change; plus the pools' utilization, plus windowed percentiles
+  (:meth:`~policies.engine.Engine.quantile`: a running sum of the window's older intervals plus the
+  newest, cheap to read but not free), still rationed: for the plot, on the first tick of a timeline
+  bucket, at most :data:`READS_PER_SAMPLE` services (staggered, so with many services each is drawn
+  every few buckets); for a breach's peak, once per window slot while the service is above its
+  objective.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Final, Protocol
+
+import msgspec
+
+from controller.loop.port import ActionResult, Cluster, Outcome, feed_back
+from controller.offline.accounting.poolmeter import PoolMeter
+from controller.offline.accounting.summary import USES, PoolAccount, Summary, sample_reclaimable
+from controller.offline.accounting.timeline import Timeline
+from controller.offline.replay.source import SourceStats, read_event_batches
+from controller.simcluster import GpuUse
+from policies.decisions import decision_to_dict
+from policies.engine import Engine
+from policies.model import Policy
+from policies.snapshot import Snapshot
+from streams.events import Event, EventDecoder, GpuUtilization, Rejection
+
+__all__ = [
+    "DECISIONS_FILE",
+    "REPORT_FILE",
+    "SUMMARY_FILE",
+    "ReplayCluster",
+    "ReplayResult",
+    "ReplaySettings",
+    "TickHook",
+    "Withheld",
+    "clear_outputs",
+    "count_action",
+    "decision_line",
+    "replay",
+]
+
+DECISIONS_FILE: Final = "decisions.jsonl"
+SUMMARY_FILE: Final = "summary.json"
+REPORT_FILE: Final = "report.html"
+#: Decisions drawn one by one (with hover text) on the report's action plot.
+MAX_MARKERS: Final = 2000
+
+_DONE: Final = frozenset({Outcome.APPLIED, Outcome.IN_PROGRESS})
+#: Windowed percentiles read for the plot per sampled tick.
+READS_PER_SAMPLE: Final = 16
+#: Allocations between young-generation collections during a replay (Python's default: 700).
+GC_THRESHOLD: Final = 20_000
+
+
+def decision_line(result: ActionResult) -> dict[str, object]:
+    """One line of ``decisions.jsonl``: the explained decision and what became of it."""
+    line = decision_to_dict(result.decision)
+    line["applied"] = result.outcome in _DONE
+    line["outcome"] = result.outcome.value
+    line["detail"] = result.detail
+    return line
+
+
+def count_action(
+    result: ActionResult,
+    *,
+    summary: Summary,
+    timeline: Timeline,
+    bucket: int,
+    markers: list[dict[str, object]],
+) -> None:
+    """Account one carried-out decision in the summary, the timeline and the report markers."""
+    d = result.decision
+    summary.action(d.action, result.outcome.value)
+    timeline.channel(f"actions:{d.action}", "sum")
+    timeline.add(f"actions:{d.action}", bucket, 1.0)
+    if len(markers) < MAX_MARKERS:
+        markers.append(
+            {
+                "ts": d.at,
+                "action": d.action,
+                "target": d.target,
+                "reason": d.explanation.reason,
+                "outcome": result.outcome.value,
+            }
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Withheld:
+    """An event a :class:`TickHook` keeps from the engine: it still advances the replay's
+    clock, so ticks fall where they would have."""
+
+    ts: float
+
+
+class TickHook(Protocol):
+    """Changes what the engine sees (see the module docstring)."""
+
+    def filter(self, batch: list[Event | Rejection]) -> Sequence[Event | Rejection | Withheld]:
+        """The batch the loop observes (called once per batch, before any of its events)."""
+        ...
+
+    def tick(self, now: float, snapshot: Snapshot) -> Sequence[Event]:
+        """Events stamped ``now`` for the engine, before it evaluates at ``now``."""
+        ...
+
+
+class ReplayCluster(Cluster, Protocol):
+    """The cluster port plus the simulator's clock and GPU-use view."""
+
+    def advance(self, now: float) -> None: ...
+
+    def next_due(self) -> float:
+        """When :meth:`advance` may next change something (``inf``: never, by itself)."""
+        ...
+
+    def gpus_by_use(self) -> Mapping[str, GpuUse]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaySettings:
+    evaluate_every: float = 1.0
+    """Seconds of event time between evaluations."""
+    speed: float | None = None
+    """Event seconds per wall second; ``None``: as fast as possible."""
+    points: int = 600
+    """Most points per time series in the report."""
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    summary: Summary
+    timeline: Timeline
+    markers: list[dict[str, object]] = field(default_factory=list)
+    """The first :data:`MAX_MARKERS` decisions: ``{ts, action, target, reason, outcome}``."""
+    wall_s: float = 0.0
+    command: str = "replay"
+    """What produced it (``replay`` or ``simulate``): the report's title says so."""
+
+
+class _Replay:
+    def __init__(
+        self,
+        policy: Policy,
+        cluster: Callable[[float], ReplayCluster],
+        *,
+        decisions: IO[bytes],
+        settings: ReplaySettings,
+        runner: asyncio.Runner,
+        hook: TickHook | None = None,
+    ) -> None:
+        s = settings
+        self.runner = runner
+        self.hook = hook
+        self.engine = Engine(policy)
+        self.make_cluster = cluster
+        self.cluster: ReplayCluster | None = None
+        #: The simulated cluster's next due time as of the last tick that asked it: a quiet
+        #: tick before then need not advance it (see :meth:`_quiet`).
+        self.cluster_due = -math.inf
+        self.dt = s.evaluate_every
+        self.speed = s.speed
+        self.points = s.points
+        self.summary = Summary.for_policy(policy, policy.sha256(), self.dt)
+        self.timeline: Timeline | None = None
+        self.markers: list[dict[str, object]] = []
+        self.out = decisions
+        self.encode = msgspec.json.Encoder().encode
+        self.t0 = 0.0
+        self.k = 0
+        self.next_tick = -math.inf
+        self.wall0 = time.perf_counter()
+        pools = policy.spec.pools
+        self.pool_names = sorted(pools)
+        self.meter = PoolMeter([(p, pools[p].node_selector) for p in self.pool_names])
+        self.snap: Snapshot | None = None
+        self.services = [
+            (key, acc, policy.spec.services[key.split("/", 1)[1]].slo.percentile / 100.0)
+            for key, acc in self.summary.services.items()
+        ]
+        self.resolution = {
+            f"{spec.namespace}/{name}": spec.slo.resolution
+            for name, spec in policy.spec.services.items()
+        }
+        self.peak_slot: dict[str, int] = {}
+        #: Per service (in ``services`` order): its level, and the first tick not yet
+        #: accounted (every tick since at that level); the services above their objective,
+        #: each with when its breach's peak is read next (the next window slot's start, a
+        #: little early: accounting a service at any tick is right, only needless).
+        self.index = {key: i for i, (key, _, _) in enumerate(self.services)}
+        self.levels: list[str] = ["none"] * len(self.services)
+        self.since = [0] * len(self.services)
+        self.above: dict[int, float] = {}
+        #: Per pool: its utilization channel's ``add`` (from :meth:`_start`) and its account.
+        self.util_sinks: list[tuple[Callable[[int, float], None], PoolAccount]] = []
+        #: The GPUs by use per pool (from ``usage``), and the ticks of bucket ``uses_bucket``
+        #: not yet accounted with them (see :meth:`_flush_uses`).
+        self.usage: Mapping[str, GpuUse] | None = None
+        self.uses: list[dict[str, int]] = []
+        self.uses_ticks = 0
+        self.uses_bucket = 0
+        #: Service i is sampled for the plot in buckets b with b % plot_every == i % plot_every.
+        self.plot_every = max(1, math.ceil(len(self.services) / READS_PER_SAMPLE))
+
+    # -- accounting helpers -----------------------------------------------------------------
+
+    def _refresh_pools(self, snap: Snapshot) -> None:
+        """A new snapshot: nodes may have changed pools or layouts (MIG conversion)."""
+        self.snap = snap
+        self.meter.refresh(snap)
+
+    def _flush_uses(self) -> None:
+        """Account the GPUs by use of the ticks since the last flush, all in one bucket and
+        with the same use (the simulated cluster's view changes only with its snapshot)."""
+        n, tl = self.uses_ticks, self.timeline
+        if not n or tl is None:
+            return
+        for name, uses in zip(self.pool_names, self.uses, strict=True):
+            for u, v in uses.items():
+                tl.add_many(f"use:{name}:{u}", self.uses_bucket, v, n)
+            self.summary.pools[name].hold_uses(uses, n)
+        self.uses_ticks = 0
+
+    def _quantile(self, key: str, q: float, now: float) -> float | None:
+        """The windowed percentile of service ``key`` (``q`` is its SLO's, as the engine's)."""
+        return self.engine.quantile(key, now)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _quiet(self, now: float) -> bool:
+        """Run the tick at ``now`` the short way when nothing can change but the accounting: not
+        a sample tick, the simulated cluster unchanged by ``advance`` and the engine idle
+        (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to run).
+        ``False`` (and nothing done but the cluster's ``advance``, which the full tick repeats
+        as a no-op) otherwise. Before the cluster's next due time
+        (:meth:`ReplayCluster.next_due`, as of the last tick) ``advance`` would change nothing
+        but its clock, which the next full tick's ``advance`` moves on: it is not called."""
+        tl, cluster = self.timeline, self.cluster
+        assert tl is not None
+        assert cluster is not None
+        k = self.k
+        if k % tl.stride == 0:
+            return False  # a sample tick: GPUs by use are flushed, every service accounted
+        snap = self.snap
+        if now >= self.cluster_due:
+            cluster.advance(now)
+            self.cluster_due = cluster.next_due()
+            if cluster.snapshot() is not snap or cluster.gpus_by_use() is not self.usage:
+                return False
+        assert snap is not None
+        if not self.engine.idle(now, snap):
+            return False
+        b = tl.bucket(k)
+        for i in self._peaks_due(now):
+            self._account(i, now, b, sample=False)
+        self.uses_ticks += 1
+        self.uses_bucket = b
+        self._end_tick(now, b)
+        return True
+
+    def _tick(self, now: float) -> None:
+        if self.speed is not None:
+            delay = self.wall0 + (now - self.t0) / self.speed - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+        elif self.hook is None and self._quiet(now):
+            return
+        cluster, engine, summary = self.cluster, self.engine, self.summary
+        assert cluster is not None
+        cluster.advance(now)
+        snap = cluster.snapshot()
+        if snap is not self.snap:
+            self._refresh_pools(snap)
+        if self.hook is not None:
+            for event in self.hook.tick(now, snap):
+                engine.observe(event)
+        tl = self.timeline
+        assert tl is not None
+        if tl.is_sample_tick(self.k):
+            self._flush_uses()  # before the bucket (and maybe the stride) changes
+        b = tl.bucket(self.k)
+        decisions = engine.evaluate(now, snap)
+        if decisions:
+            results = self.runner.run(cluster.apply(decisions))
+            feed_back(engine, results, now=now)
+            for result in results:
+                self.out.write(self.encode(decision_line(result)) + b"\n")
+                count_action(result, summary=summary, timeline=tl, bucket=b, markers=self.markers)
+            snap = cluster.snapshot()
+            if snap is not self.snap:
+                self._refresh_pools(snap)
+        sample = tl.is_sample_tick(self.k)
+        # The others' level is unchanged (and a breach's peak not due): accounted in bulk, later.
+        active = {self.index[key] for key in engine.changed()}
+        active.update(self._peaks_due(now))
+        if sample:  # and those the plot samples in this bucket
+            every = self.plot_every
+            active.update(range(b % every, len(self.services), every))
+        for i in sorted(active):
+            self._account(i, now, b, sample=sample)
+        usage = cluster.gpus_by_use()
+        if usage is not self.usage:
+            self._flush_uses()
+            self.usage = usage
+            self.uses = [
+                {u: getattr(usage.get(name, GpuUse()), u) for u in USES} for name in self.pool_names
+            ]
+        self.uses_ticks += 1
+        self.uses_bucket = b
+        self.cluster_due = cluster.next_due()
+        self._end_tick(now, b)
+
+    def _account(self, i: int, now: float, b: int, *, sample: bool) -> None:
+        """Service ``i``'s SLO accounting at the tick ``now`` (in timeline bucket ``b``): its
+        unaccounted ticks since it last changed, this tick's level, and a windowed percentile
+        when the plot samples it or its breach enters a new window slot."""
+        key, acc, q = self.services[i]
+        k, levels, since = self.k, self.levels, self.since
+        if since[i] < k:
+            acc.repeat(levels[i], k - since[i])
+        level = levels[i] = self.engine.slo_state(key).last_level
+        since[i] = k + 1
+        p = None
+        every = self.plot_every
+        read = sample and level != "none" and b % every == i % every
+        if level == "above":
+            res = self.resolution[key]
+            slot = int(now // res)
+            at = (slot + 1) * res
+            self.above[i] = at - 1e-12 * abs(at)
+            if not acc.in_breach or self.peak_slot.get(key) != slot:
+                self.peak_slot[key] = slot
+                read = True
+        else:
+            self.above.pop(i, None)
+        if read:
+            p = self._quantile(key, q, now)
+            if p is not None:
+                assert self.timeline is not None
+                self.timeline.add(f"p:{key}", b, p)
+        acc.tick(now, level, p)
+
+    def _peaks_due(self, now: float) -> list[int]:
+        """The services above their objective whose breach's peak is read at ``now``."""
+        return [i for i, at in self.above.items() if at <= now] if self.above else []
+
+    def _end_tick(self, now: float, b: int) -> None:
+        """Every tick's end: the pools' utilization, the tick counted, the clock moved on."""
+        tl, summary = self.timeline, self.summary
+        assert tl is not None
+        pool_util = self.meter.pool_util
+        for i, (add, account) in enumerate(self.util_sinks):
+            util = pool_util(i)
+            if util is not None:
+                add(b, util)
+            account.tick_util(util)
+        if tl.is_sample_tick(self.k):  # reclaimable GPUs: once per bucket, not every tick
+            sample_reclaimable(summary, tl, b, self.engine.pool_status(now))
+        if summary.first_tick is None:
+            summary.first_tick = now
+        summary.last_tick = now
+        summary.ticks += 1
+        self.k += 1
+        self.next_tick = self.t0 + self.k * self.dt
+        self.engine.advance(self.next_tick)  # events up to the next tick are on time
+
+    def _start(self, ts: float) -> None:
+        dt = self.dt
+        self.t0 = self.next_tick = math.ceil(ts / dt) * dt
+        self.engine.advance(self.t0)
+        self.cluster = self.make_cluster(self.t0)
+        self.wall0 = time.perf_counter()
+        tl = self.timeline = Timeline(start=self.t0, dt=dt, capacity=self.points)
+        for key, _, _ in self.services:
+            tl.channel(f"p:{key}", "max")
+        self.util_sinks = []
+        for name in self.pool_names:
+            tl.channel(f"util:{name}", "mean")
+            tl.channel(f"reclaim:{name}", "mean")
+            for u in USES:
+                tl.channel(f"use:{name}:{u}", "mean")
+            self.util_sinks.append((tl.adder(f"util:{name}"), self.summary.pools[name]))
+
+    def _until(self, ts: float) -> None:
+        while self.next_tick < ts:
+            self._tick(self.next_tick)
+
+    def run(
+        self, path: Path, decoder: EventDecoder, progress: Callable[[int], None] | None
+    ) -> None:
+        observe = self.engine.observe
+        rejected = self.summary.rejected
+        report = self.meter.report
+        next_tick = self.next_tick
+        accepted = matched = 0
+        services = self.summary.services
+        stats = SourceStats()
+        self.summary.rejected_lines = stats.rejected_lines
+        hook = self.hook
+        for batch in read_event_batches(path, decoder, progress=progress, stats=stats):
+            accepted += len(batch)  # less the rejections, below
+            items = batch if hook is None else hook.filter(batch)
+            for item in items:
+                cls = type(item)
+                if cls is Rejection:
+                    rejected[item.code] += 1  # type: ignore[union-attr]
+                    accepted -= 1
+                    continue
+                ts: float = item.ts  # type: ignore[union-attr,assignment]
+                if ts > next_tick:
+                    if self.timeline is None:
+                        self._start(ts)
+                    if ts > self.next_tick:
+                        self._until(ts)
+                    next_tick = self.next_tick
+                if cls is Withheld:
+                    matched += 1  # a policy service's latency, modelled instead
+                    continue
+                taken = observe(item)  # type: ignore[arg-type]
+                if cls is not GpuUtilization:
+                    if taken or item.key in services:  # type: ignore[union-attr]
+                        matched += 1  # taken, or late
+                    else:
+                        self.summary.not_in_policy(item.key)  # type: ignore[union-attr]
+                else:
+                    report(item)  # type: ignore[arg-type]
+        self.summary.accepted = accepted
+        self.summary.latency_matched = matched
+        if self.timeline is not None:  # every event is at or before next_tick: one more covers them
+            self._tick(self.next_tick)
+            self._flush_uses()
+            end = self.t0 + self.k * self.dt
+            for i, (_, acc, _) in enumerate(self.services):
+                if self.since[i] < self.k:
+                    acc.repeat(self.levels[i], self.k - self.since[i])
+                acc.close(end)
+        engine = self.engine
+        self.summary.engine = {
+            "observed": engine.observed,
+            "late": engine.late,
+            "unknown_service": engine.unknown,
+            **{f"gpu_dropped_{why}": n for why, n in engine.dropped.items()},
+        }
+
+
+@contextlib.contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """Run the cyclic garbage collector less often while replaying: the loop allocates a
+    batch of event objects at a time (freed by reference counting) and each young-generation
+    pass, and the full passes they trigger over the engine's long-lived state, take a
+    sizeable share of the loop's time at the default threshold. The thresholds are restored
+    afterwards."""
+    before = gc.get_threshold()
+    gc.set_threshold(max(before[0], GC_THRESHOLD), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
+def clear_outputs(out_dir: Path) -> None:
+    """Remove a replay's outputs from ``out_dir``: an earlier run's, before a new one starts,
+    or a failed run's partial ``decisions.jsonl``, so ``out_dir`` never looks complete when
+    it is not."""
+    for name in (DECISIONS_FILE, SUMMARY_FILE, REPORT_FILE):
+        (out_dir / name).unlink(missing_ok=True)
+
+
+def replay(
+    path: Path,
+    *,
+    policy: Policy,
+    cluster: Callable[[float], ReplayCluster],
+    out_dir: Path,
+    settings: ReplaySettings | None = None,
+    decoder: EventDecoder | None = None,
+    progress: Callable[[int], None] | None = None,
+    notes: tuple[str, ...] = (),
+    hook: TickHook | None = None,
+) -> ReplayResult:
+    """Replay ``path`` under ``policy``; writes ``out_dir/decisions.jsonl`` as it goes and
+    returns the accounting (see :func:`controller.offline.accounting.report.write_outputs`).
+    ``cluster`` makes
+    the simulated cluster given the replay's start ``T_0`` (known at the first event).
+    ``progress`` is called with the bytes of the file read so far after each batch; ``hook``
+    changes what the engine sees (:class:`TickHook`).
+
+    An earlier run's outputs in ``out_dir`` are removed first, and this run's
+    ``decisions.jsonl`` when it fails (a damaged recording raises
+    :class:`~streams.stream_errors.RecordingError`), so ``out_dir`` never looks complete when it
+    is not."""
+    settings = settings or ReplaySettings()
+    if not (settings.evaluate_every > 0 and math.isfinite(settings.evaluate_every)):
+        raise ValueError(f"evaluate_every must be positive; got {settings.evaluate_every}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    clear_outputs(out_dir)
+    started = time.perf_counter()
+    try:
+        with (
+            open(out_dir / DECISIONS_FILE, "wb") as decisions,
+            asyncio.Runner() as runner,
+            _fewer_collections(),
+        ):
+            run = _Replay(
+                policy, cluster, decisions=decisions, settings=settings, runner=runner, hook=hook
+            )
+            run.summary.notes = notes
+            run.run(path, decoder or EventDecoder(), progress)
+    except BaseException:
+        clear_outputs(out_dir)
+        raise
+    timeline = run.timeline or Timeline(start=0.0, dt=settings.evaluate_every)
+    return ReplayResult(run.summary, timeline, run.markers, time.perf_counter() - started)
