@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
-from support.prometheus import PrometheusServer
 
 from controller.process.app import Controller, load_policy_files
 from controller.process.settings import load_settings
 from controller.simcluster.sim_runtime import SimRuntime
 from streams.broker import EmbeddedBroker, free_port
 from support.e2e import HERE
+from support.prom_server import PrometheusServer
 
 pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
-from support.prometheus import PrometheusServer
 
 from streams.broker import free_port
 from streams.events import GpuUtilization, InferenceLatency, Rejection
@@ -28,6 +27,7 @@ from streams.prometheus import (
     to_events,
 )
 from streams.recording import read_events
+from support.prom_server import PrometheusServer
 
 NOW = datetime(2026, 12, 2, 16, 0, tzinfo=UTC)
 
