@@ -24,15 +24,13 @@ from pathlib import Path
 import click
 
 from controller.cli.options import duration_option, load_policy_files, one_line, progress
+from controller.offline.accounting.outputs import RunResult, clear_outputs
 from controller.offline.accounting.report import write_outputs
 from controller.offline.models.fit import fit_line
 from controller.offline.replay.counterfactual import counterfactual_replay
 from controller.offline.replay.inferred import infer_cluster
 from controller.offline.replay.replayer import (
-    ReplayCluster,
-    ReplayResult,
     ReplaySettings,
-    clear_outputs,
     replay,
 )
 from controller.simcluster import SimCluster, load_scenario
@@ -46,7 +44,7 @@ __all__ = ["COMMANDS", "replay_command"]
 PRINTED_REJECTIONS = 5
 
 
-def _print_summary(result: ReplayResult, report: Path) -> None:
+def _print_summary(result: RunResult, report: Path) -> None:
     s = result.summary.to_dict()
     ev, t = s["events"], s["time"]
     span = (t["end"] - t["start"]) if t["start"] is not None else 0.0
@@ -164,7 +162,7 @@ def _replay(
     out: Path,
     settings: ReplaySettings,
     fit_under: Policy | None = None,
-) -> ReplayResult:
+) -> RunResult:
     """Replay (open loop), or with ``fit_under`` (the recording's policy) counterfactually."""
     clusters = _clusters(recording, scenario)
     notes, make = clusters(policy)
@@ -186,12 +184,12 @@ def _replay(
 
 def _clusters(
     recording: Path, scenario: Path | None
-) -> Callable[[Policy], tuple[tuple[str, ...], Callable[[float], ReplayCluster]]]:
+) -> Callable[[Policy], tuple[tuple[str, ...], Callable[[float], SimCluster]]]:
     """Per policy: the inventory notes and the maker of the simulated starting cluster (from
     the scenario, else inferred from the recording and that policy)."""
     if scenario is None:
 
-        def inferred(policy: Policy) -> tuple[tuple[str, ...], Callable[[float], ReplayCluster]]:
+        def inferred(policy: Policy) -> tuple[tuple[str, ...], Callable[[float], SimCluster]]:
             found = infer_cluster(recording, policy)
             return found.notes, found.simulate
 
@@ -205,8 +203,8 @@ def _clusters(
     # a simulate recording says whether its scheduler preempted: the same one places the same
     preempting = bool((read_header(recording) or {}).get("scheduler_preemption"))
 
-    def from_scenario(policy: Policy) -> tuple[tuple[str, ...], Callable[[float], ReplayCluster]]:
-        def make(start: float) -> ReplayCluster:
+    def from_scenario(policy: Policy) -> tuple[tuple[str, ...], Callable[[float], SimCluster]]:
+        def make(start: float) -> SimCluster:
             sim = SimCluster.from_scenario(loaded, start=start, policy=policy)
             sim.preemption = preempting
             return sim

@@ -32,10 +32,11 @@ async def make_runtime(settings: Settings, policy: Policy) -> ClusterRuntime:
     if settings.cluster.startswith("sim:"):
         from controller.simcluster.sim_runtime import SimRuntime
 
-        return SimRuntime.from_file(Path(settings.cluster.removeprefix("sim:")), policy, settings)
+        scenario = Path(settings.cluster.removeprefix("sim:"))
+        return SimRuntime.from_file(scenario, policy, dry_run=settings.dry_run_for(policy))
     from controller.kube.kube_runtime import KubeRuntime
 
-    return await KubeRuntime.connect(settings, policy)
+    return await KubeRuntime.connect(settings.kube, policy, dry_run=settings.dry_run_for(policy))
 
 
 def _settings_problem(error: Mapping[str, Any]) -> str:

@@ -71,7 +71,7 @@ from controller.kube.workloads import ADAPTERS, Adapter, Io, Patch, kueue
 from controller.kube.workloads.apps import mark_for_removal
 from controller.kube.workloads.autoscalers import Owners
 from controller.loop.gate import Permit, SafetyGate, Target, Verdict
-from controller.loop.port import ActionResult, Outcome
+from controller.loop.port import ActionResult, Outcome, Why
 from policies.checkpoint import (
     ACK,
     DEFAULT_DEADLINE_S,
@@ -571,11 +571,18 @@ class KubeActuator:
         outcome = verdict.outcome or Outcome.REFUSED
         if outcome is Outcome.IN_PROGRESS:  # a duplicate of an action in flight
             return ActionResult(d, outcome, verdict.reason)
-        return await self._done(d, outcome, verdict.reason, ref)
+        return await self._done(d, outcome, verdict.reason, ref, why=verdict.why)
 
     async def _done(
-        self, d: Decision, outcome: Outcome, detail: str, ref: ObjectRef, *, transient: bool = False
+        self,
+        d: Decision,
+        outcome: Outcome,
+        detail: str,
+        ref: ObjectRef,
+        *,
+        transient: bool = False,
+        why: Why | None = None,
     ) -> ActionResult:
         return await self.recorder.record(
-            ActionResult(d, outcome, detail, transient=transient), ref
+            ActionResult(d, outcome, detail, transient=transient, why=why), ref
         )

@@ -16,11 +16,11 @@ from kubernetes_asyncio.client import ApiClient
 
 from controller.kube.actuator import KubeActuator, MigFlowSettings
 from controller.kube.client import connect
+from controller.kube.kube_settings import KubeSettings
 from controller.kube.leader import LeaderElector, LeaseSettings
 from controller.kube.state import ClusterStateSettings, KubeClusterState, workload_kinds
 from controller.loop.gate import SafetyGate
 from controller.loop.port import ActionResult, Cluster
-from controller.process.settings import Settings
 from policies.budgets import Ledger
 from policies.decisions import Decision
 from policies.model import Policy
@@ -53,8 +53,10 @@ class KubeCluster:
 class KubeRuntime:
     """A real cluster through its API. Build with :meth:`connect`."""
 
-    def __init__(self, api: ApiClient, settings: Settings, policy: Policy) -> None:
-        k = settings.kube
+    def __init__(
+        self, api: ApiClient, kube: KubeSettings, policy: Policy, *, dry_run: bool
+    ) -> None:
+        k = kube
         self._api = api
         self.elector = LeaderElector(
             api,
@@ -67,7 +69,6 @@ class KubeRuntime:
                 retry_period_s=k.retry_period_s,
             ),
         )
-        dry_run = bool(settings.for_policy(policy).dry_run)
         self.gate = SafetyGate(policy, is_leader=self.is_leader, dry_run=dry_run)
         kinds = workload_kinds(k.workload_kinds)
         self.state = KubeClusterState(
@@ -90,10 +91,10 @@ class KubeRuntime:
         self._cluster = KubeCluster(self.state, actuator)
 
     @classmethod
-    async def connect(cls, settings: Settings, policy: Policy) -> KubeRuntime:
+    async def connect(cls, kube: KubeSettings, policy: Policy, *, dry_run: bool) -> KubeRuntime:
         """Connect with in-cluster config or a kubeconfig (``KubeConfigError`` if neither)."""
-        api = await connect(settings.kube.kubeconfig, context=settings.kube.context)
-        return cls(api, settings, policy)
+        api = await connect(kube.kubeconfig, context=kube.context)
+        return cls(api, kube, policy, dry_run=dry_run)
 
     @property
     def cluster(self) -> Cluster:

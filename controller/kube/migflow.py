@@ -128,7 +128,7 @@ from controller.kube.translate import (
     pod_from,
 )
 from controller.loop.gate import SafetyGate, Target, Verdict
-from controller.loop.port import ActionResult, Outcome
+from controller.loop.port import ActionResult, Outcome, Why
 from policies.decisions import Evict, Explanation
 from policies.drain import DrainRule
 
@@ -207,8 +207,8 @@ class MigFlow:
         decision = record.decision(name)
         with self._gate.hold(decision) as permit:
             if not permit.ok:
-                outcome = permit.verdict.outcome or Outcome.REFUSED
-                return ActionResult(decision, outcome, permit.verdict.reason)
+                v = permit.verdict
+                return ActionResult(decision, v.outcome or Outcome.REFUSED, v.reason, why=v.why)
             result = await self._settle(lambda: self._advance_once(decision))
             if isinstance(result, ActionResult):
                 return result
@@ -446,7 +446,7 @@ class MigFlow:
         outcome = verdict.outcome or Outcome.REFUSED
         if outcome is Outcome.IN_PROGRESS:  # a duplicate while in flight: nothing to tell
             return ActionResult(decision, outcome, verdict.reason)
-        return await self._done(decision, outcome, verdict.reason, ref)
+        return await self._done(decision, outcome, verdict.reason, ref, why=verdict.why)
 
     async def _done(
         self,
@@ -457,6 +457,7 @@ class MigFlow:
         *,
         reason: tuple[str, str] | None = None,
         count: bool = True,
+        why: Why | None = None,
     ) -> ActionResult:
-        result = ActionResult(decision, outcome, detail)
+        result = ActionResult(decision, outcome, detail, why=why)
         return await self._recorder.record(result, ref, reason=reason, count=count)

@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Final
 
-from controller.loop.port import Outcome
+from controller.loop.port import NOT_LEADER, Outcome, Why
 from policies.budgets import Budgets, BudgetState, Ledger, SlidingBudget
 from policies.decisions import Decision, Evict, MigConvert, Scale
 from policies.drain import disrupt_annotation, disrupt_forbidden
@@ -83,6 +83,8 @@ class Verdict:
 
     outcome: Outcome | None = None
     reason: str = ""
+    why: Why | None = None
+    """For a refusal whose reason decides what happens next (a follower's)."""
 
     @property
     def ok(self) -> bool:
@@ -92,8 +94,8 @@ class Verdict:
 GO: Final = Verdict()
 
 
-def _refuse(reason: str) -> Verdict:
-    return Verdict(Outcome.REFUSED, reason)
+def _refuse(reason: str, why: Why | None = None) -> Verdict:
+    return Verdict(Outcome.REFUSED, reason, why)
 
 
 def _matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
@@ -259,7 +261,7 @@ class SafetyGate:
     def screen(self, decision: Decision) -> Verdict:
         """Leader, kill switch and in-flight checks for ``decision`` (claims nothing)."""
         if not self.leader():
-            return _refuse("not the leader")
+            return _refuse(NOT_LEADER, Why.NOT_LEADER)
         if (why := self.halted()) is not None:
             return _refuse(why)
         if flight_key(decision) in self._in_flight:
@@ -289,7 +291,7 @@ class SafetyGate:
     def check_write(self) -> Verdict:
         """Immediately before a write: still the leader, and not halted meanwhile."""
         if not self.leader():
-            return _refuse("not the leader (leadership lost before the write)")
+            return _refuse(f"{NOT_LEADER} (leadership lost before the write)", Why.NOT_LEADER)
         if (why := self.halted()) is not None:
             return _refuse(why)
         return GO

@@ -5,52 +5,53 @@ the simulated cluster used by replays. The engine never sees either; the process
 port for a :class:`~policies.snapshot.Snapshot`, gives it to the engine, and hands the engine's
 decisions back to the port, which reports one :class:`ActionResult` per decision.
 
-:func:`feed_back` is the one way outcomes go back to the engine, in the live process, replay
-and simulate alike: an action that did not happen gives its budget unit and cooldown back, and
-a pod a PodDisruptionBudget protected is skipped as a victim for a while.
+An :class:`ActionResult` says how a decision ended in typed fields (``outcome``, ``why``,
+``transient``); :mod:`controller.loop.feedback` adds when to try again (``retry_at``,
+``hold_until``) and hands it back to the engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final, Protocol
 
 from policies.budgets import Ledger
-from policies.decisions import Decision, Scale
-from policies.engine import Engine
+from policies.decisions import Decision
 from policies.model import Policy
 from policies.snapshot import Snapshot
 
 __all__ = [
-    "MIG_FAILED_HOLD_OFF_S",
+    "NOT_DONE",
     "NOT_FREED",
     "NOT_LEADER",
-    "RESIZE_FAILED_HOLD_OFF_S",
-    "RETRY_HOLD_OFF_S",
     "ActionResult",
     "Cluster",
     "ClusterRuntime",
     "Outcome",
-    "feed_back",
+    "Why",
 ]
 
-#: How long a pod whose eviction a PodDisruptionBudget refused is skipped as a victim, and how
-#: long a service waits to try again after part of its response was not carried out.
-RETRY_HOLD_OFF_S: Final = 60.0
-#: How long a node whose MIG reconfiguration failed is left out of MIG planning.
-MIG_FAILED_HOLD_OFF_S: Final = 3600.0
-#: How long a training workload whose shrink failed is not shrunk again (other workloads are
-#: shrunk, or pods evicted, meanwhile). A failed resize is usually the owner's rule (a webhook's
-#: 422) and fails the same way at once: retried after every hold-off it would hold the breach
-#: on one victim. Ten minutes: long enough for the breach to be met by other victims, short
-#: enough that a transient API failure does not take the workload off the plan for long.
-RESIZE_FAILED_HOLD_OFF_S: Final = 600.0
 #: The start of the detail of a follower's refusal (a follower decides but never acts).
 NOT_LEADER: Final = "not the leader"
 #: The start of the detail of a scale-up refused because freeing its GPUs was not carried out.
 NOT_FREED: Final = "the GPUs it needs were not freed"
+
+
+class Why(StrEnum):
+    """Why a decision was refused before the cluster was changed, where the reason decides what
+    happens next (the detail says it in words; code never parses the detail)."""
+
+    NOT_LEADER = "not_leader"
+    """This replica does not lead: a follower decides but never acts; tried again at once."""
+    NOT_FREED = "not_freed"
+    """A scale-up whose GPUs were not freed (the freeing action was not done): tried again at
+    once, with the next victim."""
+    NOT_RESTORED = "not_restored"
+    """The decisions log has not been read back: no action until it has."""
+    NOT_JOURNALED = "not_journaled"
+    """The write-ahead intent could not be recorded on the decisions log."""
 
 
 class Outcome(StrEnum):
@@ -84,6 +85,19 @@ class ActionResult:
     transient: bool = False
     """A failure the next try may not meet again (a conflict, throttling, a server error or a
     timeout), as opposed to one that repeats itself (a webhook's or a validation's refusal)."""
+    why: Why | None = None
+    """For a refusal whose reason decides the next step (see :class:`Why`)."""
+    retry_at: float | None = None
+    """Not done: when the decision's service may try again (set by
+    :func:`controller.loop.feedback.settle`)."""
+    hold_until: float | None = None
+    """Not done: until when its pod, node or workload is left out of plans (``None``: not)."""
+
+    @property
+    def done(self) -> bool:
+        """False for a refusal, a PDB's "not now" or a failure: its budget unit and cooldown
+        go back to the engine."""
+        return self.outcome not in NOT_DONE
 
 
 class Cluster(Protocol):
@@ -142,43 +156,4 @@ class ClusterRuntime(Protocol):
         ...
 
 
-_NOT_DONE: Final = frozenset({Outcome.REFUSED, Outcome.BLOCKED, Outcome.FAILED})
-
-
-def _shrinks_training(decision: Decision) -> bool:
-    return (
-        isinstance(decision, Scale)
-        and decision.role == "training"
-        and decision.to_replicas < decision.from_replicas
-    )
-
-
-def feed_back(engine: Engine, results: Iterable[ActionResult], *, now: float) -> None:
-    """Tell the engine which of its decisions did not happen: their budget units and cooldowns
-    come back. A PodDisruptionBudget's "not now" holds its pod off for
-    :data:`RETRY_HOLD_OFF_S` and lets the service try again at once with the next victim (as
-    does a follower's "not the leader"); any other refusal or failure would repeat itself, so
-    the service waits :data:`RETRY_HOLD_OFF_S` before the next try. A node whose MIG flow
-    failed is left out of MIG planning for :data:`MIG_FAILED_HOLD_OFF_S`: its budget unit
-    comes back, but another try would likely fail again after draining its training. A
-    training workload whose shrink failed in a way that repeats itself is not shrunk again for
-    :data:`RESIZE_FAILED_HOLD_OFF_S`: the next try plans other victims instead (a transient
-    failure is retried after the hold-off, as any other)."""
-    for r in results:
-        if r.outcome not in _NOT_DONE:
-            continue
-        blocked = r.outcome is Outcome.BLOCKED
-        at_once = blocked or r.detail.startswith((NOT_LEADER, NOT_FREED))
-        hold = None
-        if blocked and not isinstance(r.decision, Scale):  # a pod (a PDB) or a MIG node
-            hold = now + RETRY_HOLD_OFF_S
-        elif r.outcome is Outcome.FAILED and r.decision.action in ("mig_convert", "mig_revert"):
-            hold = now + MIG_FAILED_HOLD_OFF_S
-        elif r.outcome is Outcome.FAILED and not r.transient and _shrinks_training(r.decision):
-            hold = now + RESIZE_FAILED_HOLD_OFF_S
-        engine.not_done(
-            r.decision,
-            reason=r.detail,
-            retry_at=now if at_once else now + RETRY_HOLD_OFF_S,
-            hold_until=hold,
-        )
+NOT_DONE: Final = frozenset({Outcome.REFUSED, Outcome.BLOCKED, Outcome.FAILED})

@@ -12,17 +12,11 @@ now minus the policy's longest window (and a margin), found by time, so a new or
 rebuilds complete windows without re-reading the topics' retention, and a follower can take over
 at once. It is ready once caught up with the end offsets seen at its start.
 
-The decisions log (``ebbtide.decisions``) is the controllers' shared memory of what was done,
-and the one source of the budget ledger (:class:`policies.budgets.Ledger`, shared by the engine
-and the safety gate). The leader writes an acknowledged *intent* record before each write to the
-cluster, and the outcome after, both under the decision's id; at start every replica reads the
-log back over the longest budget or cooldown window, and while running it follows the log, its
-own records included (reading a record twice changes nothing). So budgets and cooldowns hold
-across restarts, crashes in the middle of a write, and changes of leader: an action is never
-repeated because the replica that took it is gone. An intent the broker does not acknowledge
-after retries refuses that action, with the reason; the process stays up. Followers decide too
-(their windows are as warm as the leader's); their decisions are refused as "not the leader",
-counted in metrics and otherwise silent, and cost them no budget.
+The decide-and-act half of the evaluator is :class:`controller.loop.tick.Loop`, the same
+tick replay and simulate run; the decisions log (write-ahead intents, read-back, follow) is
+:class:`controller.process.journal.DecisionsJournal`. Followers decide too (their windows are as
+warm as the leader's); their decisions are refused as "not the leader", counted in metrics and
+otherwise silent, and cost them no budget.
 
 Shutdown on SIGTERM, in order: stop fetching → let the evaluator finish the action in flight →
 apply what is queued and commit its offsets → stop the cluster runtime → close clients; all
@@ -33,25 +27,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import json
 import signal
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
-import tenacity
 
-from controller.loop.port import (
-    NOT_FREED,
-    NOT_LEADER,
-    ActionResult,
-    ClusterRuntime,
-    Outcome,
-    feed_back,
-)
+from controller.loop.port import ActionResult, ClusterRuntime, Outcome
+from controller.loop.tick import Loop
 from controller.process.aggregate import (
     PartialsFeed,
     aggregates_retention_s,
@@ -59,33 +44,22 @@ from controller.process.aggregate import (
     longest_window_s,
 )
 from controller.process.health import HealthServer
+from controller.process.journal import DecisionsJournal
 from controller.process.metrics import Metrics, StateSources
 from controller.process.settings import Settings
-from policies.budgets import LogRecord
-from policies.decisions import Decision, Evict, Scale, decision_to_dict
+from policies.decisions import Decision
 from policies.engine import Engine
 from policies.loader import check_policy, read_sources
 from policies.model import Policy
 from streams import prometheus as prom
-from streams.capture import TopicReader
 from streams.connection import ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer
 from streams.events import EventDecoder
 from streams.producer import DeadLetter, KafkaProducer
-from streams.stream_errors import IncompleteRead, ProduceError
 
 __all__ = ["Controller", "load_policy_files"]
 
 log = structlog.get_logger("ebbtide")
-
-_NOT_DONE = frozenset({Outcome.REFUSED, Outcome.BLOCKED, Outcome.FAILED})
-#: Freeing outcomes after which the GPUs are not free: not done, or under way (a checkpoint
-#: notice: the pod runs until its checkpoint or deadline, and the scale-up waits for it).
-_NOT_FREED = _NOT_DONE | {Outcome.IN_PROGRESS}
-#: Tries to have the broker acknowledge an intent record before the action is refused.
-INTENT_ATTEMPTS = 3
-#: Seconds between tries to read the decisions log back after an incomplete read.
-RESTORE_RETRY_S = 5.0
 
 
 def load_policy_files(settings: Settings) -> Policy:
@@ -131,13 +105,16 @@ class Controller:
         self._warned_unresolved: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._crashed: list[str] = []
-        self._audits: set[asyncio.Task[None]] = set()
-        self._producer: KafkaProducer | None = None
-        self._decisions_log: TopicReader | None = None
-        self._unrestored: str | None = None
-        """Why the decisions log has not been read back (no action until it has)."""
-        self._intended: set[str] = set()
-        """Decisions whose intent the broker acknowledged and whose outcome is not recorded."""
+        self.journal = DecisionsJournal(
+            settings, self.engine, policy=lambda: self.policy, clock=clock
+        )
+        self.loop = Loop(
+            self.engine,
+            runtime,
+            journal=self.journal,
+            instruments=_Instruments(self.metrics, lambda: self._newest_event, clock),
+            dry_run=bool(self.settings.dry_run),
+        )
         self.http = HealthServer(
             settings.http.address,
             registry=self.metrics.registry,
@@ -169,10 +146,10 @@ class Controller:
             replication_factor=s.kafka.replication_factor,
         )
         await self.warm_start()
-        await self._restore_actions()
+        await self.journal.restore()
         rewind_s = longest_window_s(self.policy) + s.kafka.rewind_margin_s
         async with KafkaProducer(kafka, linger_ms=20) as producer:
-            self._producer = producer
+            self.journal.producer = producer
             if s.shards.role == "decide":
                 await ensure_aggregates_topic(
                     kafka,
@@ -230,7 +207,7 @@ class Controller:
         self._guard("cluster", self.runtime.run)
         evaluator = self._guard("evaluator", self._evaluate_loop)
         self._guard("reloader", self._reload_loop)
-        self._guard("decisions-log", self._follow_decisions)
+        self._guard("decisions-log", self.journal.follow)
         await self._stopping.wait()
         await self._shutdown(consumer, evaluator)
 
@@ -275,7 +252,7 @@ class Controller:
         await asyncio.wait({consumer}, timeout=left(reserve=budget / 10))
         for task in self._tasks:
             task.cancel()
-        if pending := {*self._tasks, *self._audits}:
+        if pending := {*self._tasks, *self.journal.audits}:
             await asyncio.wait(pending, timeout=left())
         await self.http.close()
         log.info("controller.stopped", seconds=round(time.monotonic() - started, 3))
@@ -347,63 +324,6 @@ class Controller:
             self.engine.observe(event)
         log.info("warm_start.done", events=len(result.events), skipped=dict(result.skipped))
 
-    async def _restore_actions(self) -> None:
-        """Start reading the decisions log and read it back over the longest budget or
-        cooldown window into the ledger (:meth:`_read_back`)."""
-        topic = self.settings.kafka.decisions_topic
-        if topic is None:
-            return
-        self._decisions_log = TopicReader(
-            self.settings.kafka.connection(),
-            topic,
-            partitions_refresh_s=self.settings.kafka.partitions_refresh_s,
-        )
-        await self._decisions_log.start()
-        await self._read_back()
-
-    async def _read_back(self) -> None:
-        """Read the log back so budgets and cooldowns hold across a restart or a change of
-        leader: no action is repeated because the replica that took it is gone. A read that
-        could not reach the log's end is not used (part of the log would undercount what was
-        spent): the replica says so, stays unready, refuses to act, and tries again."""
-        assert self._decisions_log is not None
-        spec = self.policy.spec
-        horizon = max(
-            spec.budgets.evictions.per,
-            spec.budgets.scale_steps.per,
-            spec.budgets.mig_conversions.per,
-            spec.cooldowns.service,
-            spec.cooldowns.training_grow,
-            *(s.cooldown or 0.0 for s in spec.services.values()),
-        )
-        try:
-            values = await self._decisions_log.since(self._clock() - horizon)
-        except IncompleteRead as exc:
-            self._unrestored = f"the decisions log was not read back: {exc}"
-            log.error("restore.incomplete", error=str(exc), retry_in_s=RESTORE_RETRY_S)
-            return
-        for value in values:
-            self._on_record(value)
-        self._unrestored = None
-        log.info("restore.done", records=len(values), horizon_s=horizon)
-
-    def _on_record(self, value: bytes) -> None:
-        """One decisions-log record, at start-up or live (any replica's, this one's too)."""
-        if (rec := _parse_record(value)) is not None:
-            self.engine.record(rec)
-
-    async def _follow_decisions(self) -> None:
-        if self._decisions_log is None:
-            await asyncio.Event().wait()  # no decisions log configured: nothing to follow
-            return
-        try:
-            while self._unrestored is not None:
-                await asyncio.sleep(RESTORE_RETRY_S)
-                await self._read_back()
-            await self._decisions_log.follow(self._on_record)
-        finally:
-            await self._decisions_log.stop()
-
     # -- evaluation -----------------------------------------------------------------------------
 
     async def _evaluate_loop(self) -> None:
@@ -418,142 +338,9 @@ class Controller:
             await self.evaluate_once()
 
     async def evaluate_once(self) -> list[ActionResult]:
-        """One round: upkeep, evaluate, act (when leading), account, audit."""
-        now = self._clock()
-        # Upkeep reports a flow still waiting (IN_PROGRESS) every tick: not news, not recorded.
-        results = [r for r in await self.runtime.tick(now) if r.outcome is not Outcome.IN_PROGRESS]
-        cluster = self.runtime.cluster
-        if not cluster.synced:
-            self._account(results, now=now)
-            return results
-        started = time.perf_counter()
-        decisions = self.engine.evaluate(now, cluster.snapshot())
-        self.metrics.evaluate_seconds.observe(time.perf_counter() - started)
-        if not decisions:
-            self._account(results, now=now)
-            return results
-        if self.settings.dry_run:
-            decisions = [dataclasses.replace(d, dry_run=True) for d in decisions]
-        if self._newest_event is not None:
-            self.metrics.event_to_decision.observe(max(0.0, self._clock() - self._newest_event))
-        for d in decisions:
-            self.metrics.decisions.labels(d.action, d.explanation.rule).inc()
-        applied = await self._carry_out(decisions)
-        results = [*results, *applied]
-        self._account(results, now=now)
-        return results
-
-    async def _carry_out(self, decisions: list[Decision]) -> list[ActionResult]:
-        """Apply decisions in the engine's order, one by one. The engine frees GPUs for a
-        service before scaling it up; when freeing fails (a PDB, a refusal), the scale-up it
-        was for is not applied, so no inference pod is created without room (the scheduler
-        might otherwise preempt training behind the PDB's back). A refusal decided here is
-        reported to the cluster adapter like its own (a Kubernetes Event)."""
-        cluster = self.runtime.cluster
-        unfreed: dict[str, str] = {}
-        out: list[ActionResult] = []
-        for d in decisions:
-            if not self.runtime.is_leader():
-                out.append(ActionResult(d, Outcome.REFUSED, NOT_LEADER))
-                continue
-            if self._unrestored is not None:
-                out.append(ActionResult(d, Outcome.REFUSED, self._unrestored))
-                continue
-            started = time.perf_counter()
-            refusal = None
-            if isinstance(d, Scale) and d.to_replicas > d.from_replicas and d.cause in unfreed:
-                refusal = f"{NOT_FREED}: {unfreed[d.cause]}"
-            elif (failed := await self._intend(d)) is not None:
-                refusal = f"the intent was not recorded on the decisions log: {failed}"
-            if refusal is not None:
-                result = ActionResult(d, Outcome.REFUSED, refusal)
-                await cluster.report(result)
-            else:
-                result = await self._apply(d)
-                self.metrics.decision_to_api.labels(d.action).observe(time.perf_counter() - started)
-            frees = isinstance(d, Evict) or (isinstance(d, Scale) and d.role == "training")
-            if frees and d.cause is not None and result.outcome in _NOT_FREED:
-                unfreed[d.cause] = f"{d.action} {d.target} {result.outcome.value}"
-            out.append(result)
-        return out
-
-    async def _apply(self, decision: Decision) -> ActionResult:
-        """Hand one decision to the cluster. The port never raises for one decision; if it
-        does anyway, the decision ends ``FAILED`` like an actuator's own crash, so its intent,
-        already on the log, gets an outcome and no replica reading the log charges for it."""
-        try:
-            (result,) = await self.runtime.cluster.apply([decision])
-        except Exception as exc:
-            log.exception("controller.apply_crashed", target=decision.target)
-            return ActionResult(decision, Outcome.FAILED, f"unexpected error: {exc!r}")
-        return result
-
-    async def _intend(self, decision: Decision) -> str | None:
-        """Write ahead: record the action on the decisions log, acknowledged, *before* it is
-        carried out, so a replica that crashes while the write is in flight still counts it
-        against budgets and cooldowns after a restart. A later record of the same decision id
-        says whether it happened; without one it is assumed to have. Returns why the record
-        could not be written (after :data:`INTENT_ATTEMPTS` tries), or ``None``."""
-        topic = self.settings.kafka.decisions_topic
-        if topic is None or self._producer is None or decision.dry_run or self.settings.dry_run:
-            return None
-        record = decision_to_dict(decision) | {
-            "outcome": "intent",
-            "replica": self.settings.kube.identity,
-        }
-        payload = json.dumps(record, default=str).encode()
-        producer = self._producer
-        try:
-            async for attempt in tenacity.AsyncRetrying(
-                stop=tenacity.stop_after_attempt(INTENT_ATTEMPTS),
-                wait=tenacity.wait_exponential(multiplier=0.2, max=2.0),
-                retry=tenacity.retry_if_exception_type(ProduceError),
-                reraise=True,
-            ):
-                with attempt:
-                    await producer.send_and_wait(topic, payload, key=decision.target.encode())
-        except ProduceError as exc:
-            log.error("decisions_log.intent_failed", target=decision.target, error=str(exc))
-            return str(exc)
-        self._intended.add(decision.id)
-        return None
-
-    def _account(self, results: list[ActionResult], *, now: float) -> None:
-        """Outcomes back to the engine (budgets, cooldowns, held victims), then metrics, the
-        log line and the decisions-log record of each. A "not the leader" refusal is recorded
-        only after an intent of this replica's (leadership lost between the intent and the
-        write): an intent without outcome counts, and the next leader would charge a budget
-        unit and a whole cooldown for an action that never happened."""
-        feed_back(self.engine, results, now=now)
-        for r in results:
-            self.metrics.actions.labels(r.decision.action, r.outcome.value).inc()
-            self.metrics.wasted_gpu_hours.inc(r.wasted_gpu_hours)
-            intended = r.decision.id in self._intended
-            self._intended.discard(r.decision.id)
-            if r.outcome is Outcome.REFUSED and r.detail.startswith(NOT_LEADER) and not intended:
-                continue  # a follower re-decides every tick: counted, not logged or recorded
-            if r.decision.action in ("mig_convert", "mig_revert") and r.outcome is Outcome.FAILED:
-                self.metrics.mig_failures.inc()
-            record = decision_to_dict(r.decision) | {
-                "outcome": r.outcome.value,
-                "detail": r.detail,
-                "wasted_gpu_hours": r.wasted_gpu_hours,
-                "policy_hash": self.policy.digest(),
-                "replica": self.settings.kube.identity,
-            }
-            log.info("decision", **record)
-            self._audit(record)
-
-    def _audit(self, record: dict[str, object]) -> None:
-        topic = self.settings.kafka.decisions_topic
-        if topic is None or self._producer is None:
-            return
-        payload = json.dumps(record, default=str).encode()
-        key = str(record["target"]).encode()
-        task = asyncio.create_task(self._producer.send(topic, payload, key=key))
-        self._audits.add(task)
-        task.add_done_callback(self._audits.discard)
-        task.add_done_callback(_log_audit_failure)
+        """One tick (:meth:`controller.loop.tick.Loop.tick`): upkeep, evaluate, act when
+        leading, feedback, journal."""
+        return await self.loop.tick(self._clock())
 
     # -- readiness and reload -------------------------------------------------------------------
 
@@ -562,11 +349,11 @@ class Controller:
         consumer was assigned its partitions and applied them up to the end offsets seen at
         start (complete windows), then stays within ``ready_max_lag``."""
         problems = list(self._crashed)
-        if self._unrestored is not None:
-            problems.append(self._unrestored)
+        if self.journal.unrestored is not None:
+            problems.append(self.journal.unrestored)
         if not self.runtime.cluster.synced:
             problems.append("cluster cache not synced")
-        if self._decisions_log is not None and (left := self._decisions_log.unassigned):
+        if self.journal.reader is not None and (left := self.journal.reader.unassigned):
             problems.append(f"decisions log partitions not read: {left}")
         if self._feed is not None:
             if not self._feed.caught_up:
@@ -634,18 +421,36 @@ class Controller:
         return True
 
 
-def _parse_record(value: bytes) -> LogRecord | None:
-    """A decisions-log record as the ledger reads it; ``None`` for a dry run or garbage."""
-    try:
-        raw = json.loads(value)
-        if not isinstance(raw, dict):
-            raise ValueError("not an object")
-        return None if raw.get("dry_run") else LogRecord.of(raw)
-    except ValueError:
-        log.warning("decisions_log.bad_record", record=value[:200])
-        return None
+class _Instruments:
+    """The tick's timings and outcomes into the process's metrics."""
 
+    def __init__(
+        self,
+        metrics: Metrics,
+        newest_event: Callable[[], float | None],
+        clock: Callable[[], float],
+    ) -> None:
+        self._metrics = metrics
+        self._newest_event = newest_event
+        self._clock = clock
 
-def _log_audit_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.warning("audit.send_failed", error=repr(exc))
+    def evaluated(self, seconds: float, decisions: Sequence[Decision]) -> None:
+        m = self._metrics
+        m.evaluate_seconds.observe(seconds)
+        if not decisions:
+            return
+        if (newest := self._newest_event()) is not None:
+            m.event_to_decision.observe(max(0.0, self._clock() - newest))
+        for d in decisions:
+            m.decisions.labels(d.action, d.explanation.rule).inc()
+
+    def applied(self, decision: Decision, seconds: float) -> None:
+        self._metrics.decision_to_api.labels(decision.action).observe(seconds)
+
+    def settled(self, results: Sequence[ActionResult]) -> None:
+        m = self._metrics
+        for r in results:
+            m.actions.labels(r.decision.action, r.outcome.value).inc()
+            m.wasted_gpu_hours.inc(r.wasted_gpu_hours)
+            if r.decision.action in ("mig_convert", "mig_revert") and r.outcome is Outcome.FAILED:
+                m.mig_failures.inc()

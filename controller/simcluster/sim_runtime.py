@@ -15,9 +15,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from controller.loop.gate import SafetyGate, Target
+from controller.loop.gate import SafetyGate, Target, Verdict
 from controller.loop.port import ActionResult, Cluster, Outcome
-from controller.process.settings import Settings
 from controller.simcluster.scenario import load_scenario
 from controller.simcluster.simulator import SimCluster
 from policies.budgets import Ledger
@@ -66,28 +65,28 @@ class GatedSimCluster:
     async def _apply_one(self, d: Decision) -> ActionResult:
         with self.gate.hold(d) as permit:
             if not permit.ok:
-                return _result(d, permit.verdict.outcome, permit.verdict.reason)
+                return _result(d, permit.verdict)
             target = target_of(self.sim.snapshot(), d)
             if target is None:
                 return ActionResult(d, Outcome.ALREADY_DONE, f"{d.target} is gone")
             verdict = self.gate.check_target(d, target)
             if not verdict.ok:
-                return _result(d, verdict.outcome, verdict.reason)
+                return _result(d, verdict)
             if isinstance(d, MigConvert | MigRevert):
                 self.sim.drain = DrainRule.of(self.gate.policy)  # reloads included
             if self.gate.dry_run_for(d):
                 return ActionResult(d, Outcome.DRY_RUN, f"would {d.action} {d.target}")
             verdict = permit.reserve()
             if not verdict.ok:
-                return _result(d, verdict.outcome, verdict.reason)
+                return _result(d, verdict)
             (result,) = await self.sim.apply([d])
             if result.outcome is Outcome.APPLIED:
                 permit.spend()
             return result
 
 
-def _result(d: Decision, outcome: Outcome | None, reason: str) -> ActionResult:
-    return ActionResult(d, outcome or Outcome.REFUSED, reason)
+def _result(d: Decision, verdict: Verdict) -> ActionResult:
+    return ActionResult(d, verdict.outcome or Outcome.REFUSED, verdict.reason, why=verdict.why)
 
 
 class SimRuntime:
@@ -98,9 +97,11 @@ class SimRuntime:
         self._cluster = GatedSimCluster(sim, gate)
 
     @classmethod
-    def from_file(cls, scenario: Path, policy: Policy, settings: Settings) -> SimRuntime:
+    def from_file(cls, scenario: Path, policy: Policy, *, dry_run: bool) -> SimRuntime:
+        """The scenario's cluster from now on, gated under ``policy`` (``dry_run``: the
+        process's flag, as :meth:`controller.process.settings.Settings.dry_run_for` settles it)."""
         sim = SimCluster.from_scenario(load_scenario(scenario), start=time.time(), policy=policy)
-        return cls(sim, SafetyGate(policy, dry_run=bool(settings.for_policy(policy).dry_run)))
+        return cls(sim, SafetyGate(policy, dry_run=dry_run))
 
     @property
     def cluster(self) -> Cluster:

@@ -15,7 +15,7 @@ import pytest
 
 from controller.kube.migannotation import FlowRecord
 from controller.loop.port import Outcome
-from controller.process import app
+from controller.process import journal
 from controller.process.app import Controller, load_policy_files
 from controller.process.settings import Settings, load_settings
 from controller.simcluster.sim_runtime import SimRuntime
@@ -51,7 +51,11 @@ def settings(kafka_broker: EmbeddedBroker, tmp_path: Path) -> Settings:
 
 def make_controller(settings: Settings) -> Controller:
     policy = load_policy_files(settings)
-    return Controller(settings, SimRuntime.from_file(SCENARIO, policy, settings), policy)
+    return Controller(
+        settings,
+        SimRuntime.from_file(SCENARIO, policy, dry_run=settings.dry_run_for(policy)),
+        policy,
+    )
 
 
 @pytest.fixture
@@ -73,9 +77,9 @@ async def write(settings: Settings) -> AsyncIterator[Callable[[Decision, str], o
 async def restored(settings: Settings) -> Controller:
     """A new replica that has read the decisions log back, as at start-up."""
     controller = make_controller(settings)
-    await controller._restore_actions()
-    assert controller._decisions_log is not None
-    await controller._decisions_log.stop()
+    await controller.journal.restore()
+    assert controller.journal.reader is not None
+    await controller.journal.reader.stop()
     return controller
 
 
@@ -104,8 +108,8 @@ async def test_a_follower_counts_every_eviction_of_a_round(
     """Four evictions the leader took in one round (one timestamp, four pods) are four in a
     follower's ledger, in the engine and in the safety gate alike."""
     controller = make_controller(settings)
-    await controller._restore_actions()
-    follower = asyncio.create_task(controller._follow_decisions())
+    await controller.journal.restore()
+    follower = asyncio.create_task(controller.journal.follow())
     try:
         now = time.time()
         for i in range(4):
@@ -195,7 +199,7 @@ async def test_an_unacknowledged_intent_is_retried_then_refuses_the_action(
     controller = make_controller(settings)
     async with KafkaProducer(settings.kafka.connection()) as producer:
         flaky = FlakyProducer(producer, failures)
-        controller._producer = flaky
+        controller.journal.producer = flaky
         before = controller.runtime.cluster.snapshot()  # type: ignore[attr-defined]
         results = await breach_until_decided(controller)
     first = results[0]
@@ -229,16 +233,16 @@ async def test_an_incomplete_read_back_is_not_used_and_no_action_is_taken_until_
         return await real_since(self, since_s, **kw)
 
     monkeypatch.setattr(TopicReader, "since", since_once_incomplete)
-    monkeypatch.setattr(app, "RESTORE_RETRY_S", 0.05)
+    monkeypatch.setattr(journal, "RESTORE_RETRY_S", 0.05)
     controller = make_controller(settings)
-    await controller._restore_actions()
+    await controller.journal.restore()
     assert used(controller)["evictions"] == 0  # nothing of the partial read was used
     (problem,) = [p for p in controller._not_ready() if "decisions log" in p]
     assert "partition 0 at 1/4" in problem
     results = await breach_until_decided(controller)
     assert {r.outcome for r in results} == {Outcome.REFUSED}  # type: ignore[attr-defined]
     assert all("not read back" in r.detail for r in results)  # type: ignore[attr-defined]
-    follower = asyncio.create_task(controller._follow_decisions())
+    follower = asyncio.create_task(controller.journal.follow())
     try:
         await eventually(lambda: used(controller)["evictions"] == 4, 10)
     finally:

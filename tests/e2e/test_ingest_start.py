@@ -46,7 +46,7 @@ class Replica:
             **settings,
         )
         policy = load_policy_files(self.settings)
-        runtime = SimRuntime.from_file(SCENARIO, policy, self.settings)
+        runtime = SimRuntime.from_file(SCENARIO, policy, dry_run=self.settings.dry_run_for(policy))
         self.controller = Controller(self.settings, runtime, policy)
         self.task: asyncio.Task[None] | None = None
 

@@ -54,7 +54,7 @@ class LeaderRuntime(SimRuntime):
 
     def __init__(self, settings: Settings, lease: Lease) -> None:
         policy = load_policy_files(settings)
-        base = SimRuntime.from_file(SCENARIO, policy, settings)
+        base = SimRuntime.from_file(SCENARIO, policy, dry_run=settings.dry_run_for(policy))
         super().__init__(base.cluster.sim, SafetyGate(policy, is_leader=lease))  # type: ignore[attr-defined]
         self.lease = lease
 
@@ -96,17 +96,17 @@ def settings_for(broker: EmbeddedBroker, tmp_path: Path, **swaps: str) -> Settin
 async def restored(settings: Settings, clock: Clock) -> Controller:
     """A new replica that has read the decisions log back at ``clock``, as at start-up."""
     policy = load_policy_files(settings)
-    runtime = SimRuntime.from_file(SCENARIO, policy, settings)
+    runtime = SimRuntime.from_file(SCENARIO, policy, dry_run=settings.dry_run_for(policy))
     controller = Controller(settings, runtime, policy, clock=clock)
-    await controller._restore_actions()
-    assert controller._decisions_log is not None
-    await controller._decisions_log.stop()
+    await controller.journal.restore()
+    assert controller.journal.reader is not None
+    await controller.journal.reader.stop()
     return controller
 
 
 async def written(controller: Controller, producer: KafkaProducer) -> None:
     """Every record the controller queued is on the broker."""
-    await asyncio.gather(*controller._audits)
+    await asyncio.gather(*controller.journal.audits)
     await producer.flush()
 
 
@@ -167,7 +167,7 @@ async def test_an_intent_always_gets_an_outcome_so_the_next_leader_charges_nothi
         monkeypatch.setattr(runtime.cluster, "apply", broken)
     lose = (lambda: setattr(lease, "held", False)) if path == "leadership-lost" else lambda: None
     async with KafkaProducer(settings.kafka.connection()) as producer:
-        leader._producer = AfterAck(producer, lose)
+        leader.journal.producer = AfterAck(producer, lose)
         first, *_ = await first_round(leader, clock)
         # a follower now: it decides again at once and is refused before writing an intent
         again = await first_round(leader, clock) if path == "leadership-lost" else []
@@ -205,11 +205,11 @@ async def test_a_grow_right_before_a_restart_is_not_repeated_within_the_pools_co
     the cooldown has passed."""
     settings = settings_for(kafka_broker, tmp_path, **{"trainingGrow: 2s": "trainingGrow: 2h"})
     policy = load_policy_files(settings)
-    runtime = SimRuntime.from_file(SCENARIO, policy, settings)
+    runtime = SimRuntime.from_file(SCENARIO, policy, dry_run=settings.dry_run_for(policy))
     clock = Clock(runtime.cluster.sim.now)  # type: ignore[attr-defined]
     before = Controller(settings, runtime, policy, clock=clock)
     async with KafkaProducer(settings.kafka.connection()) as producer:
-        before._producer = producer
+        before.journal.producer = producer
         (grown,) = await grows(before, clock, seconds=5)
         await written(before, producer)
     assert grown.outcome is Outcome.APPLIED

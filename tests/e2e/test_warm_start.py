@@ -72,7 +72,9 @@ async def test_warm_start_fills_windows_from_prometheus(
             },
         )
         policy = load_policy_files(settings)
-        runtime = SimRuntime.from_file(EXAMPLES / "scenario-small.yaml", policy, settings)
+        runtime = SimRuntime.from_file(
+            EXAMPLES / "scenario-small.yaml", policy, dry_run=settings.dry_run_for(policy)
+        )
         controller = Controller(settings, runtime, policy)
         cold = {s.key: s.samples for s in controller.engine.service_status(time.time())}
         assert cold["serving/chat"] == 0
@@ -104,7 +106,9 @@ async def test_a_crashed_root_task_stops_the_process_and_says_so(
             await asyncio.sleep(0.5)
             raise RuntimeError("the cluster watch broke")
 
-    base = SimRuntime.from_file(EXAMPLES / "scenario-small.yaml", policy, settings)
+    base = SimRuntime.from_file(
+        EXAMPLES / "scenario-small.yaml", policy, dry_run=settings.dry_run_for(policy)
+    )
     runtime = Failing(base.cluster.sim, base.gate)  # type: ignore[attr-defined]
     controller = Controller(settings, runtime, policy)
     await asyncio.wait_for(controller.run(), 60)

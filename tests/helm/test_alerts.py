@@ -157,7 +157,7 @@ def test_promtool_every_alert_fires(
 def _exported_metrics() -> set[str]:
     """Series names the controller exports, read from controller/process/metrics.py's
     constructors."""
-    source = (REPO / "controller" / "metrics.py").read_text()
+    source = (REPO / "controller" / "process" / "metrics.py").read_text()
     suffixes = {
         "Counter": ("_total",),
         "CounterMetricFamily": ("_total",),

@@ -478,7 +478,9 @@ async def held_drain(
     settings = Settings(
         policies=[tmp_path / "p.yaml"], kube={"lease_namespace": "ebbtide-system"}, dry_run=False
     )
-    runtime = KubeRuntime(kube_client, settings, policy())
+    runtime = KubeRuntime(
+        kube_client, settings.kube, policy(), dry_run=settings.dry_run_for(policy())
+    )
     task = asyncio.create_task(runtime.run(), name="runtime")
     try:
         await kubeapi.until(lambda: runtime.is_leader() and runtime.state.synced)

@@ -295,7 +295,7 @@ def test_the_workload_kinds_setting_chooses_what_is_watched_and_scaled(
             "spec": {"pools": {}},
         }
     )
-    runtime = KubeRuntime(kube_client, settings, policy)
+    runtime = KubeRuntime(kube_client, settings.kube, policy, dry_run=settings.dry_run_for(policy))
     watched = set(runtime.state.informers)
     assert {"statefulsets.apps", "nodes"} <= watched
     assert not watched & {"deployments.apps", "pytorchjobs.kubeflow.org"}

@@ -40,7 +40,7 @@ async def test_evictions_count_their_wasted_gpu_hours(
             ]
             await asyncio.sleep(0.1)
         assert all(r.wasted_gpu_hours > 0 and "GPU-hours" in r.detail for r in evicted)
-        text = generate_latest(controller.process.metrics.registry).decode()
+        text = generate_latest(controller.metrics.registry).decode()
         (line,) = [
             s
             for s in text.splitlines()

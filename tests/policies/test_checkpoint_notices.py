@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 from policy_fixtures import T0, TRAINING, cluster, make_policy, run
 
-from controller.loop.port import NOT_FREED, ActionResult, Outcome, feed_back
+from controller.loop.feedback import feed_back, settle
+from controller.loop.port import NOT_FREED, ActionResult, Outcome, Why
 from policies.checkpoint import FOR, HANDSHAKE, NOTICE, stamp
 from policies.decisions import Decision, Evict, Explanation, Scale
 from policies.engine import Engine
@@ -48,7 +49,8 @@ def outcomes(decisions: Sequence[Decision], notice: str) -> list[ActionResult]:
         elif isinstance(d, Evict):
             out.append(ActionResult(d, Outcome.APPLIED, "evicted"))
         elif isinstance(d, Scale):
-            out.append(ActionResult(d, Outcome.REFUSED, f"{NOT_FREED}: evict in_progress"))
+            detail = f"{NOT_FREED}: evict in_progress"
+            out.append(ActionResult(d, Outcome.REFUSED, detail, why=Why.NOT_FREED))
     return out
 
 
@@ -66,12 +68,12 @@ def test_one_notice_per_need_at_a_time_across_tries() -> None:
         for a in d.explanation.alternatives
     }
     assert why["evict ml/ask-1"] == "one checkpoint notice per need at a time: waiting on ml/ask-0"
-    feed_back(engine, outcomes(first, "notice"), now=t)
+    feed_back(engine, settle(outcomes(first, "notice"), now=t))
     assert engine.budget_states(t)[0].used == 2  # the notice counts: it is under way
     snap = node(t, gone=["ml/plain-0"])  # the watch shows the notice on ask-0
     t2, second = next((t2, ds) for t2, ds in run(engine, snap, t, t + 30, 250.0) if ds)
     assert evicted(second) == ["ml/ask-0"]  # the noticed pod again: the actuator waits
-    feed_back(engine, outcomes(second, "wait"), now=t2)  # ask-0 is held off for a while
+    feed_back(engine, settle(outcomes(second, "wait"), now=t2))  # ask-0 is held off for a while
     later = [ds for _, ds in run(engine, snap, t2, t2 + 50, 250.0) if ds]
     noticed = {p for ds in later for p in evicted(ds) if p.startswith("ml/ask-")}
     assert noticed == set(), f"another pod was noticed while ask-0's notice stands: {noticed}"

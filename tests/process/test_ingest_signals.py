@@ -24,7 +24,7 @@ NOW = 1_800_000_000.0
 def _controller() -> Controller:
     settings = load_settings(policies=[POLICY], cluster=f"sim:{SCENARIO}")
     policy = load_policy_files(settings)
-    runtime = SimRuntime.from_file(SCENARIO, policy, settings)
+    runtime = SimRuntime.from_file(SCENARIO, policy, dry_run=settings.dry_run_for(policy))
     return Controller(settings, runtime, policy, clock=lambda: NOW)
 
 

@@ -381,12 +381,14 @@ async def test_a_controller_in_the_decide_role_merges_partials_and_stops_cleanly
     )
     policy = load_policy_files(settings)
     controller = Controller(
-        settings, SimRuntime.from_file(Path(settings.cluster[4:]), policy, settings), policy
+        settings,
+        SimRuntime.from_file(
+            Path(settings.cluster[4:]), policy, dry_run=settings.dry_run_for(policy)
+        ),
+        policy,
     )
     running = asyncio.create_task(controller.run())
-    await until(
-        lambda: controller.process.health.port != 0 and not controller._not_ready(), 30, "ready"
-    )
+    await until(lambda: controller.http.port != 0 and not controller._not_ready(), 30, "ready")
     config = KafkaConfig(kafka_broker.bootstrap)
     aggregator = in_process(config, names, 0.2, policy)
     aggregating = asyncio.create_task(aggregator.run())

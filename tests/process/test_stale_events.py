@@ -30,7 +30,7 @@ def _batch(*ages_s: float) -> Batch:
 
 
 def _stale_total(controller: Controller) -> float:
-    text = generate_latest(controller.process.metrics.registry).decode()
+    text = generate_latest(controller.metrics.registry).decode()
     (line,) = [ln for ln in text.splitlines() if ln.startswith("ebbtide_events_stale_total ")]
     return float(line.split()[1])
 
@@ -41,7 +41,7 @@ async def test_old_events_are_counted_and_warned_about_once_per_burst() -> None:
     now = [NOW]
     settings = load_settings(policies=[POLICY], cluster=f"sim:{SCENARIO}")
     policy = load_policy_files(settings)
-    runtime = SimRuntime.from_file(SCENARIO, policy, settings)
+    runtime = SimRuntime.from_file(SCENARIO, policy, dry_run=settings.dry_run_for(policy))
     controller = Controller(settings, runtime, policy, clock=lambda: now[0])
     with capture_logs() as logs:
         await controller.observe(_batch(1.0, 2.0))

@@ -25,7 +25,8 @@ from controller.offline.replay.counterfactual import (
     _tick_of,
     counterfactual_replay,
 )
-from controller.offline.replay.replayer import ReplayCluster, ReplaySettings, Withheld, replay
+from controller.offline.replay.replayer import ReplaySettings, Withheld, replay
+from controller.simcluster import SimCluster
 from policies.model import Policy
 from streams.events import InferenceLatency, LatencyHistogram
 
@@ -33,7 +34,7 @@ FIXED = policy(POLICY.replace("replicas: {min: 1, max: 8}", "replicas: {min: 2, 
 SCALING = policy(POLICY.replace("replicas: {min: 1, max: 8}", "replicas: {min: 2, max: 8}"))
 
 
-def cluster(p: Policy) -> Callable[[float], ReplayCluster]:
+def cluster(p: Policy) -> Callable[[float], SimCluster]:
     """Node ``n0`` (8 GPUs) running two replicas of ``serving/chat``."""
     return lambda start: one_node_cluster(start, replicas=2, of=p)
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from replay_builders import T0, chat_events, one_node_cluster, policy, write_recording
 
+from controller.offline.accounting.outputs import DECISIONS_FILE, RunResult
 from controller.offline.accounting.timeline import Timeline
-from controller.offline.replay.replayer import DECISIONS_FILE, ReplayResult, ReplaySettings, replay
+from controller.offline.replay.replayer import ReplaySettings, replay
 from controller.offline.replay.source import read_event_batches
 from streams.events import GpuUtilization, Rejection
 from streams.recording import read_events
@@ -32,7 +33,7 @@ GARBAGE = [
 ]
 
 
-def run(tmp_path: Path, seconds: int = 300, burst: tuple[int, int] = (100, 130)) -> ReplayResult:
+def run(tmp_path: Path, seconds: int = 300, burst: tuple[int, int] = (100, 130)) -> RunResult:
     path = write_recording(tmp_path / "r.jsonl", chat_events(seconds, burst=burst))
     return replay(path, policy=policy(), cluster=one_node_cluster, out_dir=tmp_path / "out")
 

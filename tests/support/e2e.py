@@ -287,7 +287,7 @@ async def in_process_controller(
         dry_run=False,
     )  # fmt: skip
     loaded = load_policy_files(settings)
-    runtime = await KubeRuntime.connect(settings, loaded)
+    runtime = await KubeRuntime.connect(settings.kube, loaded, dry_run=settings.dry_run_for(loaded))
     task = asyncio.create_task(runtime.run())
     try:
         deadline = time.monotonic() + 10

@@ -43,9 +43,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
+from controller.offline.accounting.outputs import REPORT_FILE, SUMMARY_FILE, RunResult
 from controller.offline.accounting.summary import ACTIONS, USES
 from controller.offline.models.fit import fit_line
-from controller.offline.replay.replayer import REPORT_FILE, SUMMARY_FILE, ReplayResult
 
 __all__ = [
     "COMPARISON_FILE",
@@ -110,7 +110,7 @@ def _layout(title: str, y: str, x_range: list[float], **extra: Any) -> dict[str,
     }
 
 
-def build_figures(result: ReplayResult) -> list[dict[str, Any]]:
+def build_figures(result: RunResult) -> list[dict[str, Any]]:
     """Every figure of the report as plotly ``data``/``layout`` (see the module docstring)."""
     tl = result.timeline
     summary = result.summary.to_dict()
@@ -311,7 +311,7 @@ for (const f of JSON.parse(document.getElementById("{FIGURES_ID}").textContent))
     )
 
 
-def render_report(result: ReplayResult) -> str:
+def render_report(result: RunResult) -> str:
     """The whole page: summary tables, every figure, plotly.js inlined."""
     s = result.summary.to_dict()
     figures = build_figures(result)
@@ -406,7 +406,7 @@ Events: {ev["total"]} total, {ev["accepted"]} accepted, {ev["rejected"]} rejecte
 """
 
 
-def write_outputs(result: ReplayResult, out_dir: Path) -> tuple[Path, Path]:
+def write_outputs(result: RunResult, out_dir: Path) -> tuple[Path, Path]:
     """Write ``summary.json`` and ``report.html`` into ``out_dir``; return their paths."""
     summary = out_dir / SUMMARY_FILE
     summary.write_text(json.dumps(result.summary.to_dict(), indent=2) + "\n", encoding="utf-8")
@@ -454,7 +454,7 @@ def _summed(series: dict[str, list[float | None]], keys: list[str], n: int) -> l
     return out
 
 
-def comparison_figure(runs: list[tuple[dict[str, Any], ReplayResult]]) -> dict[str, Any]:
+def comparison_figure(runs: list[tuple[dict[str, Any], RunResult]]) -> dict[str, Any]:
     """One plotly figure, panels stacked on **one shared time axis** (zoom one, all follow):
     per service the windowed percentile of every run (log scale) and the objective; training GPUs;
     inference GPUs; mean GPU utilization over pools; actions per interval; pods the scheduler
@@ -545,7 +545,7 @@ def comparison_figure(runs: list[tuple[dict[str, Any], ReplayResult]]) -> dict[s
 
 
 def render_comparison(
-    runs: list[tuple[dict[str, Any], ReplayResult]], *, title: str, context: str
+    runs: list[tuple[dict[str, Any], RunResult]], *, title: str, context: str
 ) -> str:
     """One page comparing every run (``runs``: ``compare.json``'s row and the run's result):
     the figures table, then :func:`comparison_figure`."""

@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final, Literal
@@ -53,7 +53,14 @@ from typing import IO, Any, Final, Literal
 import msgspec
 
 from controller.loop.gate import SafetyGate
-from controller.loop.port import ActionResult, Outcome, feed_back
+from controller.loop.port import ActionResult, Outcome
+from controller.loop.tick import Loop, run_now
+from controller.offline.accounting.outputs import (
+    DECISIONS_FILE,
+    RunResult,
+    count_action,
+    decision_line,
+)
 from controller.offline.accounting.summary import MODELLED, USES, Summary, sample_reclaimable
 from controller.offline.accounting.timeline import Timeline
 from controller.offline.experiment.baselines import PollingAutoscaler, static_partition
@@ -68,15 +75,8 @@ from controller.offline.models.telemetry import (
     physical_mean,
     running_replicas,
 )
-from controller.offline.replay.replayer import (
-    DECISIONS_FILE,
-    ReplayResult,
-    count_action,
-    decision_line,
-)
 from controller.simcluster import EPOCH, Scenario, SimCluster
-from controller.simcluster.sim_runtime import GatedSimCluster
-from policies.decisions import Decision
+from controller.simcluster.sim_runtime import SimRuntime
 from policies.engine import Engine
 from policies.inventory import Inventory
 from policies.model import Policy
@@ -208,17 +208,17 @@ class _Loop:
         start = self.t0 - SETTLE_S if controller == "static" else self.t0
         self.sim = SimCluster.from_scenario(bench.scenario, start=start, policy=policy)
         self.sim.preemption = bench.preemption and controller != "polling"
-        self.apply: Callable[[Sequence[Decision]], Coroutine[Any, Any, list[ActionResult]]]
         self.peer: Peer | None = None
+        self.loop: Loop | None = None
+        """Ebbtide's tick (the one ``ebbtide run`` and replay run); peers act on the cluster."""
         if controller == "ebbtide":
             self.meter = Engine(policy)
             gate = SafetyGate(policy, clock=lambda: self.sim.now, ledger=self.meter.ledger)
-            self.apply = GatedSimCluster(self.sim, gate).apply
+            self.loop = Loop(self.meter, SimRuntime(self.sim, gate))
             summary_policy = policy
         else:
             summary_policy = _renamed(policy, _BASELINE_NAMES[controller])
             self.meter = Engine(summary_policy)
-            self.apply = self.sim.apply
             if controller == "polling":
                 self.peer = PollingAutoscaler(policy, start=self.t0)
             elif controller == "hpa-priority":
@@ -366,17 +366,17 @@ class _Loop:
             self.cluster_util = physical_mean(readings)
         tl = self.timeline
         bucket = tl.bucket(k)
-        self.sim.advance(now)
-        snap = self._refresh()
-        decisions = self.meter.evaluate(now, snap)
-        if self.peer is not None:
-            decisions = self.peer.evaluate(now, snap)
-        if decisions:
-            results = self.runner.run(self.apply(decisions))
-            if self.controller == "ebbtide":
-                feed_back(self.meter, results, now=now)
+        if self.loop is not None:
+            results = run_now(self.loop.tick(now))
+        else:
+            self.sim.advance(now)
+            snap = self._refresh()
+            self.meter.evaluate(now, snap)  # the SLO accounting's engine, which never acts
+            decisions = self.peer.evaluate(now, snap) if self.peer is not None else []
+            results = self.runner.run(self.sim.apply(decisions)) if decisions else []
+        if results:
             self._write(results, count=True, bucket=bucket)
-            self._refresh()
+        self._refresh()
         self._account(k, now, bucket)
 
     def _account(self, k: int, now: float, bucket: int) -> None:
@@ -501,7 +501,7 @@ def run_controller(
     record: Path | None = None,
     record_header: Mapping[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
-) -> tuple[ReplayResult, RunFigures]:
+) -> tuple[RunResult, RunFigures]:
     """Run ``controller`` on ``bench``; write ``decisions.jsonl`` into ``out_dir`` (the caller
     writes ``summary.json`` and ``report.html`` with
     :func:`controller.offline.accounting.report.write_outputs`) and, with ``record``, every
@@ -522,5 +522,5 @@ def run_controller(
         if recorder is not None:
             recorder.close()
     wall = time.perf_counter() - started
-    result = ReplayResult(loop.summary, loop.timeline, loop.markers, wall, command="simulate")
+    result = RunResult(loop.summary, loop.timeline, loop.markers, wall, command="simulate")
     return result, loop.figures(wall)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from controller.offline.accounting.outputs import RunResult
 from controller.offline.accounting.summary import MODELLED_FIT
 from controller.offline.models.fit import (
     BUCKET_S,
@@ -47,12 +48,11 @@ from controller.offline.models.queueing import ServiceQueue
 from controller.offline.models.telemetry import running_replicas
 from controller.offline.replay.inferred import MAX_PODS
 from controller.offline.replay.replayer import (
-    ReplayCluster,
-    ReplayResult,
     ReplaySettings,
     Withheld,
     replay,
 )
+from controller.simcluster import SimCluster
 from policies.model import Policy
 from policies.snapshot import Snapshot
 from streams.events import Event, InferenceLatency, Rejection
@@ -251,12 +251,12 @@ def counterfactual_replay(
     *,
     policy: Policy,
     recorded_policy: Policy,
-    cluster: Callable[[Policy], Callable[[float], ReplayCluster]],
+    cluster: Callable[[Policy], Callable[[float], SimCluster]],
     out_dir: Path,
     settings: ReplaySettings,
     progress: Callable[[int], None] | None = None,
     notes: tuple[str, ...] = (),
-) -> tuple[ReplayResult, dict[str, Fit]]:
+) -> tuple[RunResult, dict[str, Fit]]:
     """Fit the recording's latencies (under ``recorded_policy``), then replay it under
     ``policy`` with modelled latencies; ``summary.fit`` and ``summary.latency`` say how.
     ``cluster(p)`` makes the simulated cluster for a replay under policy ``p``."""

@@ -49,90 +49,43 @@ Design:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final, Protocol
 
 import msgspec
 
-from controller.loop.port import ActionResult, Cluster, Outcome, feed_back
+from controller.loop.gate import SafetyGate
+from controller.loop.tick import Loop, run_now
+from controller.offline.accounting.outputs import (
+    DECISIONS_FILE,
+    RunResult,
+    clear_outputs,
+    count_action,
+    decision_line,
+)
 from controller.offline.accounting.poolmeter import PoolMeter
 from controller.offline.accounting.summary import USES, PoolAccount, Summary, sample_reclaimable
 from controller.offline.accounting.timeline import Timeline
 from controller.offline.replay.source import SourceStats, read_event_batches
-from controller.simcluster import GpuUse
-from policies.decisions import decision_to_dict
+from controller.simcluster import GpuUse, SimCluster
+from controller.simcluster.sim_runtime import SimRuntime
 from policies.engine import Engine
 from policies.model import Policy
 from policies.snapshot import Snapshot
 from streams.events import Event, EventDecoder, GpuUtilization, Rejection
 
-__all__ = [
-    "DECISIONS_FILE",
-    "REPORT_FILE",
-    "SUMMARY_FILE",
-    "ReplayCluster",
-    "ReplayResult",
-    "ReplaySettings",
-    "TickHook",
-    "Withheld",
-    "clear_outputs",
-    "count_action",
-    "decision_line",
-    "replay",
-]
+__all__ = ["ReplaySettings", "TickHook", "Withheld", "replay"]
 
-DECISIONS_FILE: Final = "decisions.jsonl"
-SUMMARY_FILE: Final = "summary.json"
-REPORT_FILE: Final = "report.html"
-#: Decisions drawn one by one (with hover text) on the report's action plot.
-MAX_MARKERS: Final = 2000
-
-_DONE: Final = frozenset({Outcome.APPLIED, Outcome.IN_PROGRESS})
 #: Windowed percentiles read for the plot per sampled tick.
 READS_PER_SAMPLE: Final = 16
 #: Allocations between young-generation collections during a replay (Python's default: 700).
 GC_THRESHOLD: Final = 20_000
-
-
-def decision_line(result: ActionResult) -> dict[str, object]:
-    """One line of ``decisions.jsonl``: the explained decision and what became of it."""
-    line = decision_to_dict(result.decision)
-    line["applied"] = result.outcome in _DONE
-    line["outcome"] = result.outcome.value
-    line["detail"] = result.detail
-    return line
-
-
-def count_action(
-    result: ActionResult,
-    *,
-    summary: Summary,
-    timeline: Timeline,
-    bucket: int,
-    markers: list[dict[str, object]],
-) -> None:
-    """Account one carried-out decision in the summary, the timeline and the report markers."""
-    d = result.decision
-    summary.action(d.action, result.outcome.value)
-    timeline.channel(f"actions:{d.action}", "sum")
-    timeline.add(f"actions:{d.action}", bucket, 1.0)
-    if len(markers) < MAX_MARKERS:
-        markers.append(
-            {
-                "ts": d.at,
-                "action": d.action,
-                "target": d.target,
-                "reason": d.explanation.reason,
-                "outcome": result.outcome.value,
-            }
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,18 +108,6 @@ class TickHook(Protocol):
         ...
 
 
-class ReplayCluster(Cluster, Protocol):
-    """The cluster port plus the simulator's clock and GPU-use view."""
-
-    def advance(self, now: float) -> None: ...
-
-    def next_due(self) -> float:
-        """When :meth:`advance` may next change something (``inf``: never, by itself)."""
-        ...
-
-    def gpus_by_use(self) -> Mapping[str, GpuUse]: ...
-
-
 @dataclass(frozen=True, slots=True)
 class ReplaySettings:
     evaluate_every: float = 1.0
@@ -177,34 +118,23 @@ class ReplaySettings:
     """Most points per time series in the report."""
 
 
-@dataclass(slots=True)
-class ReplayResult:
-    summary: Summary
-    timeline: Timeline
-    markers: list[dict[str, object]] = field(default_factory=list)
-    """The first :data:`MAX_MARKERS` decisions: ``{ts, action, target, reason, outcome}``."""
-    wall_s: float = 0.0
-    command: str = "replay"
-    """What produced it (``replay`` or ``simulate``): the report's title says so."""
-
-
 class _Replay:
     def __init__(
         self,
         policy: Policy,
-        cluster: Callable[[float], ReplayCluster],
+        cluster: Callable[[float], SimCluster],
         *,
         decisions: IO[bytes],
         settings: ReplaySettings,
-        runner: asyncio.Runner,
         hook: TickHook | None = None,
     ) -> None:
         s = settings
-        self.runner = runner
         self.hook = hook
+        self.policy = policy
         self.engine = Engine(policy)
         self.make_cluster = cluster
-        self.cluster: ReplayCluster | None = None
+        self.cluster: SimCluster | None = None
+        self.loop: Loop | None = None
         #: The simulated cluster's next due time as of the last tick that asked it: a quiet
         #: tick before then need not advance it (see :meth:`_quiet`).
         self.cluster_due = -math.inf
@@ -282,9 +212,9 @@ class _Replay:
         a sample tick, the simulated cluster unchanged by ``advance`` and the engine idle
         (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to run).
         ``False`` (and nothing done but the cluster's ``advance``, which the full tick repeats
-        as a no-op) otherwise. Before the cluster's next due time
-        (:meth:`ReplayCluster.next_due`, as of the last tick) ``advance`` would change nothing
-        but its clock, which the next full tick's ``advance`` moves on: it is not called."""
+        as a no-op) otherwise. Before the cluster's next due time (``SimCluster.next_due``, as
+        of the last tick) ``advance`` would change nothing but its clock, which the next full
+        tick's ``advance`` moves on: it is not called."""
         tl, cluster = self.timeline, self.cluster
         assert tl is not None
         assert cluster is not None
@@ -315,24 +245,25 @@ class _Replay:
                 time.sleep(delay)
         elif self.hook is None and self._quiet(now):
             return
-        cluster, engine, summary = self.cluster, self.engine, self.summary
+        cluster, engine, summary, loop = self.cluster, self.engine, self.summary, self.loop
         assert cluster is not None
-        cluster.advance(now)
-        snap = cluster.snapshot()
-        if snap is not self.snap:
-            self._refresh_pools(snap)
-        if self.hook is not None:
-            for event in self.hook.tick(now, snap):
-                engine.observe(event)
+        assert loop is not None
         tl = self.timeline
         assert tl is not None
-        if tl.is_sample_tick(self.k):
-            self._flush_uses()  # before the bucket (and maybe the stride) changes
+        hook = self.hook
+
+        def before(snap: Snapshot) -> None:
+            if snap is not self.snap:
+                self._refresh_pools(snap)
+            if hook is not None:
+                for event in hook.tick(now, snap):
+                    engine.observe(event)
+            if tl.is_sample_tick(self.k):
+                self._flush_uses()  # before the bucket (and maybe the stride) changes
+
+        results = run_now(loop.tick(now, before=before))
         b = tl.bucket(self.k)
-        decisions = engine.evaluate(now, snap)
-        if decisions:
-            results = self.runner.run(cluster.apply(decisions))
-            feed_back(engine, results, now=now)
+        if results:
             for result in results:
                 self.out.write(self.encode(decision_line(result)) + b"\n")
                 count_action(result, summary=summary, timeline=tl, bucket=b, markers=self.markers)
@@ -418,7 +349,9 @@ class _Replay:
         dt = self.dt
         self.t0 = self.next_tick = math.ceil(ts / dt) * dt
         self.engine.advance(self.t0)
-        self.cluster = self.make_cluster(self.t0)
+        sim = self.cluster = self.make_cluster(self.t0)
+        gate = SafetyGate(self.policy, clock=lambda: sim.now, ledger=self.engine.ledger)
+        self.loop = Loop(self.engine, SimRuntime(sim, gate))
         self.wall0 = time.perf_counter()
         tl = self.timeline = Timeline(start=self.t0, dt=dt, capacity=self.points)
         for key, _, _ in self.services:
@@ -508,26 +441,18 @@ def _fewer_collections() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
-def clear_outputs(out_dir: Path) -> None:
-    """Remove a replay's outputs from ``out_dir``: an earlier run's, before a new one starts,
-    or a failed run's partial ``decisions.jsonl``, so ``out_dir`` never looks complete when
-    it is not."""
-    for name in (DECISIONS_FILE, SUMMARY_FILE, REPORT_FILE):
-        (out_dir / name).unlink(missing_ok=True)
-
-
 def replay(
     path: Path,
     *,
     policy: Policy,
-    cluster: Callable[[float], ReplayCluster],
+    cluster: Callable[[float], SimCluster],
     out_dir: Path,
     settings: ReplaySettings | None = None,
     decoder: EventDecoder | None = None,
     progress: Callable[[int], None] | None = None,
     notes: tuple[str, ...] = (),
     hook: TickHook | None = None,
-) -> ReplayResult:
+) -> RunResult:
     """Replay ``path`` under ``policy``; writes ``out_dir/decisions.jsonl`` as it goes and
     returns the accounting (see :func:`controller.offline.accounting.report.write_outputs`).
     ``cluster`` makes
@@ -548,16 +473,13 @@ def replay(
     try:
         with (
             open(out_dir / DECISIONS_FILE, "wb") as decisions,
-            asyncio.Runner() as runner,
             _fewer_collections(),
         ):
-            run = _Replay(
-                policy, cluster, decisions=decisions, settings=settings, runner=runner, hook=hook
-            )
+            run = _Replay(policy, cluster, decisions=decisions, settings=settings, hook=hook)
             run.summary.notes = notes
             run.run(path, decoder or EventDecoder(), progress)
     except BaseException:
         clear_outputs(out_dir)
         raise
     timeline = run.timeline or Timeline(start=0.0, dt=settings.evaluate_every)
-    return ReplayResult(run.summary, timeline, run.markers, time.perf_counter() - started)
+    return RunResult(run.summary, timeline, run.markers, time.perf_counter() - started)
