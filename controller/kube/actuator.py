@@ -56,7 +56,7 @@ from controller.kube.client import (
     TooManyRequests,
     Transient,
 )
-from controller.kube.kube_events import ActionStats, ObjectRef, Recorder
+from controller.kube.kube_events import ActionStats, EventRecorder, ObjectRef
 from controller.kube.migflow import MigFlow, MigFlowSettings
 from controller.kube.translate import (
     DEPLOYMENT,
@@ -142,7 +142,7 @@ class KubeActuator:
         workload_kinds: Sequence[WorkloadKind] = DEFAULT_WORKLOAD_KINDS,
         limits: ApiLimits | None = None,
         mig: MigFlowSettings | None = None,
-        recorder: Recorder | None = None,
+        recorder: EventRecorder | None = None,
         owners: Callable[[], Owners] = dict,
     ) -> None:
         self._api = api
@@ -152,7 +152,7 @@ class KubeActuator:
         self._adapters = {k.kind: ADAPTERS.get(k.kind) or Adapter(k) for k in workload_kinds}
         self._owners = owners
         self._limits = limits or ApiLimits()
-        self.recorder = recorder or Recorder(api, is_leader=gate.leader, clock=gate.now)
+        self.recorder = recorder or EventRecorder(api, is_leader=gate.leader, clock=gate.now)
         self.migflow = MigFlow(
             api,
             gate,
@@ -195,7 +195,7 @@ class KubeActuator:
             ref = ObjectRef("Pod", name, namespace)
         else:
             ref = ObjectRef("Node", d.node)
-        return await self.recorder.record(result, ref)
+        return await self.recorder.report(result, ref)
 
     async def _apply_one(self, decision: Decision) -> ActionResult:
         try:
@@ -583,6 +583,6 @@ class KubeActuator:
         transient: bool = False,
         why: Why | None = None,
     ) -> ActionResult:
-        return await self.recorder.record(
+        return await self.recorder.report(
             ActionResult(d, outcome, detail, transient=transient, why=why), ref
         )

@@ -40,8 +40,8 @@ from policies.decisions import Action, Decision, decision_to_dict
 __all__ = [
     "REPORTING_CONTROLLER",
     "ActionStats",
+    "EventRecorder",
     "ObjectRef",
-    "Recorder",
     "event_reason",
     "explain",
 ]
@@ -152,7 +152,7 @@ class ActionStats:
         )
 
 
-class Recorder:
+class EventRecorder:
     """Writes Events (leader only, never raising), log lines and counters for results."""
 
     def __init__(
@@ -172,7 +172,7 @@ class Recorder:
         self._clock = clock
         self._timeout_s = timeout_s
 
-    async def record(
+    async def report(
         self,
         result: ActionResult,
         ref: ObjectRef,

@@ -95,7 +95,7 @@ import structlog
 from kubernetes_asyncio import client
 
 from controller.kube.client import ApiLimits, Conflict, KubeError, NotFound
-from controller.kube.kube_events import ObjectRef, Recorder
+from controller.kube.kube_events import EventRecorder, ObjectRef
 from controller.kube.migannotation import (
     CONFIG_LABEL,
     FLOW_ANNOTATION,
@@ -158,7 +158,7 @@ class MigFlow:
         self,
         api: client.ApiClient,
         gate: SafetyGate,
-        recorder: Recorder,
+        recorder: EventRecorder,
         *,
         evict: Callable[[Evict], Awaitable[ActionResult]],
         nodes: Callable[[], Iterable[Obj]],
@@ -337,7 +337,7 @@ class MigFlow:
         result = ActionResult(decision, step.outcome, step.detail)
         if not step.recorded:
             return result
-        return await self._recorder.record(
+        return await self._recorder.report(
             result, self._ref(node), reason=step.reason, count=step.count
         )
 
@@ -460,4 +460,4 @@ class MigFlow:
         why: Why | None = None,
     ) -> ActionResult:
         result = ActionResult(decision, outcome, detail, why=why)
-        return await self._recorder.record(result, ref, reason=reason, count=count)
+        return await self._recorder.report(result, ref, reason=reason, count=count)
