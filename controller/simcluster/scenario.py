@@ -229,11 +229,15 @@ class ScenarioWorkload(WorkloadSpec):
     pod_annotations: dict[str, str] = Field(default_factory=dict)
     """Annotations of the workload's pods."""
     checkpoint_interval: Duration = 1800.0
-    """Training: a replica checkpoints this often from when it starts running; an eviction
-    loses its work since the last checkpoint (goodput, ``ebbtide simulate``)."""
+    """Training: the job checkpoints this often from when it (re)starts training; a membership
+    change loses the work since the last checkpoint (goodput, ``ebbtide simulate``,
+    :mod:`controller.offline.experiment.goodput`)."""
+    restart_time: Duration = 120.0
+    """Training (DDP/elastic, not a ``Job``'s tasks): how long every worker of the job does no
+    work after a membership change (rendezvous, reload from the checkpoint)."""
     shrink_loss: Duration = 60.0
-    """Elastic training: the most work a replica removed by a shrink loses (the survivors carry
-    on from their state; at most the work since its last checkpoint)."""
+    """Elastic training, the optimistic goodput figure only: the most work a replica removed
+    by a shrink loses there (the survivors carry on from their state)."""
 
 
 class ScenarioPod(PodSpec):
@@ -323,13 +327,6 @@ class Scenario(_Model):
     """Always Scenario."""
     metadata: Metadata
     spec: ScenarioSpec
-
-    def checkpoints(self) -> dict[str, tuple[float, float, bool]]:
-        """Per workload key: checkpoint interval, shrink loss (seconds) and whether elastic."""
-        return {
-            f"{w.namespace}/{w.name}": (w.checkpoint_interval, w.shrink_loss, w.elastic is not None)
-            for w in self.spec.workloads
-        }
 
     def to_snapshot(self, *, start: float = EPOCH, policy: Policy | None = None) -> Snapshot:
         """The cluster at the start: pods placed by the simulator's scheduler, Running."""

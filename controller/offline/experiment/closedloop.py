@@ -33,8 +33,9 @@ Design:
   finds no GPU evicts training whoever scaled it. The one exception is ``polling``, the earlier
   benchmarks' peer, kept and labelled "no preemption".
 * **Goodput and the worst minutes.** :mod:`.goodput` follows the cluster's effects from ``T_0``
-  and counts training work lost since the last checkpoint; :class:`~.figures.WorstWindow` keeps
-  the worst 5-minute percentile of the raw requests (:mod:`.figures` defines every column).
+  (restart-aware: a training job's membership change restarts it from its last checkpoint);
+  :class:`~.figures.WorstWindow` keeps the worst 5-minute percentile of the raw requests
+  (:mod:`.figures` defines every column).
 * **Deterministic for a seed.** Arrivals come from one ``random.Random`` per service seeded by
   ``(seed, service)``, latency noise from another, utilization noise from a third; arrivals and
   latency draws do not depend on the cluster, so every controller sees the same requests.
@@ -65,7 +66,7 @@ from controller.offline.accounting.summary import MODELLED, USES, Summary, sampl
 from controller.offline.accounting.timeline import Timeline
 from controller.offline.experiment.baselines import PollingAutoscaler, static_partition
 from controller.offline.experiment.figures import RunFigures, WorstWindow
-from controller.offline.experiment.goodput import Goodput
+from controller.offline.experiment.goodput import Goodput, jobs_of
 from controller.offline.experiment.load import LoadShape, peak_factor, poisson
 from controller.offline.experiment.peers import HpaPriority, KedaPriority, Peer
 from controller.offline.models.queueing import ServiceModel, ServiceQueue, default_model
@@ -429,7 +430,7 @@ class _Loop:
         self.preempted_before = self.sim.preemptions  # static's settling is not measured
         self.goodput = Goodput(
             self.sim,
-            checkpoints=self.bench.scenario.checkpoints(),
+            checkpoints=jobs_of(self.bench.scenario),
             training_selector=self.telemetry.training_selector,
             start=self.t0,
         )
@@ -449,8 +450,8 @@ class _Loop:
         accs = self.summary.services
         evaluated = sum(a.evaluated for a in accs.values())
         by = self.summary.by_action_outcome
-        lost = self.goodput.lost_gpu_s / 3600.0 if self.goodput is not None else 0.0
         trained = self.training_gpu_s / 3600.0
+        kept = self.goodput.figures(self.t0 + self.ticks * self.dt) if self.goodput else None
         worst = [w for w in self.worst.worst.values() if w is not None]
         services = {
             key: {
@@ -478,8 +479,7 @@ class _Loop:
             p99_worst_5min_ms=max(worst) if worst else None,
             mean_gpu_util_pct=self.util_sum / self.util_ticks if self.util_ticks else None,
             training_gpu_hours=trained,
-            training_goodput_gpu_hours=trained - lost,
-            training_lost_gpu_hours=lost,
+            goodput=kept,
             reclaimable_gpu_hours=sum(p.reclaimable_gpu_s for p in self.summary.pools.values())
             / 3600.0,
             actions=actions,
