@@ -25,6 +25,7 @@ Design:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
@@ -228,6 +229,9 @@ class ScenarioWorkload(WorkloadSpec):
     """Elastic bounds (training)."""
     pod_annotations: dict[str, str] = Field(default_factory=dict)
     """Annotations of the workload's pods."""
+    startup: Duration | None = None
+    """From binding to Running for this workload's pods (an LLM server pulls its image and
+    loads its weights: minutes); default ``spec.delays.podStartup``."""
     checkpoint_interval: Duration = 1800.0
     """Training: the job checkpoints this often from when it (re)starts training; a membership
     change loses the work since the last checkpoint (goodput, ``ebbtide simulate``,
@@ -328,6 +332,19 @@ class Scenario(_Model):
     metadata: Metadata
     spec: ScenarioSpec
 
+    def with_startup(self, workloads: Iterable[str], seconds: float) -> Scenario:
+        """This scenario with ``startup`` set to ``seconds`` on ``workloads`` (keys) that have
+        none of their own (``ebbtide simulate --serving-startup``)."""
+        keys = set(workloads)
+        changed = [
+            w.model_copy(update={"startup": seconds})
+            if w.startup is None and f"{w.namespace}/{w.name}" in keys
+            else w
+            for w in self.spec.workloads
+        ]
+        spec = self.spec.model_copy(update={"workloads": changed})
+        return self.model_copy(update={"spec": spec})
+
     def to_snapshot(self, *, start: float = EPOCH, policy: Policy | None = None) -> Snapshot:
         """The cluster at the start: pods placed by the simulator's scheduler, Running."""
         return build_cluster(self, start=start, policy=policy).snapshot()
@@ -418,7 +435,10 @@ def build_cluster(
         key = f"{w.namespace}/{w.name}"
         where = _placement(w)
         tpl = PodTemplate(
-            FrozenMap(w.mig), node_selector(w.pool, w.node_selector), FrozenMap(w.pod_annotations)
+            FrozenMap(w.mig),
+            node_selector(w.pool, w.node_selector),
+            FrozenMap(w.pod_annotations),
+            w.startup,
         )
         templates[key] = tpl
         common: dict[str, Any] = {

@@ -589,14 +589,17 @@ class SimCluster:
             rec.nominated = None
             self._nominated.pop(pod.key, None)
             del self._pending[pod.key]
-            instant = self._instant or self.delays.pod_startup_s == 0
+            startup = self._template(pod.workload or "").startup_s
+            if startup is None:
+                startup = self.delays.pod_startup_s
+            instant = self._instant or startup == 0
             phase: PodPhase = "Running" if instant else "Pending"
             self._update_pod(rec, replace(pod, node=node.node.name, phase=phase))
             self._hold(rec, node, +1)
             if not self._instant:
                 self._log("scheduled", pod.key, node.node.name)
                 if phase == "Pending":
-                    self._at(self._now + self.delays.pod_startup_s, "running", pod.key)
+                    self._at(self._now + startup, "running", pod.key)
 
     def _reserved(self, rec: PodRec) -> dict[str, dict[str, int]] | None:
         """Per node, what pending pods nominated there with priority at least ``rec``'s will

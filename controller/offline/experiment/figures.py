@@ -20,6 +20,10 @@ Definitions (``compare.json`` and the comparison report use exactly these):
   job restarts among them. ``goodput_sensitivity``: ``training_goodput_gpu_hours`` again with
   every job's checkpoint interval and restart time set to each point of
   :data:`.goodput.SENSITIVITY`.
+* Under the LLM serving model, per service also ``ttft_p99_worst_5min_ms``,
+  ``tpot_p99_worst_5min_ms`` and ``e2e_p99_worst_5min_ms`` (:class:`ServedWindows`): the worst
+  5-minute P99 of time to first token, time per output token and end-to-end latency, whichever
+  of them the controllers saw.
 * ``reclaimable_gpu_hours``: GPUs held by pods but idle for the whole utilization window (an
   over-provisioned replica's: the engine's ``PoolStatus.reclaimable_gpus``, every pool),
   integrated from one sample per report bucket.
@@ -37,8 +41,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.offline.experiment.goodput import GoodputFigures
+from controller.offline.models.llmserving import METRICS, LlmServer
 
-__all__ = ["RunFigures", "WorstWindow"]
+__all__ = ["RunFigures", "ServedWindows", "WorstWindow"]
 
 
 class WorstWindow:
@@ -70,6 +75,38 @@ class WorstWindow:
             w = self.worst[key]
             self.worst[key] = p if w is None else max(w, p)
             values.clear()
+
+
+class ServedWindows:
+    """The worst 5-minute P99 of each LLM latency (TTFT, TPOT, end to end) per service: the
+    metrics the controllers did not see are reported beside the one they did."""
+
+    def __init__(
+        self, start: float, queues: Mapping[str, tuple[object, object]], window_s: float = 300.0
+    ) -> None:
+        self.servers = {k: q for k, (q, _) in queues.items() if isinstance(q, LlmServer)}
+        quantiles = dict.fromkeys(self.servers, 0.99)
+        self.windows = {m: WorstWindow(start, quantiles, window_s) for m in METRICS}
+
+    def add(self, key: str, at: float) -> None:
+        """The requests ``key``'s server answered in its last step, completed at ``at``."""
+        server = self.servers.get(key)
+        if server is None:
+            return
+        for metric, window in self.windows.items():
+            values = server.latest(metric)
+            if values:
+                window.add(key, at, values)
+
+    def flush(self) -> None:
+        for window in self.windows.values():
+            window.flush()
+
+    def figures(self) -> dict[str, dict[str, float | None]]:
+        return {
+            key: {f"{m}_p99_worst_5min_ms": w.worst[key] for m, w in self.windows.items()}
+            for key in self.servers
+        }
 
 
 def _r(v: float | None) -> float | None:
