@@ -9,6 +9,7 @@ import pytest
 
 from controller.offline.experiment.goodput import SENSITIVITY, Goodput, TrainingJob, jobs_of
 from controller.simcluster import EPOCH, SimCluster, SimDelays, load_scenario_text
+from controller.simcluster.values import PodTemplate
 from policies.decisions import Evict, Explanation, Scale
 from policies.snapshot import SnapshotBuilder
 
@@ -149,3 +150,28 @@ def test_jobs_of_reads_the_scenario() -> None:
     assert jobs["default/rigid"] == TrainingJob(1800.0, 120.0, 60.0, False, False, 2)
     assert jobs["default/sweep"].tasks
     assert jobs["default/sweep"].min_members == 1
+
+
+def test_a_workload_with_its_own_start_up_trains_from_running() -> None:
+    """The cluster starts pods at once but the job's own take 60 s: it trains from 60 + 120,
+    counted once (scheduling is not running)."""
+    b = (
+        SnapshotBuilder()
+        .node("w0", gpus=16)
+        .workload("ml", "train", kind="PyTorchJob", replicas=0, gpus_per_replica=2, labels=TRAINING)
+    )
+    sim = SimCluster(
+        b.build(),
+        delays=SimDelays(pod_startup_s=0, scale_up_create_s=0),
+        start=T0,
+        templates={"ml/train": PodTemplate(startup_s=60.0)},
+    )
+    g = Goodput(sim, checkpoints={"ml/train": DDP}, training_selector=TRAINING, start=T0)
+    asyncio.run(sim.apply([Scale(T0, "ml/train", "PyTorchJob", 0, 4, "training", WHY)]))
+    sim.advance(T0 + 30)
+    g.update()
+    sim.advance(END)
+    g.update()
+    f = g.figures(END)
+    assert f.useful_gpu_s == pytest.approx(8 * (2000 - 60 - 120))
+    assert f.disruptions == 0

@@ -253,19 +253,24 @@ class Goodput:
         for m in self._models:
             m.join(key, workload, gpus, at, started=started)
 
-    def _started(self, key: str, at: float) -> None:
+    def _started(self, key: str, at: float, *, scheduled: bool) -> None:
+        """``key`` started running at ``at``, or was scheduled then (which is running for a pod
+        of no start-up: the simulator logs no ``running`` for it)."""
         pod = self.sim.pod(key)
-        if pod is not None and pod.gpus > 0 and matches(self.selector, pod.labels):
+        if pod is None or key in self._running:
+            return
+        if scheduled and self.sim.startup_s(pod.workload) > 0:
+            return
+        if pod.gpus > 0 and matches(self.selector, pod.labels):
             self._start(key, pod.gpus, pod.workload or "", at, started=False)
 
     def update(self) -> None:
         """Take the effects since the last call into account."""
         effects = self.sim.effects_since(self._cursor)
         self._cursor += len(effects)
-        instant = self.sim.delays.pod_startup_s == 0
         for e in effects:
-            if e.kind == "running" or (e.kind == "scheduled" and instant):
-                self._started(e.target, e.at)
+            if e.kind in ("running", "scheduled"):
+                self._started(e.target, e.at, scheduled=e.kind == "scheduled")
             elif e.kind == "terminating":
                 self._why[e.target] = e.detail
                 for m in self._models:
