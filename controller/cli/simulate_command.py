@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,14 @@ from controller.offline.experiment.load import (
     Diurnal,
     LoadShape,
     parse_burst,
+)
+from controller.offline.models.llmserving import (
+    DEFAULT_MEAN_TOKENS,
+    DEFAULT_SERVING_STARTUP_S,
+    METRICS,
+    LlmServing,
+    Metric,
+    mix_of,
 )
 from controller.simcluster import load_scenario
 from policies.model import format_duration, parse_duration
@@ -88,12 +96,52 @@ def _shape_maker(load: str, bursts: tuple[Burst, ...]) -> tuple[Callable[[float]
             probe = AzureTrace.from_csv(path, start=0.0, bursts=bursts)
         except (OSError, ValueError) as exc:
             raise click.ClickException(f"cannot read load trace: {exc}") from exc
-        return (lambda start: _restart(probe, start)), AZURE_ATTRIBUTION
+        return probe.at, AZURE_ATTRIBUTION
     raise click.BadParameter(f"diurnal or azure:PATH; got {load!r}", param_hint="--load")
 
 
-def _restart(trace: AzureTrace, start: float) -> AzureTrace:
-    return AzureTrace(start, trace.buckets, trace.bucket_s, trace.bursts, trace.source)
+def _optional_duration(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> float | None:
+    return None if value is None else duration_option(ctx, param, value)
+
+
+def _serving(
+    latency_model: str, make_shape: Callable[[float], LoadShape], metric: Metric, mean: str
+) -> LlmServing | None:
+    """The LLM serving model's settings, or ``None`` for the queueing model."""
+    shape = make_shape(0.0)
+    trace = shape if isinstance(shape, AzureTrace) else None
+    if latency_model == "queue" or (latency_model == "auto" and trace is None):
+        return None
+    try:
+        prompt, output = (int(v) for v in mean.split(":"))
+        if prompt < 0 or output < 1:
+            raise ValueError
+    except ValueError:
+        raise click.BadParameter(
+            f"PROMPT:OUTPUT tokens, e.g. 1024:128 (output at least 1); got {mean!r}",
+            param_hint="--mean-tokens",
+        ) from None
+    tokens = mix_of(trace.tokens if trace else (), (prompt, output))
+    return LlmServing(tokens, metric=metric, trace_rps=trace.peak_rps if trace else None)
+
+
+def _describe_model(llm: LlmServing | None, startup: float | None) -> dict[str, Any]:
+    """What compare.json says of the latency model."""
+    start = {"serving_startup_s": startup}
+    if llm is None:
+        return {"kind": "queue", **start}
+    mix = llm.tokens
+    return {
+        "kind": "llm",
+        "slo_metric": llm.metric,
+        "mean_prompt_tokens": round(mix.mean_prompt, 1),
+        "mean_output_tokens": round(mix.mean_output, 1),
+        "trace_peak_rps": llm.trace_rps,
+        "server": asdict(llm.profile),
+        **start,
+    }
 
 
 def _pct(v: float | None) -> str:
@@ -176,6 +224,22 @@ def _print_summary(summary: dict[str, Any], fig: RunFigures, span: float, report
                    "same load; write compare.json and compare.html; print a table.")  # fmt: skip
 @click.option("--record", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the generated events as a recording (.jsonl or .jsonl.gz).")  # fmt: skip
+@click.option("--latency-model", type=click.Choice(["auto", "queue", "llm"]), default="auto",
+              help="Service latency: the LLM serving model (continuous batching, tokens) "
+                   "or the queueing model; auto: llm for azure: traces, queue for "
+                   "diurnal.")  # fmt: skip
+@click.option("--slo-metric", type=click.Choice(METRICS), default="tpot",
+              help="LLM model: the latency the controllers see and the SLO applies to "
+                   "(time to first token, per output token, end to end).")  # fmt: skip
+@click.option("--load-scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              help="Multiplies the offered rate: a trace's own rate (LLM model), else the "
+                   "peak of 1.25x the starting replicas' capacity.")  # fmt: skip
+@click.option("--mean-tokens", default="{}:{}".format(*DEFAULT_MEAN_TOKENS),
+              metavar="PROMPT:OUTPUT",
+              help="LLM model: a request's tokens when the load has none.")  # fmt: skip
+@click.option("--serving-startup", callback=_optional_duration, metavar="DURATION",
+              help="Pod start-up of the services' workloads without their own 'startup' "
+                   "(default with the LLM model: 3m; else the scenario's podStartup).")  # fmt: skip
 def simulate(
     scenario: Path,
     policies: tuple[Path, ...],
@@ -187,6 +251,11 @@ def simulate(
     seed: int,
     compare: bool,
     record: Path | None,
+    latency_model: str,
+    slo_metric: Metric,
+    load_scale: float,
+    mean_tokens: str,
+    serving_startup: float | None,
 ) -> None:
     """Simulate SCENARIO under generated load with the policy in the loop; write a report."""
     if not scenario.is_file():
@@ -215,7 +284,13 @@ def simulate(
             )
     make_shape, attribution = _shape_maker(load, parsed)
     settings = SimulateSettings(duration_s=duration, seed=seed, start_of_day_s=start_of_day)
-    bench = Bench.of(loaded, policy, make_shape, settings)
+    llm = _serving(latency_model, make_shape, slo_metric, mean_tokens)
+    bench = Bench.of(loaded, policy, make_shape, settings, llm=llm, load_scale=load_scale)
+    startup = serving_startup
+    if startup is None and llm is not None:
+        startup = DEFAULT_SERVING_STARTUP_S
+    if startup is not None:
+        bench = replace(bench, scenario=loaded.with_startup(bench.workloads, startup))
     if not bench.models:
         raise click.ClickException(
             f"no service of the policy has a workload in {scenario}: nothing to offer load to"
@@ -225,6 +300,11 @@ def simulate(
     command += ["--duration", format_duration(duration), "--load", load, "--seed", str(seed)]
     command += ["--start", f"{int(start_of_day // 3600):02d}:{int(start_of_day % 3600 // 60):02d}"]
     command += [a for b in bursts for a in ("--burst", b)]
+    command += ["--latency-model", latency_model, "--load-scale", f"{load_scale:g}"]
+    if llm is not None:
+        command += ["--slo-metric", slo_metric, "--mean-tokens", mean_tokens]
+    if serving_startup is not None:
+        command += ["--serving-startup", format_duration(serving_startup)]
     header: dict[str, Any] = {
         "generated_by": shlex.join(command),
         "scenario": str(scenario),
@@ -267,6 +347,7 @@ def simulate(
                 "duration_s": duration,
                 "start": bench.start,
                 "services": {k: asdict(m) for k, m in bench.models.items()},
+                "latency_model": _describe_model(llm, startup),
                 "inference_outranks_training": bench.inference_outranks_training,
                 "runs": [r.to_dict() for r in rows],
             },

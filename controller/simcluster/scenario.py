@@ -25,6 +25,7 @@ Design:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
@@ -228,12 +229,19 @@ class ScenarioWorkload(WorkloadSpec):
     """Elastic bounds (training)."""
     pod_annotations: dict[str, str] = Field(default_factory=dict)
     """Annotations of the workload's pods."""
+    startup: Duration | None = None
+    """From binding to Running for this workload's pods (an LLM server pulls its image and
+    loads its weights: minutes); default ``spec.delays.podStartup``."""
     checkpoint_interval: Duration = 1800.0
-    """Training: a replica checkpoints this often from when it starts running; an eviction
-    loses its work since the last checkpoint (goodput, ``ebbtide simulate``)."""
+    """Training: the job checkpoints this often from when it (re)starts training; a membership
+    change loses the work since the last checkpoint (goodput, ``ebbtide simulate``,
+    :mod:`controller.offline.experiment.goodput`)."""
+    restart_time: Duration = 120.0
+    """Training (DDP/elastic, not a ``Job``'s tasks): how long every worker of the job does no
+    work after a membership change (rendezvous, reload from the checkpoint)."""
     shrink_loss: Duration = 60.0
-    """Elastic training: the most work a replica removed by a shrink loses (the survivors carry
-    on from their state; at most the work since its last checkpoint)."""
+    """Elastic training, the optimistic goodput figure only: the most work a replica removed
+    by a shrink loses there (the survivors carry on from their state)."""
 
 
 class ScenarioPod(PodSpec):
@@ -324,12 +332,18 @@ class Scenario(_Model):
     metadata: Metadata
     spec: ScenarioSpec
 
-    def checkpoints(self) -> dict[str, tuple[float, float, bool]]:
-        """Per workload key: checkpoint interval, shrink loss (seconds) and whether elastic."""
-        return {
-            f"{w.namespace}/{w.name}": (w.checkpoint_interval, w.shrink_loss, w.elastic is not None)
+    def with_startup(self, workloads: Iterable[str], seconds: float) -> Scenario:
+        """This scenario with ``startup`` set to ``seconds`` on ``workloads`` (keys) that have
+        none of their own (``ebbtide simulate --serving-startup``)."""
+        keys = set(workloads)
+        changed = [
+            w.model_copy(update={"startup": seconds})
+            if w.startup is None and f"{w.namespace}/{w.name}" in keys
+            else w
             for w in self.spec.workloads
-        }
+        ]
+        spec = self.spec.model_copy(update={"workloads": changed})
+        return self.model_copy(update={"spec": spec})
 
     def to_snapshot(self, *, start: float = EPOCH, policy: Policy | None = None) -> Snapshot:
         """The cluster at the start: pods placed by the simulator's scheduler, Running."""
@@ -421,7 +435,10 @@ def build_cluster(
         key = f"{w.namespace}/{w.name}"
         where = _placement(w)
         tpl = PodTemplate(
-            FrozenMap(w.mig), node_selector(w.pool, w.node_selector), FrozenMap(w.pod_annotations)
+            FrozenMap(w.mig),
+            node_selector(w.pool, w.node_selector),
+            FrozenMap(w.pod_annotations),
+            w.startup,
         )
         templates[key] = tpl
         common: dict[str, Any] = {

@@ -54,7 +54,8 @@ Design:
   never on cordoned or reconfiguring nodes, only on nodes carrying the pod's selector (its
   workload's pool and template), meeting its required node affinity and whose taints it
   tolerates (:func:`policies.placement.admits`, as the engine plans). A bound pod is
-  ``Pending`` until ``pod_startup_s`` passes, then ``Running``.
+  ``Pending`` until ``pod_startup_s`` (or its workload's own :attr:`PodTemplate.startup_s`)
+  passes, then ``Running``.
 * **Scheduler preemption** (off unless :attr:`SimCluster.preemption` is set; never while the
   starting cluster settles): kube-scheduler's DefaultPreemption with PriorityClasses. A pending
   pod that fits nowhere picks a node where evicting pods of *lower* priority makes it fit
@@ -589,14 +590,15 @@ class SimCluster:
             rec.nominated = None
             self._nominated.pop(pod.key, None)
             del self._pending[pod.key]
-            instant = self._instant or self.delays.pod_startup_s == 0
+            startup = self.startup_s(pod.workload)
+            instant = self._instant or startup == 0
             phase: PodPhase = "Running" if instant else "Pending"
             self._update_pod(rec, replace(pod, node=node.node.name, phase=phase))
             self._hold(rec, node, +1)
             if not self._instant:
                 self._log("scheduled", pod.key, node.node.name)
                 if phase == "Pending":
-                    self._at(self._now + self.delays.pod_startup_s, "running", pod.key)
+                    self._at(self._now + startup, "running", pod.key)
 
     def _reserved(self, rec: PodRec) -> dict[str, dict[str, int]] | None:
         """Per node, what pending pods nominated there with priority at least ``rec``'s will
@@ -637,6 +639,12 @@ class SimCluster:
             why = f"preempted by {rec.pod.key} (priority {rec.pod.priority})"
             self._terminate(victim, self.delays.eviction_grace_s, why)
         return True
+
+    def startup_s(self, workload: str | None) -> float:
+        """From binding to Running for pods of ``workload``: its template's, else
+        :attr:`SimDelays.pod_startup_s`."""
+        own = self._template(workload or "").startup_s
+        return self.delays.pod_startup_s if own is None else own
 
     def _template(self, wkey: str) -> PodTemplate:
         return self._templates.get(wkey) or PodTemplate()

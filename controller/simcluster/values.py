@@ -92,6 +92,9 @@ class PodTemplate:
     node_selector: Mapping[str, str] = _EMPTY
     """Labels a node must carry to run the pods (the workload's pool and own selector)."""
     annotations: Mapping[str, str] = _EMPTY
+    startup_s: float | None = None
+    """From binding to Running for these pods (an LLM server pulls its image and loads its
+    weights: minutes); ``None``: :attr:`SimDelays.pod_startup_s`."""
 
 
 @dataclass(frozen=True, slots=True)

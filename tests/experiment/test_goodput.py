@@ -1,4 +1,4 @@
-"""Training goodput: work lost since the last checkpoint at evictions, preemptions and shrinks."""
+"""Optimistic training goodput: each removed pod loses its work since its own checkpoint."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from controller.offline.experiment import Goodput, lost_work
+from controller.offline.experiment.goodput import TrainingJob
 from controller.simcluster import EPOCH, SimCluster, SimDelays
 from policies.decisions import Evict, Explanation, Scale
 from policies.snapshot import SnapshotBuilder
@@ -48,7 +49,10 @@ def run(*, elastic: bool, decision: str) -> Goodput:
     delays = SimDelays(eviction_grace_s=30, pod_startup_s=10, scale_up_create_s=2)
     sim = SimCluster(b.build(), delays=delays, start=T0)
     g = Goodput(
-        sim, checkpoints={"ml/train": (600.0, 60.0, elastic)}, training_selector=TRAINING, start=T0
+        sim,
+        checkpoints={"ml/train": TrainingJob(600.0, 120.0, 60.0, elastic)},
+        training_selector=TRAINING,
+        start=T0,
     )
     sim.advance(T0 + 900)
     if decision == "evict":

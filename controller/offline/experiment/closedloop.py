@@ -5,7 +5,9 @@ Design:
 * **The loop.** Ticks fall every ``dt`` (1 s) at ``T_k = T_0 + k dt`` from ``T_0 = EPOCH +
   start`` (the time of day the run starts) for ``duration``. Tick ``k``: (1) each policy
   service is offered ``peak_rps * shape(T_k)`` requests/s (:mod:`.load`); a Poisson count of
-  them arrive; their latencies come from the queueing model (:mod:`.latency`) with the capacity
+  them arrive; their latencies come from the queueing model (:mod:`~controller.offline.models.
+  queueing`) or the LLM serving model (:mod:`~controller.offline.models.llmserving`, with
+  :attr:`Bench.serving`) with the capacity
   of the service's Running replicas *in the simulated cluster now*, and go out as one
   :class:`~streams.events.InferenceLatency` event stamped ``T_k``; (2) every ``util_every_s``
   each GPU and MIG instance reports its utilization from what runs on it (:mod:`.telemetry`);
@@ -33,8 +35,9 @@ Design:
   finds no GPU evicts training whoever scaled it. The one exception is ``polling``, the earlier
   benchmarks' peer, kept and labelled "no preemption".
 * **Goodput and the worst minutes.** :mod:`.goodput` follows the cluster's effects from ``T_0``
-  and counts training work lost since the last checkpoint; :class:`~.figures.WorstWindow` keeps
-  the worst 5-minute percentile of the raw requests (:mod:`.figures` defines every column).
+  (restart-aware: a training job's membership change restarts it from its last checkpoint);
+  :class:`~.figures.WorstWindow` keeps the worst 5-minute percentile of the raw requests
+  (:mod:`.figures` defines every column).
 * **Deterministic for a seed.** Arrivals come from one ``random.Random`` per service seeded by
   ``(seed, service)``, latency noise from another, utilization noise from a third; arrivals and
   latency draws do not depend on the cluster, so every controller sees the same requests.
@@ -46,7 +49,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, Final, Literal
 
@@ -64,10 +67,11 @@ from controller.offline.accounting.outputs import (
 from controller.offline.accounting.summary import MODELLED, USES, Summary, sample_reclaimable
 from controller.offline.accounting.timeline import Timeline
 from controller.offline.experiment.baselines import PollingAutoscaler, static_partition
-from controller.offline.experiment.figures import RunFigures, WorstWindow
-from controller.offline.experiment.goodput import Goodput
+from controller.offline.experiment.figures import RunFigures, ServedWindows, WorstWindow
+from controller.offline.experiment.goodput import Goodput, jobs_of
 from controller.offline.experiment.load import LoadShape, peak_factor, poisson
 from controller.offline.experiment.peers import HpaPriority, KedaPriority, Peer
+from controller.offline.models.llmserving import LlmServing
 from controller.offline.models.queueing import ServiceModel, ServiceQueue, default_model
 from controller.offline.models.telemetry import (
     PoolMeter,
@@ -142,6 +146,8 @@ class Bench:
     """Every service's workload has a higher priority than every training workload."""
     preemption: bool = True
     """The scheduler preempts by PriorityClass in every run but ``polling``."""
+    serving: LlmServing | None = None
+    """The LLM serving model for every service; ``None``: the queueing model."""
 
     @property
     def start(self) -> float:
@@ -154,9 +160,13 @@ class Bench:
         policy: Policy,
         make_shape: Callable[[float], LoadShape],
         settings: SimulateSettings,
+        *,
+        llm: LlmServing | None = None,
+        load_scale: float = 1.0,
     ) -> Bench:
-        """Default service models (:func:`~.latency.default_model`) for every policy service
-        whose workload the scenario has; ``make_shape`` gets the run's start."""
+        """Service models for every policy service whose workload the scenario has (the LLM
+        server's with ``llm``, else :func:`~controller.offline.models.queueing.default_model`),
+        their peak times ``load_scale``; ``make_shape`` gets the run's start."""
         start = EPOCH + settings.start_of_day_s
         snap = SimCluster.from_scenario(scenario, start=start, policy=policy).snapshot()
         inv = Inventory(snap, policy)
@@ -167,14 +177,19 @@ class Bench:
             wl = inv.service_workload.get(key)
             if wl is None:
                 continue
-            models[key] = default_model(
-                key, objective_ms=svc.slo.objective_ms, initial_replicas=wl.replicas
-            )
+            if llm is not None:
+                model = llm.model(key, initial_replicas=wl.replicas)
+            else:
+                model = default_model(
+                    key, objective_ms=svc.slo.objective_ms, initial_replicas=wl.replicas
+                )
+            models[key] = replace(model, peak_rps=model.peak_rps * load_scale)
             workloads[wl.key] = key
         serving = [w.priority for w in snap.workloads if w.key in workloads]
         training = [v.workload.priority for v in inv.training.values()]
         outranks = bool(serving and training) and min(serving) > max(training)
-        return cls(scenario, policy, make_shape(start), settings, models, workloads, outranks)
+        shape = make_shape(start)
+        return cls(scenario, policy, shape, settings, models, workloads, outranks, serving=llm)
 
 
 def _renamed(policy: Policy, name: str) -> Policy:
@@ -246,13 +261,15 @@ class _Loop:
             training_selector=selector or self.sim.training_selector,
             rng=random.Random(f"{seed}/telemetry"),
         )
+        make = bench.serving.server if bench.serving is not None else ServiceQueue
         self.queues = {
             key: (
-                ServiceQueue(m, random.Random(f"{seed}/latency/{key}")),
+                make(m, random.Random(f"{seed}/latency/{key}")),
                 random.Random(f"{seed}/arrivals/{key}"),
             )
             for key, m in sorted(bench.models.items())
         }
+        self.served = ServedWindows(self.t0, self.queues) if bench.serving is not None else None
         self.snap: Snapshot | None = None
         self.replicas: dict[str, int] = {}
         self.cluster_util: float | None = None
@@ -353,6 +370,8 @@ class _Loop:
                 offered_rps=offered, replicas=self.replicas.get(key, 0), arrivals=n, dt=dt
             )
             rho[key] = queue.rho
+            if self.served is not None:
+                self.served.add(key, now)
             if samples:
                 self.worst.add(key, now, samples)
                 ns, _, name = key.partition("/")
@@ -429,7 +448,7 @@ class _Loop:
         self.preempted_before = self.sim.preemptions  # static's settling is not measured
         self.goodput = Goodput(
             self.sim,
-            checkpoints=self.bench.scenario.checkpoints(),
+            checkpoints=jobs_of(self.bench.scenario),
             training_selector=self.telemetry.training_selector,
             start=self.t0,
         )
@@ -441,6 +460,8 @@ class _Loop:
         for _, acc, _ in self.services:
             acc.close(end)
         self.worst.flush()
+        if self.served is not None:
+            self.served.flush()
         self.summary.accepted = self.events
         m = self.meter
         self.summary.engine = {"observed": m.observed, "late": m.late, "unknown_service": m.unknown}
@@ -449,8 +470,8 @@ class _Loop:
         accs = self.summary.services
         evaluated = sum(a.evaluated for a in accs.values())
         by = self.summary.by_action_outcome
-        lost = self.goodput.lost_gpu_s / 3600.0 if self.goodput is not None else 0.0
         trained = self.training_gpu_s / 3600.0
+        kept = self.goodput.figures(self.t0 + self.ticks * self.dt) if self.goodput else None
         worst = [w for w in self.worst.worst.values() if w is not None]
         services = {
             key: {
@@ -460,6 +481,9 @@ class _Loop:
             }
             for key, a in accs.items()
         }
+        if self.served is not None:
+            for key, llm_worst in self.served.figures().items():
+                services[key] = {**services[key], **llm_worst}
         applied = Outcome.APPLIED.value
         actions = sum(
             n for (_, outcome), n in by.items() if outcome in (applied, Outcome.IN_PROGRESS.value)
@@ -478,8 +502,7 @@ class _Loop:
             p99_worst_5min_ms=max(worst) if worst else None,
             mean_gpu_util_pct=self.util_sum / self.util_ticks if self.util_ticks else None,
             training_gpu_hours=trained,
-            training_goodput_gpu_hours=trained - lost,
-            training_lost_gpu_hours=lost,
+            goodput=kept,
             reclaimable_gpu_hours=sum(p.reclaimable_gpu_s for p in self.summary.pools.values())
             / 3600.0,
             actions=actions,

@@ -15,8 +15,12 @@ Design:
   2023 (code completion; one hour, 8,819 requests; CC-BY 4.0, Patel et al., "Splitwise", ISCA
   2024, github.com/Azure/AzurePublicDataset). Arrivals are counted per ``bucket_s`` (60 s) of the
   trace, smoothed over three buckets and divided by the largest count, so the shape keeps the
-  trace's minute-to-minute swings; it repeats every hour of the run. Only the arrival times are
-  used, not the token counts.
+  trace's minute-to-minute swings; it repeats every hour of the run. The trace keeps its scale:
+  :attr:`AzureTrace.peak_rps` is its busiest smoothed bucket in requests per second, which the
+  runner offers times ``--load-scale`` (the diurnal day has no rate of its own: its peak is set
+  relative to the service's capacity). Its requests' ``(ContextTokens, GeneratedTokens)`` are
+  kept (:attr:`AzureTrace.tokens`) for the LLM serving model
+  (:mod:`controller.offline.models.llmserving`); a trace without them leaves it empty.
 * **Bursts** (:class:`Burst`) multiply either shape by ``factor`` for ``duration_s`` from
   ``start_s`` after the run's start, with linear ramps of ``ramp_s`` on both sides: a flash crowd
   that capacity planned for the day does not cover.
@@ -32,7 +36,7 @@ import csv
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Final, Protocol
@@ -56,6 +60,8 @@ AZURE_ATTRIBUTION: Final = (
     "data from github.com/Azure/AzurePublicDataset"
 )
 _DAY: Final = 86_400.0
+_PROMPT: Final = "ContextTokens"
+_OUTPUT: Final = "GeneratedTokens"
 
 
 class LoadShape(Protocol):
@@ -145,6 +151,10 @@ class AzureTrace:
     bucket_s: float = 60.0
     bursts: tuple[Burst, ...] = ()
     source: str = field(default="", compare=False)
+    peak_rps: float = 0.0
+    """The trace's busiest smoothed bucket, in requests per second (what factor 1 stands for)."""
+    tokens: tuple[tuple[int, int], ...] = field(default=(), compare=False, repr=False)
+    """Every request's (prompt, output) tokens, in trace order; empty without those columns."""
 
     @classmethod
     def from_csv(
@@ -153,8 +163,11 @@ class AzureTrace:
         """Read ``TIMESTAMP,ContextTokens,GeneratedTokens`` rows; raises ``ValueError`` when
         the file has no usable row."""
         times: list[float] = []
+        tokens: list[tuple[int, int]] = []
         with open(path, newline="", encoding="utf-8") as stream:
-            for row in csv.DictReader(stream):
+            reader = csv.DictReader(stream)
+            counted = {_PROMPT, _OUTPUT} <= set(reader.fieldnames or ())
+            for row in reader:
                 stamp = (row.get("TIMESTAMP") or "").strip()
                 if not stamp:
                     continue
@@ -162,6 +175,8 @@ class AzureTrace:
                     times.append(datetime.fromisoformat(stamp[:26]).timestamp())
                 except ValueError as exc:
                     raise ValueError(f"{path}: bad TIMESTAMP {stamp!r}") from exc
+                if counted:
+                    tokens.append(_token_pair(path, reader.line_num, row))
         if not times:
             raise ValueError(f"{path}: no requests (expected TIMESTAMP,ContextTokens,...)")
         first = min(times)
@@ -175,7 +190,12 @@ class AzureTrace:
             for i in range(n)
         ]
         top = max(smooth)
-        return cls(start, tuple(c / top for c in smooth), bucket_s, bursts, str(path))
+        buckets = tuple(c / top for c in smooth)
+        return cls(start, buckets, bucket_s, bursts, str(path), top / bucket_s, tuple(tokens))
+
+    def at(self, start: float) -> AzureTrace:
+        """The same trace for a run starting at ``start``."""
+        return replace(self, start=start)
 
     def factor(self, t: float) -> float:
         offset = t - self.start
@@ -186,8 +206,20 @@ class AzureTrace:
         low = min(self.buckets)
         return (
             f"Azure LLM trace arrivals per {self.bucket_s:g}s ({len(self.buckets)} buckets, "
-            f"{low:.0%}-100% of peak, repeating), {_describe_bursts(self.bursts)}"
+            f"{low:.0%}-100% of its peak {self.peak_rps:.2f} req/s, repeating), "
+            f"{_describe_bursts(self.bursts)}"
         )
+
+
+def _token_pair(path: Path, line: int, row: dict[str, str]) -> tuple[int, int]:
+    """A row's (ContextTokens, GeneratedTokens); ``ValueError`` naming the line when bad."""
+    try:
+        prompt, output = int(row[_PROMPT]), int(row[_OUTPUT])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}:{line}: bad {_PROMPT}/{_OUTPUT} ({exc})") from exc
+    if prompt < 0 or output < 0:
+        raise ValueError(f"{path}:{line}: negative {_PROMPT}/{_OUTPUT}")
+    return prompt, output
 
 
 def peak_factor(shape: LoadShape, start: float, duration: float, step: float = 10.0) -> float:
