@@ -21,7 +21,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import suppress
+from contextlib import AbstractAsyncContextManager, suppress
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -109,6 +109,25 @@ class Scraper:
 
     def stop(self) -> None:
         self._stop.set()
+
+    async def serve(
+        self, connect: Callable[[], AbstractAsyncContextManager[KafkaProducer]]
+    ) -> ScrapeStats:
+        """Rounds until :meth:`stop`, connecting to the broker with ``connect`` and retrying
+        with backoff (1 s doubling to 30 s) while it cannot be reached."""
+        delay = 1.0
+        while not self._stop.is_set():
+            try:
+                async with connect() as producer:
+                    delay = 1.0
+                    await self.run(producer)
+            except ConnectionError as exc:
+                log.warning("broker unreachable", error=str(exc), retry_in_s=delay)
+                with suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._stop.wait()
+                delay = min(delay * 2, 30.0)
+        return self.stats
 
     async def run(self, producer: KafkaProducer) -> ScrapeStats:
         """Rounds until :meth:`stop`."""

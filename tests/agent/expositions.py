@@ -1,4 +1,3 @@
-# ruff: noqa: E501  (declarations copied as the servers write them, one per line)
 """Expositions of real inference servers, generated with prometheus_client exactly as each
 server declares its metrics (names, types, label names, bucket bounds), cited per server.
 
@@ -8,6 +7,7 @@ read ``generate_latest(registry)``: the bytes the server itself would answer on 
 
 from __future__ import annotations
 
+# ruff: noqa: E501  (declarations as the servers write them, one per line)
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
