@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, suppress
 from dataclasses import dataclass, field
 
@@ -44,7 +44,7 @@ from streams.events import (
 )
 from streams.producer import KafkaProducer
 
-__all__ = ["ScrapeSettings", "ScrapeStats", "Scraper", "TargetSource"]
+__all__ = ["EventSender", "ScrapeSettings", "ScrapeStats", "Scraper", "SendStats", "TargetSource"]
 
 log = structlog.get_logger("ebbtide.agent.scrape")
 
@@ -71,13 +71,7 @@ class ScrapeSettings:
 
 
 @dataclass(slots=True)
-class ScrapeStats:
-    rounds: int = 0
-    scrapes: int = 0
-    """Scrapes that returned a usable exposition."""
-    failures: Counter[str] = field(default_factory=Counter)
-    """Scrapes that did not, by reason: timeout, unreachable, http_<status>, too_large,
-    malformed, discovery."""
+class SendStats:
     published: int = 0
     dropped: int = 0
     """Events not delivered (the broker did not acknowledge them)."""
@@ -85,6 +79,63 @@ class ScrapeStats:
     """Events the controller's decoder would refuse (not sent; a bug or a wild value)."""
     latency_events: int = 0
     load_events: int = 0
+
+
+@dataclass(slots=True)
+class ScrapeStats(SendStats):
+    rounds: int = 0
+    scrapes: int = 0
+    """Scrapes that returned a usable exposition."""
+    failures: Counter[str] = field(default_factory=Counter)
+    """Scrapes that did not, by reason: timeout, unreachable, http_<status>, too_large,
+    malformed, discovery."""
+
+
+class EventSender:
+    """Checks events with the controller's own decoder (so nothing goes out that it would
+    dead-letter) and sends them, one batch at a time, to their topics."""
+
+    def __init__(
+        self,
+        topics: dict[str, str],
+        stats: SendStats,
+        *,
+        timeout_s: float = 5.0,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.stats = stats
+        self._topics, self._timeout_s, self._wall = topics, timeout_s, wall
+        self._decoder = EventDecoder(load=True)
+
+    async def send(
+        self, producer: KafkaProducer, events: Iterable[InferenceLatency | InferenceLoad]
+    ) -> None:
+        messages: list[tuple[str, bytes, bytes]] = []
+        for event in events:
+            raw = encode_event(event)
+            checked = self._decoder.decode_any(raw, now=self._wall())
+            if isinstance(checked, Rejection):
+                self.stats.invalid += 1
+                log.error("invalid event not sent", reason=str(checked), service=event.service)
+                continue
+            if isinstance(event, InferenceLoad):
+                self.stats.load_events += 1
+            else:
+                self.stats.latency_events += 1
+            messages.append((self._topics[event_type(event)], event_key(event), raw))
+        if not messages:
+            return
+        sends = [producer.send_and_wait(topic, raw, key=key) for topic, key, raw in messages]
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                results = await asyncio.gather(*sends, return_exceptions=True)
+        except TimeoutError:
+            results = [TimeoutError("no acknowledgement")] * len(messages)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        self.stats.published += len(messages) - len(errors)
+        if errors:
+            self.stats.dropped += len(errors)
+            log.warning("publishing events failed", failed=len(errors), error=repr(errors[0]))
 
 
 class Scraper:
@@ -103,7 +154,9 @@ class Scraper:
         self.tracker = SignalTracker()
         self._targets = targets
         self._clock, self._wall = clock, wall
-        self._decoder = EventDecoder(load=True)
+        self._sender = EventSender(
+            settings.topics, self.stats, timeout_s=settings.publish_timeout_s, wall=wall
+        )
         self._stop = asyncio.Event()
         self._failing: dict[str, str] = {}
 
@@ -159,22 +212,7 @@ class Scraper:
         self.tracker.forget(t.url for t in targets)
         gate = asyncio.Semaphore(self.settings.concurrency)
         results = await asyncio.gather(*(self._scrape(session, t, gate) for t in targets))
-        messages: list[tuple[str, bytes, bytes]] = []
-        for events in results:
-            for event in events:
-                raw = encode_event(event)
-                checked = self._decoder.decode_any(raw, now=self._wall())
-                if isinstance(checked, Rejection):
-                    self.stats.invalid += 1
-                    log.error("invalid event not sent", reason=str(checked), service=event.service)
-                    continue
-                if isinstance(event, InferenceLoad):
-                    self.stats.load_events += 1
-                else:
-                    self.stats.latency_events += 1
-                messages.append((self.settings.topics[event_type(event)], event_key(event), raw))
-        if messages:
-            await self._publish(producer, messages)
+        await self._sender.send(producer, (event for events in results for event in events))
 
     async def _scrape(
         self, session: aiohttp.ClientSession, target: Target, gate: asyncio.Semaphore
@@ -233,21 +271,4 @@ class Scraper:
                 service=f"{target.namespace}/{target.service}",
                 reason=reason,
                 detail=detail,
-            )
-
-    async def _publish(
-        self, producer: KafkaProducer, messages: list[tuple[str, bytes, bytes]]
-    ) -> None:
-        sends = [producer.send_and_wait(topic, raw, key=key) for topic, key, raw in messages]
-        try:
-            async with asyncio.timeout(self.settings.publish_timeout_s):
-                results = await asyncio.gather(*sends, return_exceptions=True)
-        except TimeoutError:
-            results = [TimeoutError("no acknowledgement")] * len(messages)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        self.stats.published += len(messages) - len(errors)
-        if errors:
-            self.stats.dropped += len(errors)
-            log.warning(
-                "publishing scraped events failed", failed=len(errors), error=repr(errors[0])
             )

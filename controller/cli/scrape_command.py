@@ -1,9 +1,14 @@
-"""``ebbtide scrape``: the scraper on its own, for servers outside the node agent's reach (a
+"""``ebbtide scrape`` and ``ebbtide otlp-bridge``.
+
+``ebbtide scrape``: the scraper on its own, for servers outside the node agent's reach (a
 fixed list of URLs) or as a sidecar; the agent runs the same loop with ``--scrape-pods``.
 
 Events go to the latency topic (``EBBTIDE_KAFKA__LATENCY_TOPIC``) and ``--load-topic``, with
 the same Kafka security variables as ``ebbtide run``. SIGTERM and SIGINT finish the round in
 progress and exit 0.
+
+``ebbtide otlp-bridge``: the same events from OTLP metrics the OpenTelemetry Collector's Kafka
+exporter writes (:mod:`streams.otlp`, :mod:`controller.agent.otlpbridge`).
 """
 
 from __future__ import annotations
@@ -17,16 +22,33 @@ from pathlib import Path
 import click
 
 from controller.agent.discovery import parse_match
-from controller.agent.scraper import Scraper, ScrapeSettings, ScrapeStats, TargetSource
+from controller.agent.otlpbridge import OtlpTranslator
+from controller.agent.scraper import (
+    EventSender,
+    Scraper,
+    ScrapeSettings,
+    ScrapeStats,
+    SendStats,
+    TargetSource,
+)
 from controller.agent.servers import KindsError, ServerKind, known_kinds
 from controller.agent.signals import Target
 from controller.cli.asyncrun import run_async
 from controller.cli.options import bootstrap_option, duration_option, kafka_settings
 from streams.connection import KafkaConfig
 from streams.events import INFERENCE_LATENCY, INFERENCE_LOAD, LOAD_TOPIC
+from streams.otlp import Encoding, FollowStats, OtlpBatch, follow_otlp
 from streams.producer import KafkaProducer
 
-__all__ = ["COMMANDS", "parse_target", "scrape", "scrape_options", "serve_scraper"]
+__all__ = [
+    "COMMANDS",
+    "bridge",
+    "otlp_bridge",
+    "parse_target",
+    "scrape",
+    "scrape_options",
+    "serve_scraper",
+]
 
 
 def parse_target(text: str, kinds: dict[str, ServerKind]) -> Target:
@@ -53,6 +75,16 @@ def parse_target(text: str, kinds: dict[str, ServerKind]) -> Target:
     )
 
 
+server_kinds_option = click.option(
+    "--server-kinds",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="YAML file of more server kinds (docs/servers/custom.md).",
+)
+load_topic_option = click.option(
+    "--load-topic", default=LOAD_TOPIC, show_default=True, help="Topic of inference.load events."
+)
+
+
 def scrape_options(fn: click.decorators.FC) -> click.decorators.FC:
     """The options the agent and ``ebbtide scrape`` share."""
     for option in reversed(
@@ -63,11 +95,8 @@ def scrape_options(fn: click.decorators.FC) -> click.decorators.FC:
             click.option("--scrape-timeout", default="800ms", callback=duration_option,
                          metavar="DURATION",
                          help="Per scrape; a slower server is counted and skipped that round."),
-            click.option("--server-kinds",
-                         type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                         help="YAML file of more server kinds (docs/servers/custom.md)."),
-            click.option("--load-topic", default=LOAD_TOPIC, show_default=True,
-                         help="Topic of inference.load events."),
+            server_kinds_option,
+            load_topic_option,
         ]
     ):  # fmt: skip
         fn = option(fn)
@@ -176,4 +205,72 @@ async def serve_scraper(
             await api.close()
 
 
-COMMANDS = [scrape]
+@click.command("otlp-bridge")
+@bootstrap_option(required=True)
+@click.option("--topic", "topics", multiple=True, required=True,
+              help="Topic the Collector's Kafka exporter writes metrics to (its default: "
+              "otlp_metrics); repeatable.")  # fmt: skip
+@click.option("--encoding", type=click.Choice(["otlp_proto", "otlp_json"]), default="otlp_proto",
+              show_default=True, help="The exporter's encoding.")  # fmt: skip
+@click.option("--group", default="ebbtide-otlp", show_default=True,
+              help="Consumer group: bridges in one group share the partitions.")  # fmt: skip
+@server_kinds_option
+@load_topic_option
+def otlp_bridge(
+    bootstrap: str,
+    topics: tuple[str, ...],
+    encoding: Encoding,
+    group: str,
+    server_kinds: Path | None,
+    load_topic: str,
+) -> None:
+    """Read OTLP metrics from Kafka; publish inference.latency and inference.load events.
+
+    Messages that are not OTLP metrics go to the dead-letter topic with their reason."""
+    kinds = load_kinds_or_fail(server_kinds)
+    kafka = kafka_settings(bootstrap, client_id="ebbtide-otlp-bridge")
+    out_topics = {INFERENCE_LATENCY: kafka.latency_topic, INFERENCE_LOAD: load_topic}
+    stats = run_async(
+        bridge(kafka.connection(), topics, encoding=encoding, group=group, kinds=kinds,
+               out_topics=out_topics, dead_letter_topic=kafka.deadletter_topic)
+    )  # fmt: skip
+    click.echo(
+        f"{stats.messages} messages, {stats.points} points, "
+        f"{sum(stats.rejected.values())} dead-lettered",
+        err=True,
+    )
+
+
+async def bridge(
+    config: KafkaConfig,
+    topics: Sequence[str],
+    *,
+    encoding: Encoding,
+    group: str,
+    kinds: dict[str, ServerKind],
+    out_topics: dict[str, str],
+    dead_letter_topic: str,
+) -> FollowStats:
+    """Follow ``topics`` until SIGTERM/SIGINT, publishing what the points say."""
+    translator = OtlpTranslator(kinds)
+    sender = EventSender(out_topics, SendStats())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with KafkaProducer(config, linger_ms=20) as producer:
+
+            async def handle(batch: OtlpBatch) -> None:
+                await sender.send(producer, translator.events(batch))
+
+            return await follow_otlp(
+                config, topics, encoding=encoding, handle=handle, stop=stop, group=group,
+                dead_letter_topic=dead_letter_topic,
+            )  # fmt: skip
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+COMMANDS = [scrape, otlp_bridge]
