@@ -6,6 +6,7 @@ prefix so that turning on Ebbtide changes nothing for Prometheus)::
     ebbtide.io/scrape: "true"
     ebbtide.io/server: vllm          # a built-in kind (vllm, sglang, tgi, triton, kserve,
                                      # dcgm) or one from the agent's --server-kinds file
+                                     # (dcgm: gpu.utilization events, no service needed)
     ebbtide.io/port: "8000"          # default: the kind's port
     ebbtide.io/path: /metrics        # default: the kind's path
     ebbtide.io/service: chat         # default: label app.kubernetes.io/name, then app
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -60,7 +61,9 @@ def targets_from_pods(
         if status.get("phase") != "Running" or not status.get("podIP"):
             continue
         try:
-            out.targets.append(_target(meta, annotations, status["podIP"], kinds))
+            target = _target(meta, annotations, status["podIP"], kinds)
+            node = (pod.get("spec") or {}).get("nodeName")
+            out.targets.append(replace(target, node=node) if node else target)
         except ValueError as exc:
             out.problems[name] = str(exc)
     return out
@@ -92,6 +95,8 @@ def _target(
         or labels.get("app.kubernetes.io/name")
         or labels.get("app")
     )
+    if not service and kind.role == "gpu":
+        service = kind.name  # a GPU exporter serves no service: its events are keyed by node
     if not service:
         raise ValueError(
             f"no service name: set {PREFIX}service (or label app.kubernetes.io/name or app)"

@@ -28,14 +28,17 @@ import aiohttp
 import structlog
 
 from controller.agent.exposition import BadExposition, parse_exposition
+from controller.agent.servers.dcgm import gpu_events
 from controller.agent.signals import SignalTracker, Target
 from streams.events import (
     DEFAULT_TOPICS,
+    GPU_UTILIZATION,
     INFERENCE_LATENCY,
     INFERENCE_LOAD,
     LOAD_TOPIC,
+    AnyEvent,
     EventDecoder,
-    InferenceLatency,
+    GpuUtilization,
     InferenceLoad,
     Rejection,
     encode_event,
@@ -65,6 +68,7 @@ class ScrapeSettings:
         default_factory=lambda: {
             INFERENCE_LATENCY: DEFAULT_TOPICS[INFERENCE_LATENCY],
             INFERENCE_LOAD: LOAD_TOPIC,
+            GPU_UTILIZATION: DEFAULT_TOPICS[GPU_UTILIZATION],
         }
     )
     publish_timeout_s: float = 5.0
@@ -79,6 +83,7 @@ class SendStats:
     """Events the controller's decoder would refuse (not sent; a bug or a wild value)."""
     latency_events: int = 0
     load_events: int = 0
+    gpu_events: int = 0
 
 
 @dataclass(slots=True)
@@ -107,19 +112,19 @@ class EventSender:
         self._topics, self._timeout_s, self._wall = topics, timeout_s, wall
         self._decoder = EventDecoder(load=True)
 
-    async def send(
-        self, producer: KafkaProducer, events: Iterable[InferenceLatency | InferenceLoad]
-    ) -> None:
+    async def send(self, producer: KafkaProducer, events: Iterable[AnyEvent]) -> None:
         messages: list[tuple[str, bytes, bytes]] = []
         for event in events:
             raw = encode_event(event)
             checked = self._decoder.decode_any(raw, now=self._wall())
             if isinstance(checked, Rejection):
                 self.stats.invalid += 1
-                log.error("invalid event not sent", reason=str(checked), service=event.service)
+                log.error("invalid event not sent", reason=str(checked), key=event.key)
                 continue
             if isinstance(event, InferenceLoad):
                 self.stats.load_events += 1
+            elif isinstance(event, GpuUtilization):
+                self.stats.gpu_events += 1
             else:
                 self.stats.latency_events += 1
             messages.append((self._topics[event_type(event)], event_key(event), raw))
@@ -216,7 +221,7 @@ class Scraper:
 
     async def _scrape(
         self, session: aiohttp.ClientSession, target: Target, gate: asyncio.Semaphore
-    ) -> list[InferenceLatency | InferenceLoad]:
+    ) -> Sequence[AnyEvent]:
         async with gate:
             text = await self._fetch(session, target)
         if text is None:
@@ -236,6 +241,13 @@ class Scraper:
         self.stats.scrapes += 1
         if self._failing.pop(target.url, None) is not None:
             log.info("scrape target answering again", url=target.url, service=target.service)
+        if kind.role == "gpu":
+            readings, unreadable = gpu_events(expo, node=target.node, ts=self._wall())
+            if unreadable:
+                self.tracker.stats.problems[f"{kind.name}: series without gpu or node"] += (
+                    unreadable
+                )
+            return readings
         return self.tracker.events(target, expo, ts=self._wall(), now=self._clock())
 
     async def _fetch(self, session: aiohttp.ClientSession, target: Target) -> str | None:

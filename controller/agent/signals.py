@@ -53,6 +53,8 @@ class Target:
     model: str | None = None
     match: Labels = ()
     """Only series carrying all these labels are read (e.g. one model of a Triton server)."""
+    node: str | None = None
+    """The node the server runs on (names a GPU exporter's devices without ``Hostname``)."""
 
 
 @dataclass(slots=True)

@@ -90,9 +90,7 @@ def agent(
     kinds = load_kinds_or_fail(server_kinds) if scrape_pods else {}
     kafka = kafka_settings(bootstrap, client_id="ebbtide-agent")
     scraping = (
-        scrape_settings(scrape_interval, scrape_timeout, kafka.latency_topic, load_topic)
-        if scrape_pods
-        else None
+        scrape_settings(scrape_interval, scrape_timeout, kafka, load_topic) if scrape_pods else None
     )
     config, topic = kafka.connection(), kafka.gpu_topic
     settings = AgentSettings(

@@ -35,8 +35,9 @@ from controller.agent.servers import KindsError, ServerKind, known_kinds
 from controller.agent.signals import Target
 from controller.cli.asyncrun import run_async
 from controller.cli.options import bootstrap_option, duration_option, kafka_settings
+from controller.process.settings import KafkaSettings
 from streams.connection import KafkaConfig
-from streams.events import INFERENCE_LATENCY, INFERENCE_LOAD, LOAD_TOPIC
+from streams.events import GPU_UTILIZATION, INFERENCE_LATENCY, INFERENCE_LOAD, LOAD_TOPIC
 from streams.otlp import Encoding, FollowStats, OtlpBatch, follow_otlp
 from streams.producer import KafkaProducer
 
@@ -111,12 +112,16 @@ def load_kinds_or_fail(path: Path | None) -> dict[str, ServerKind]:
 
 
 def scrape_settings(
-    interval: float, timeout: float, latency_topic: str, load_topic: str
+    interval: float, timeout: float, kafka: KafkaSettings, load_topic: str
 ) -> ScrapeSettings:
     return ScrapeSettings(
         interval_s=interval,
         timeout_s=min(timeout, interval),
-        topics={INFERENCE_LATENCY: latency_topic, INFERENCE_LOAD: load_topic},
+        topics={
+            INFERENCE_LATENCY: kafka.latency_topic,
+            INFERENCE_LOAD: load_topic,
+            GPU_UTILIZATION: kafka.gpu_topic,
+        },
     )
 
 
@@ -150,7 +155,7 @@ def scrape(
     if not fixed and not discover:
         raise click.UsageError("nothing to scrape: give --target or --discover")
     kafka = kafka_settings(bootstrap, client_id="ebbtide-scrape")
-    settings = scrape_settings(scrape_interval, scrape_timeout, kafka.latency_topic, load_topic)
+    settings = scrape_settings(scrape_interval, scrape_timeout, kafka, load_topic)
     stats = run_async(
         serve_scraper(
             settings, kafka.connection(), fixed=fixed, node=node if discover else None, kinds=kinds

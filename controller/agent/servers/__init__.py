@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from controller.agent.servers.dcgm import DCGM
 from controller.agent.servers.kind import KindsError, LatencySource, ServerKind, load_kinds
 from controller.agent.servers.kserve import KSERVE
 from controller.agent.servers.sglang import SGLANG
@@ -11,7 +12,7 @@ from controller.agent.servers.vllm import VLLM
 
 __all__ = ["BUILTIN", "KindsError", "LatencySource", "ServerKind", "known_kinds", "load_kinds"]
 
-BUILTIN: dict[str, ServerKind] = {k.name: k for k in (VLLM, SGLANG, TGI, TRITON, KSERVE)}
+BUILTIN: dict[str, ServerKind] = {k.name: k for k in (VLLM, SGLANG, TGI, TRITON, KSERVE, DCGM)}
 """Built-in kinds by name; a custom kind of the same name replaces one."""
 
 

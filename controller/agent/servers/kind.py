@@ -49,6 +49,11 @@ class ServerKind(_Frozen):
     path: str = "/metrics"
     source: str = ""
     """Where the names come from (a file of the server's source, or its docs)."""
+    role: Literal["inference", "gpu"] = "inference"
+    """``gpu``: a GPU exporter (dcgm-exporter), read into ``gpu.utilization`` events by its
+    own module rather than through the fields below."""
+    gauges: _Names = ()
+    """More samples to read (a ``gpu`` kind's)."""
     latency: tuple[LatencySource, ...] = ()
     """Latency histograms; for each objective the first one present is used."""
     waiting: _Names = ()
@@ -73,6 +78,7 @@ class ServerKind(_Frozen):
 
     def value_names(self) -> set[str]:
         return {
+            *self.gauges,
             *self.waiting,
             *self.running,
             *self.kv_cache,
