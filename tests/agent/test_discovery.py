@@ -137,3 +137,16 @@ def test_custom_kinds_file(tmp_path: Any) -> None:
     )
     with pytest.raises(KindsError, match=r"kinds\.0\.latency\.0\.objective"):
         known_kinds(path)
+
+
+def test_the_documented_custom_kind_loads(tmp_path: Any) -> None:
+    """docs/servers/custom.md's example is a file the agent accepts."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "servers" / "custom.md").read_text()
+    block = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "kinds.yaml"
+    path.write_text(block)
+    kind = known_kinds(path)["llamacpp"]
+    assert kind.tokens == ("llamacpp:tokens_predicted_total",)
+    assert kind.latency[0].objective == "e2e"

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from controller.controller_errors import ControllerError
 from streams.events import Objective
 
 __all__ = ["KindsError", "LatencySource", "ServerKind", "load_kinds"]
@@ -27,7 +29,9 @@ _Names = tuple[Annotated[str, Field(min_length=1)], ...]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+    )
 
 
 class LatencySource(_Frozen):
@@ -88,7 +92,7 @@ class ServerKind(_Frozen):
         }
 
 
-class KindsError(ValueError):
+class KindsError(ControllerError, ValueError):
     """The agent's server-kinds file cannot be used; the message says where and why."""
 
 
@@ -97,7 +101,8 @@ class _KindsFile(_Frozen):
 
 
 def load_kinds(path: Path) -> tuple[ServerKind, ...]:
-    """Server kinds from a YAML file ``{kinds: [{name, port, latency: [...], ...}]}``."""
+    """Server kinds from a YAML file ``{kinds: [{name, port, latency: [...], ...}]}``, keys
+    in camelCase as in policies (``kvCacheScale``); docs/servers/custom.md has an example."""
     try:
         raw = YAML(typ="safe").load(path.read_text())
     except (OSError, YAMLError) as exc:
