@@ -26,7 +26,7 @@ def test_scraping_agent_flags_rbac_and_egress(
     egress = r.one("NetworkPolicy", "-agent")["spec"]["egress"]
     ports = [sorted(p["port"] for p in rule["ports"]) for rule in egress]
     assert ports[0] == [53, 53]
-    assert ports[-2:] == [[6443], [8000, 9400]]  # the API server (pods), the servers
+    assert ports[-2:] == [[443, 6443], [8000, 9400]]  # the API server (pods), the servers
     kinds = tmp_path / "kinds.yaml"
     kinds.write_text(r.one("ConfigMap", "-agent-kinds")["data"]["kinds.yaml"])
     assert known_kinds(kinds)["llamacpp"].latency[0].metric == "llamacpp:request_latency_seconds"
