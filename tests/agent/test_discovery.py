@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from controller.agent.discovery import targets_from_pods
+from controller.agent.discovery import PodDiscovery, targets_from_pods
 from controller.agent.servers import BUILTIN, KindsError, known_kinds
 from controller.cli.scrape_command import parse_target
+from support.kubeapi_objects import make_pod
 
 
 def pod(
@@ -141,8 +143,6 @@ def test_custom_kinds_file(tmp_path: Any) -> None:
 
 def test_the_documented_custom_kind_loads(tmp_path: Any) -> None:
     """docs/servers/custom.md's example is a file the agent accepts."""
-    from pathlib import Path
-
     doc = (Path(__file__).resolve().parents[2] / "docs" / "servers" / "custom.md").read_text()
     block = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
     path = tmp_path / "kinds.yaml"
@@ -150,3 +150,28 @@ def test_the_documented_custom_kind_loads(tmp_path: Any) -> None:
     kind = known_kinds(path)["llamacpp"]
     assert kind.tokens == ("llamacpp:tokens_predicted_total",)
     assert kind.latency[0].objective == "e2e"
+
+
+@pytest.mark.kube_rbac(None)
+async def test_pod_discovery_lists_this_nodes_pods_over_the_api(
+    kubeapi: Any, kube_client: Any
+) -> None:
+    """Over HTTP to the Kubernetes API test server: only this node's annotated running pods,
+    listed again once the refresh time has passed."""
+
+    def annotated(name: str, node: str, ip: str) -> dict[str, Any]:
+        pod = make_pod(name, namespace="prod", node=node, labels={"app": name.split("-")[0]})
+        pod["metadata"]["annotations"] = {**ON, "ebbtide.io/server": "vllm"}
+        pod["status"]["podIP"] = ip
+        return pod
+
+    await kubeapi.create(annotated("chat-0", "gpu-1", "10.0.1.5"))
+    await kubeapi.create(annotated("chat-1", "gpu-2", "10.0.2.5"))
+    now = [0.0]
+    discovery = PodDiscovery(kube_client, "gpu-1", BUILTIN, refresh_s=15.0, clock=lambda: now[0])
+    assert [t.url for t in await discovery()] == ["http://10.0.1.5:8000/metrics"]
+    assert (await discovery())[0].node == "gpu-1"
+    await kubeapi.create(annotated("code-0", "gpu-1", "10.0.1.6"))
+    assert len(await discovery()) == 1  # not listed again before the refresh time
+    now[0] = 16.0
+    assert sorted(t.service for t in await discovery()) == ["chat", "code"]
