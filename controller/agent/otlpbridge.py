@@ -45,8 +45,12 @@ class _Role:
 class OtlpTranslator:
     """Turns batches of points into events, remembering each series between batches."""
 
-    def __init__(self, kinds: Mapping[str, ServerKind]) -> None:
+    def __init__(self, kinds: Mapping[str, ServerKind], *, forget_after_s: float = 600.0) -> None:
         self.tracker = SignalTracker()
+        self._forget_after_s = forget_after_s
+        self._seen: dict[str, float] = {}
+        """Target URL -> the newest point time seen for it (to forget pods that went away)."""
+        self._pruned_at = float("-inf")
         self.unmatched: Counter[str] = Counter()
         """Points of metrics no kind reads (counted by metric name, up to 1000 names)."""
         self._roles: dict[str, _Role] = {}
@@ -81,8 +85,24 @@ class OtlpTranslator:
                 self.tracker.stats.problems["no service.name on the resource"] += 1
                 continue
             ts = max(times)
+            self._seen[target.url] = ts
             out.extend(self.tracker.events(target, expo, ts=ts, now=ts))
+        self._prune()
         return out
+
+    def _prune(self) -> None:
+        """Forget series whose resource sent nothing for ``forget_after_s`` (pods come and go:
+        the state would otherwise grow for as long as the bridge runs)."""
+        if not self._seen:
+            return
+        newest = max(self._seen.values())
+        if newest - self._pruned_at < self._forget_after_s / 10:
+            return
+        self._pruned_at = newest
+        cutoff = newest - self._forget_after_s
+        self._seen = {url: t for url, t in self._seen.items() if t >= cutoff}
+        self.tracker.forget(self._seen)
+        self._running = {k: v for k, v in self._running.items() if k[0] in self._seen}
 
     def _add(self, expo: Exposition, role: _Role, point: Point, url: str) -> None:
         if point.kind != "histogram":

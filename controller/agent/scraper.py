@@ -214,7 +214,9 @@ class Scraper:
             self.stats.failures["discovery"] += 1
             log.warning("listing scrape targets failed; retrying next round", error=str(exc))
             return
-        self.tracker.forget(t.url for t in targets)
+        urls = {t.url for t in targets}
+        self.tracker.forget(urls)
+        self._failing = {url: why for url, why in self._failing.items() if url in urls}
         gate = asyncio.Semaphore(self.settings.concurrency)
         results = await asyncio.gather(*(self._scrape(session, t, gate) for t in targets))
         await self._sender.send(producer, (event for events in results for event in events))

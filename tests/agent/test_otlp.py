@@ -195,3 +195,21 @@ async def test_kafka_topic_to_events_and_dead_letters(
     headers = dict(record.headers)
     assert headers["ebbtide-reason-code"] == b"malformed"
     assert headers["ebbtide-source-topic"] == topic.encode()
+
+
+def test_pods_that_stop_sending_are_forgotten() -> None:
+    """The bridge's state per pod is dropped once the pod sent nothing for forget_after_s: a
+    pod name seen again later starts from a new baseline, and memory does not grow with churn."""
+    from streams.otlp import Point
+
+    def point(pod: str, t: float, count: int) -> Point:
+        resource = (("k8s.pod.name", pod), ("service.name", "chat"))
+        return Point("vllm:e2e_request_latency_seconds", "histogram", resource, (), t, 0.0, True,
+                     bounds=(0.5, 1.0), counts=(count, 0, 0), total=0.1 * count)  # fmt: skip
+
+    translator = OtlpTranslator(BUILTIN, forget_after_s=60.0)
+    translator.events(OtlpBatch([point("a", 0.0, 1)]))
+    assert len(translator.events(OtlpBatch([point("a", 10.0, 3)]))) == 1  # a delta of 2
+    for t in range(20, 200, 10):
+        translator.events(OtlpBatch([point("b", float(t), t)]))
+    assert translator.events(OtlpBatch([point("a", 200.0, 9)])) == []  # a new baseline
