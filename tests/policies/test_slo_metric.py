@@ -69,3 +69,13 @@ def test_an_unknown_metric_is_refused(metric: str) -> None:
     services["chat"]["slo"]["metric"] = metric
     with pytest.raises(Exception, match="metric"):
         make_policy(services=services)
+
+
+def test_the_shipped_llm_example_is_on_ttft() -> None:
+    from pathlib import Path
+
+    from policies.loader import load_policy_text
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "policy-llm.yaml"
+    policy = load_policy_text(path.read_text(), str(path))
+    assert policy.spec.services["chat"].slo.metric == "ttft"
