@@ -157,21 +157,14 @@ def otlp_messages(count: int) -> list[bytes]:
     from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
     from opentelemetry.sdk.resources import Resource
 
-    from agent.expositions import VLLM_E2E_BUCKETS, VLLM_TTFT_BUCKETS
+    from agent.expositions import otel_views
 
     pods = []
     for i in range(50):
         reader = InMemoryMetricReader()
-        views = [
-            View(instrument_name="e2e", name="vllm:e2e_request_latency_seconds",
-                 aggregation=ExplicitBucketHistogramAggregation(VLLM_E2E_BUCKETS)),
-            View(instrument_name="ttft", name="vllm:time_to_first_token_seconds",
-                 aggregation=ExplicitBucketHistogramAggregation(VLLM_TTFT_BUCKETS)),
-            View(instrument_name="tokens", name="vllm:generation_tokens"),
-        ]  # fmt: skip
+        views = otel_views()
         resource_ = Resource.create({"service.name": f"svc-{i % 10}", "k8s.pod.name": f"p{i}"})
         provider = MeterProvider(resource=resource_, metric_readers=[reader], views=views)
         meter = provider.get_meter("bench")

@@ -138,3 +138,19 @@ def tgi() -> tuple[CollectorRegistry, dict[str, object]]:
         "generated": Histogram("tgi_request_generated_tokens", "Generated tokens per request", buckets=[1, 10, 100, 1000], registry=reg),
     }  # fmt: skip
     return reg, m
+
+
+def otel_views() -> list[object]:
+    """OpenTelemetry SDK views that export instruments ``e2e``, ``ttft``, ``tokens`` and
+    ``waiting`` under vLLM's names and bounds, as the Collector's Prometheus receiver keeps
+    them (an SDK instrument name cannot hold ``:``)."""
+    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+
+    return [
+        View(instrument_name="e2e", name="vllm:e2e_request_latency_seconds",
+             aggregation=ExplicitBucketHistogramAggregation(VLLM_E2E_BUCKETS)),
+        View(instrument_name="ttft", name="vllm:time_to_first_token_seconds",
+             aggregation=ExplicitBucketHistogramAggregation(VLLM_TTFT_BUCKETS)),
+        View(instrument_name="tokens", name="vllm:generation_tokens"),
+        View(instrument_name="waiting", name="vllm:num_requests_waiting"),
+    ]  # fmt: skip

@@ -6,7 +6,6 @@ service up, its P99 (in KServe's 0.5 to 0.75 s bucket) being over the 300 ms obj
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
 import os
 import subprocess
@@ -14,29 +13,16 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
+from deploy.test_compose import decisions, short_policy
 from streams.broker import EmbeddedBroker, free_port
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-
-
-def short_policy(tmp: Path) -> Path:
-    """The balanced policy with seconds-long windows (as tests/deploy/test_compose.py)."""
-    doc = yaml.safe_load((ROOT / "policies" / "library" / "balanced.yaml").read_text())
-    slo = doc["spec"]["services"]["chat"]["slo"]
-    slo.update(window="10s", resolution="1s", breachAfter="4s", recoverAfter="30s", minSamples=10)
-    doc["spec"]["cooldowns"] = {"service": "10m", "trainingGrow": "10m"}
-    doc["spec"].pop("mig", None)
-    path = tmp / "policy.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, seconds: float = 60) -> None:
@@ -59,15 +45,6 @@ def predict(port: int) -> None:
     )
     with urllib.request.urlopen(request, timeout=10) as resp:
         assert json.loads(resp.read()) == {"predictions": [3]}
-
-
-def decisions(log: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in log.read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            if (record := json.loads(line)).get("event") == "decision":
-                out.append(record)
-    return out
 
 
 def test_kserve_metrics_scraped_into_a_scale_up(tmp_path: Path) -> None:

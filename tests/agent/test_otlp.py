@@ -14,10 +14,9 @@ from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
-from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
-from agent.expositions import VLLM_E2E_BUCKETS, VLLM_TTFT_BUCKETS
+from agent.expositions import otel_views
 from controller.agent.otlpbridge import OtlpTranslator
 from controller.agent.servers import BUILTIN
 from streams.connection import KafkaConfig, ensure_topics
@@ -37,16 +36,7 @@ class Vllm:
         self.waiting = 0
         preferred = {Histogram: temporality, Counter: temporality}
         self.reader = InMemoryMetricReader(preferred_temporality=preferred)
-        # OpenTelemetry instrument names cannot hold ':'; a view gives the exported metric
-        # vLLM's name, as the Collector's Prometheus receiver keeps it.
-        views = [
-            View(instrument_name="e2e", name="vllm:e2e_request_latency_seconds",
-                 aggregation=ExplicitBucketHistogramAggregation(VLLM_E2E_BUCKETS)),
-            View(instrument_name="ttft", name="vllm:time_to_first_token_seconds",
-                 aggregation=ExplicitBucketHistogramAggregation(VLLM_TTFT_BUCKETS)),
-            View(instrument_name="tokens", name="vllm:generation_tokens"),
-            View(instrument_name="waiting", name="vllm:num_requests_waiting"),
-        ]  # fmt: skip
+        views = otel_views()
         self.provider = MeterProvider(resource=RESOURCE, metric_readers=[self.reader], views=views)
         meter = self.provider.get_meter("vllm")
         self.e2e = meter.create_histogram("e2e", unit="s")
