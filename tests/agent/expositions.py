@@ -125,17 +125,26 @@ def sglang() -> tuple[CollectorRegistry, dict[str, object]]:
     return reg, m
 
 
+# huggingface/text-generation-inference: router/src/server.rs sets the buckets of every
+# histogram whose name ends in "duration" to 0.0001 * 1.5**k, k = 1..35, and those of
+# tgi_request_generated_tokens to max_total_tokens / 100 * (x + 1), x < 100.
+TGI_DURATION_BUCKETS = [0.0001 * 1.5**k for k in range(1, 36)]
+TGI_MAX_TOTAL_TOKENS = 2048
+TGI_TOKEN_BUCKETS = [TGI_MAX_TOTAL_TOKENS / 100 * (x + 1) for x in range(100)]
+
+
 def tgi() -> tuple[CollectorRegistry, dict[str, object]]:
-    """huggingface/text-generation-inference: docs/source/reference/metrics.md (the router is
-    Rust, its exporter writes the same text format; no labels on these series)."""
+    """TGI's router metrics, names from docs/source/reference/metrics.md, buckets from
+    router/src/server.rs (the router is Rust: metrics-exporter-prometheus writes the same text
+    format, its counters without a ``_total`` suffix; the kind reads both spellings)."""
     reg = CollectorRegistry()
     m: dict[str, object] = {
         "queue": Gauge("tgi_queue_size", "Current queue size", registry=reg),
         "batch": Gauge("tgi_batch_current_size", "Current batch size", registry=reg),
         "success": Counter("tgi_request_success", "Number of successful requests", registry=reg),
-        "duration": Histogram("tgi_request_duration", "Total time spent processing the request", registry=reg),
-        "tpot": Histogram("tgi_request_mean_time_per_token_duration", "Mean time per token per request", registry=reg),
-        "generated": Histogram("tgi_request_generated_tokens", "Generated tokens per request", buckets=[1, 10, 100, 1000], registry=reg),
+        "duration": Histogram("tgi_request_duration", "Total time spent processing the request", buckets=TGI_DURATION_BUCKETS, registry=reg),
+        "tpot": Histogram("tgi_request_mean_time_per_token_duration", "Mean time per token per request", buckets=TGI_DURATION_BUCKETS, registry=reg),
+        "generated": Histogram("tgi_request_generated_tokens", "Generated tokens per request", buckets=TGI_TOKEN_BUCKETS, registry=reg),
     }  # fmt: skip
     return reg, m
 
