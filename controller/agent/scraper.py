@@ -259,14 +259,26 @@ class Scraper:
                 if resp.status != 200:
                     self._fail(target, f"http_{resp.status}", resp.reason or "")
                     return None
-                body = await resp.content.read(limit + 1)
+                if resp.content_length is not None and resp.content_length > limit:
+                    self._fail(target, "too_large", f"{resp.content_length} bytes announced")
+                    return None
+                # One read returns what has arrived, not the whole answer: read to the end,
+                # stopping as soon as the answer passes the cap.
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in resp.content.iter_chunked(64 * 1024):
+                    size += len(chunk)
+                    if size > limit:
+                        break
+                    chunks.append(chunk)
+                body = b"".join(chunks)
         except TimeoutError:
             self._fail(target, "timeout", f"no answer within {self.settings.timeout_s:g}s")
             return None
         except (aiohttp.ClientError, OSError) as exc:
             self._fail(target, "unreachable", str(exc) or type(exc).__name__)
             return None
-        if len(body) > limit:
+        if size > limit:
             self._fail(target, "too_large", f"more than {limit} bytes")
             return None
         try:

@@ -150,3 +150,46 @@ async def test_scrape_rounds_publish_deltas_and_skip_bad_servers(
     assert e2e.histogram.counts[e2e.histogram.bounds_ms.index(1000.0)] == 3  # 0.9 s: (0.8, 1]
     loads = [e for e in events if isinstance(e, InferenceLoad)]
     assert [e.waiting for e in loads] == [0.0, 6.0]
+
+
+async def test_a_large_exposition_is_read_whole(kafka_config: KafkaConfig) -> None:
+    """An answer larger than one network read (streamed in chunks, ~600 KiB) is read to its
+    end: every series is there (a single read returned only its first chunk)."""
+    lines = ["# TYPE vllm:num_requests_waiting gauge"]
+    lines += [
+        f'vllm:num_requests_waiting{{model_name="m{i:05d}",engine="0"}} 1' for i in range(12_000)
+    ]
+    body = ("\n".join(lines) + "\n").encode()
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await resp.prepare(request)
+        for i in range(0, len(body), 8192):
+            await resp.write(body[i : i + 8192])
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    target = Target(url=f"http://127.0.0.1:{port}/metrics", kind=BUILTIN["vllm"], service="chat")
+
+    async def source() -> list[Target]:
+        return [target]
+
+    suffix = uuid.uuid4().hex[:8]
+    topics = {INFERENCE_LATENCY: f"lat-{suffix}", INFERENCE_LOAD: f"load-{suffix}"}
+    await ensure_topics(kafka_config, list(topics.values()), partitions=1)
+    scraper = Scraper(ScrapeSettings(timeout_s=10, topics=topics), source)
+    try:
+        async with KafkaProducer(kafka_config) as producer, aiohttp.ClientSession() as session:
+            await scraper.round(session, producer)
+    finally:
+        await runner.cleanup()
+    assert scraper.stats.failures == {}
+    (event,) = await read_events(kafka_config, topics, expect=1)
+    assert isinstance(event, InferenceLoad)
+    assert event.waiting == 12_000.0
