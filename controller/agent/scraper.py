@@ -72,6 +72,8 @@ class ScrapeSettings:
         }
     )
     publish_timeout_s: float = 5.0
+    report_every_s: float = 60.0
+    """How often a summary of the counts is logged."""
 
 
 @dataclass(slots=True)
@@ -164,6 +166,7 @@ class Scraper:
         )
         self._stop = asyncio.Event()
         self._failing: dict[str, str] = {}
+        self._reported_at = clock()
 
     def stop(self) -> None:
         self._stop.set()
@@ -220,6 +223,27 @@ class Scraper:
         gate = asyncio.Semaphore(self.settings.concurrency)
         results = await asyncio.gather(*(self._scrape(session, t, gate) for t in targets))
         await self._sender.send(producer, (event for events in results for event in events))
+        if self._clock() - self._reported_at >= self.settings.report_every_s:
+            self._report(len(targets))
+
+    def _report(self, targets: int) -> None:
+        """One line with the running counts, so that what was skipped and why is visible
+        without a metrics endpoint (failures are otherwise logged only when they change)."""
+        self._reported_at = self._clock()
+        s, t = self.stats, self.tracker.stats
+        log.info(
+            "scrape summary",
+            targets=targets,
+            rounds=s.rounds,
+            scrapes=s.scrapes,
+            failures=dict(s.failures),
+            published=s.published,
+            dropped=s.dropped,
+            invalid=s.invalid,
+            resets=t.resets,
+            bounds_changed=t.bounds_changed,
+            histogram_problems=sum(t.problems.values()),
+        )
 
     async def _scrape(
         self, session: aiohttp.ClientSession, target: Target, gate: asyncio.Semaphore

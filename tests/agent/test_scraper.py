@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer
 from prometheus_client import generate_latest
+from structlog.testing import capture_logs
 
 from agent.expositions import Vllm, vllm
 from controller.agent.scraper import Scraper, ScrapeSettings
@@ -193,3 +194,28 @@ async def test_a_large_exposition_is_read_whole(kafka_config: KafkaConfig) -> No
     (event,) = await read_events(kafka_config, topics, expect=1)
     assert isinstance(event, InferenceLoad)
     assert event.waiting == 12_000.0
+
+
+async def test_the_scraper_logs_its_counts_every_report_interval() -> None:
+    """Failures are logged when they change; the counts by reason come in a summary line once
+    per report interval (no metrics endpoint needed to see what is skipped)."""
+    now = [0.0]
+    target = Target(
+        url=f"http://127.0.0.1:{free_port()}/metrics", kind=BUILTIN["vllm"], service="s"
+    )
+
+    async def source() -> list[Target]:
+        return [target]
+
+    scraper = Scraper(
+        ScrapeSettings(timeout_s=1.0, report_every_s=60.0), source, clock=lambda: now[0]
+    )
+    async with aiohttp.ClientSession() as session:
+        with capture_logs() as logs:
+            await scraper.round(session, None)  # type: ignore[arg-type]  # nothing to publish
+            now[0] = 61.0
+            await scraper.round(session, None)  # type: ignore[arg-type]
+    summaries = [entry for entry in logs if entry["event"] == "scrape summary"]
+    assert len(summaries) == 1
+    assert summaries[0]["failures"] == {"unreachable": 2}
+    assert [e["event"] for e in logs].count("scrape failed; skipped") == 1  # one transition
