@@ -203,3 +203,25 @@ def test_pods_that_stop_sending_are_forgotten() -> None:
     for t in range(20, 200, 10):
         translator.events(OtlpBatch([point("b", float(t), t)]))
     assert translator.events(OtlpBatch([point("a", 200.0, 9)])) == []  # a new baseline
+
+
+def test_collector_json_with_enum_numbers_and_string_int64s() -> None:
+    """The Collector's otlp_json writes enums as numbers and 64-bit integers as strings (pdata's
+    JSON marshaler); both are read."""
+    raw = b"""{"resourceMetrics":[{"resource":{"attributes":[
+        {"key":"service.name","value":{"stringValue":"chat"}}]},
+      "scopeMetrics":[{"metrics":[{"name":"vllm:num_requests_waiting",
+        "gauge":{"dataPoints":[{"timeUnixNano":"1764691200000000000","asInt":"7"}]}},
+       {"name":"vllm:e2e_request_latency_seconds","histogram":{"aggregationTemporality":1,
+        "dataPoints":[{"timeUnixNano":"1764691200000000000","count":"3","sum":2.5,
+          "bucketCounts":["1","2","0"],"explicitBounds":[0.5,1.0]}]}}]}]}]}"""
+    got = decode_otlp(raw, "otlp_json")
+    assert isinstance(got, OtlpBatch)
+    gauge, histogram = got.points
+    assert (gauge.metric, gauge.value, gauge.time_s) == (
+        "vllm:num_requests_waiting",
+        7.0,
+        1764691200.0,
+    )
+    assert histogram.cumulative is False  # 1 = AGGREGATION_TEMPORALITY_DELTA
+    assert (histogram.bounds, histogram.counts, histogram.total) == ((0.5, 1.0), (1, 2, 0), 2.5)
