@@ -82,7 +82,7 @@ class OtlpTranslator:
         for (resource, _), (kind, expo, times) in groups.items():
             target = _target(resource, kind)
             if target is None:
-                self.tracker.stats.problems["no service.name on the resource"] += 1
+                self.tracker.stats.note("no service.name on the resource")
                 continue
             ts = max(times)
             self._seen[target.url] = ts

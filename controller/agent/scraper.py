@@ -263,16 +263,14 @@ class Scraper:
             self._fail(target, "malformed", expo.reason)
             return []
         for problem in expo.problems:
-            self.tracker.stats.problems[problem] += 1
+            self.tracker.stats.note(problem)
         self.stats.scrapes += 1
         if self._failing.pop(target.url, None) is not None:
             log.info("scrape target answering again", url=target.url, service=target.service)
         if kind.role == "gpu":
             readings, unreadable = gpu_events(expo, node=target.node, ts=self._wall())
             if unreadable:
-                self.tracker.stats.problems[f"{kind.name}: series without gpu or node"] += (
-                    unreadable
-                )
+                self.tracker.stats.note(f"{kind.name}: series without gpu or node", unreadable)
             return readings
         return self.tracker.events(target, expo, ts=self._wall(), now=self._clock())
 

@@ -38,7 +38,9 @@ from streams.events import (
     Objective,
 )
 
-__all__ = ["SignalStats", "SignalTracker", "Target"]
+__all__ = ["MAX_PROBLEMS", "SignalStats", "SignalTracker", "Target"]
+
+MAX_PROBLEMS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +66,13 @@ class SignalStats:
     bounds_changed: int = 0
     """Histograms whose bucket bounds changed between two scrapes (their interval is lost)."""
     problems: Counter[str] = field(default_factory=Counter)
-    """Histograms that could not be used, by reason."""
+    """Histograms that could not be used, by reason (at most :data:`MAX_PROBLEMS` distinct
+    reasons; later ones count as ``other``, so the counts stay bounded however many pods
+    misbehave)."""
+
+    def note(self, problem: str, count: int = 1) -> None:
+        key = problem if problem in self.problems or len(self.problems) < MAX_PROBLEMS else "other"
+        self.problems[key] += count
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +149,7 @@ class SignalTracker:
             return None
         bounds = chosen[0].bounds
         if any(h.bounds != bounds for h in chosen):
-            self.stats.problems[f"{metric}: series with different bounds"] += 1
+            self.stats.note(f"{metric}: series with different bounds")
             return None
         cumulative = tuple(
             sum(column) for column in zip(*(h.cumulative for h in chosen), strict=True)
@@ -164,7 +172,7 @@ class SignalTracker:
         for i in range(1, len(delta)):
             counts.append(round(delta[i] - delta[i - 1]))
         if any(c < 0 for c in counts):  # exposition.py already refuses decreasing buckets
-            self.stats.problems[f"{metric}: bucket counts moved apart"] += 1
+            self.stats.note(f"{metric}: bucket counts moved apart")
             return None
         return bounds, counts
 

@@ -236,3 +236,16 @@ def test_match_keeps_one_model_of_a_multi_model_server() -> None:
     target = Target(url="http://t/m", kind=kind, service="a", match=(("model", "a"),))
     events = SignalTracker().events(target, parse(text, kind), ts=1, now=1)
     assert load(events).waiting == 4.0
+
+
+def test_problem_counts_stay_bounded() -> None:
+    """Problems are keyed by series; past MAX_PROBLEMS distinct ones they count as "other"."""
+    from controller.agent.signals import MAX_PROBLEMS, SignalStats
+
+    stats = SignalStats()
+    for i in range(MAX_PROBLEMS + 50):
+        stats.note(f"m{{pod='{i}'}}: cumulative bucket counts decrease with the bound")
+    stats.note("m{pod='0'}: cumulative bucket counts decrease with the bound")
+    assert len(stats.problems) == MAX_PROBLEMS + 1
+    assert stats.problems["other"] == 50
+    assert sum(stats.problems.values()) == MAX_PROBLEMS + 51
