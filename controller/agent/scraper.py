@@ -29,7 +29,7 @@ import structlog
 
 from controller.agent.exposition import BadExposition, parse_exposition
 from controller.agent.servers.dcgm import gpu_events
-from controller.agent.signals import SignalTracker, Target
+from controller.agent.signals import PROCESS_START, SignalTracker, Target
 from streams.events import (
     DEFAULT_TOPICS,
     GPU_UTILIZATION,
@@ -256,7 +256,7 @@ class Scraper:
         expo = parse_exposition(
             text,
             histograms=kind.histogram_names(),
-            values=kind.value_names(),
+            values=kind.value_names() | {PROCESS_START},
             max_samples=self.settings.max_samples,
         )
         if isinstance(expo, BadExposition):

@@ -16,7 +16,10 @@ restart keeps the pod's name and address): like Prometheus' ``rate()``, the new 
 as everything since the restart, and ``resets`` is counted. Bounds that changed between scrapes
 (a server upgraded in place) restart the series: nothing is published for that interval, and
 ``bounds_changed`` is counted. The first scrape of a target is its baseline: it publishes load
-gauges but no deltas, since its cumulative counts cover the whole life of the server.
+gauges but no deltas, since its cumulative counts cover the whole life of the server — unless
+the server says it started moments ago (``process_start_time_seconds``, which prometheus_client
+exposes by default, within ``fresh_s`` of the scrape): then everything it counted is recent and
+is published, so a new replica's first requests are not lost.
 
 Several series of one metric (vLLM's one per data-parallel engine, Triton's one per model) are
 summed; a target can keep only the series whose labels match (``Target.match``).
@@ -38,9 +41,12 @@ from streams.events import (
     Objective,
 )
 
-__all__ = ["MAX_PROBLEMS", "SignalStats", "SignalTracker", "Target"]
+__all__ = ["MAX_PROBLEMS", "PROCESS_START", "SignalStats", "SignalTracker", "Target"]
 
 MAX_PROBLEMS = 1000
+
+#: prometheus_client's process collector: when the server process started (epoch seconds).
+PROCESS_START = "process_start_time_seconds"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +90,9 @@ class _Seen:
 class SignalTracker:
     """Remembers each target's previous scrape; :meth:`events` gives what changed since."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, fresh_s: float = 30.0) -> None:
         self.stats = SignalStats()
+        self._fresh_s = fresh_s
         self._histograms: dict[tuple[str, str], _Seen] = {}
         self._counters: dict[tuple[str, str], tuple[float, float]] = {}
         self._last: dict[str, float] = {}
@@ -103,7 +110,7 @@ class SignalTracker:
         """Events for one scrape of ``target`` taken at wall time ``ts`` (event time) and
         monotonic time ``now`` (rates)."""
         out: list[InferenceLatency | InferenceLoad] = []
-        known = target.url in self._last
+        known = target.url in self._last or self._started_recently(expo, ts)
         done: set[Objective] = set()
         for source in target.kind.latency:
             if source.objective in done or source.metric not in expo.histograms:
@@ -129,6 +136,12 @@ class SignalTracker:
         if load is not None:
             out.append(load)
         return out
+
+    def _started_recently(self, expo: Exposition, ts: float) -> bool:
+        starts = expo.values.get(PROCESS_START)
+        if not starts:
+            return False
+        return 0.0 <= ts - max(s.value for s in starts) <= self._fresh_s
 
     # -- histograms ------------------------------------------------------------------------
 

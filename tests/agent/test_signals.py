@@ -249,3 +249,25 @@ def test_problem_counts_stay_bounded() -> None:
     assert len(stats.problems) == MAX_PROBLEMS + 1
     assert stats.problems["other"] == 50
     assert sum(stats.problems.values()) == MAX_PROBLEMS + 51
+
+
+def test_a_server_that_just_started_publishes_its_first_counts() -> None:
+    """A new replica (a new pod, so a new target) whose process started moments before its
+    first scrape: its counts are all recent, and they are published, not taken as a baseline.
+    One that started long before is a baseline as ever."""
+    from prometheus_client import ProcessCollector
+
+    from controller.agent.signals import PROCESS_START
+
+    v = vllm()
+    ProcessCollector(registry=v.registry)  # what vLLM's default registry exposes
+    v.serve(e2e_s=0.4, ttft_s=0.03, tpot_s=0.02, tokens=10)
+    kind = VLLM_TARGET.kind
+    expo = parse_exposition(generate_latest(v.registry).decode(), histograms=kind.histogram_names(),
+                            values=kind.value_names() | {PROCESS_START})  # fmt: skip
+    assert isinstance(expo, Exposition)
+    (start,) = expo.values[PROCESS_START]
+    fresh = SignalTracker(fresh_s=30).events(VLLM_TARGET, expo, ts=start.value + 5, now=1.0)
+    assert sum(latency(fresh, "e2e").histogram.counts) == 1  # type: ignore[union-attr]
+    old = SignalTracker(fresh_s=30).events(VLLM_TARGET, expo, ts=start.value + 3600, now=1.0)
+    assert [type(e) for e in old] == [InferenceLoad]
