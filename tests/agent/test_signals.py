@@ -271,3 +271,21 @@ def test_a_server_that_just_started_publishes_its_first_counts() -> None:
     assert sum(latency(fresh, "e2e").histogram.counts) == 1  # type: ignore[union-attr]
     old = SignalTracker(fresh_s=30).events(VLLM_TARGET, expo, ts=start.value + 3600, now=1.0)
     assert [type(e) for e in old] == [InferenceLoad]
+
+
+def test_tgi_as_its_rust_exporter_writes_counters() -> None:
+    """TGI's router exposes through metrics-exporter-prometheus, which writes a counter under
+    its own name, without ``_total``: the kind reads that spelling too."""
+    text = (
+        "# TYPE tgi_request_success counter\n"
+        "tgi_request_success 10\n"
+        "# TYPE tgi_queue_size gauge\n"
+        "tgi_queue_size 3\n"
+    )
+    kind = BUILTIN["tgi"]
+    target = Target(url="http://t/metrics", kind=kind, service="t")
+    tracker = SignalTracker()
+    tracker.events(target, parse(text, kind), ts=1, now=1)
+    events = tracker.events(target, parse(text.replace(" 10\n", " 16\n"), kind), ts=2, now=3)
+    assert load(events).request_rate == pytest.approx(3.0)
+    assert load(events).waiting == 3.0
