@@ -16,5 +16,7 @@ bench:
 	python benchmarks/shards.py --replicas 1 2 --json
 	python benchmarks/latency.py --rates 1000 10000 50000 --trials 20
 	python benchmarks/scale.py --seconds 90
+	python benchmarks/scraping.py scrape --rounds 60
+	python benchmarks/scraping.py otlp --messages 20000 --runs 3
 	ebbtide simulate examples/scenario-small.yaml --policy policies/library/balanced.yaml \
 		--duration 1h --burst 30m:15m:6 --seed 1 --out out/compare --compare

@@ -318,6 +318,9 @@ class Engine:
         self.observed = 0
         self.late = 0
         self.unknown = 0
+        #: Latency events of a metric the service's objective is not on (``ttft`` for an
+        #: ``e2e`` objective, say): not counted in its window.
+        self.other_metric = 0
         #: Events stamped more than one resolution past the engine's clock (taken at the clock).
         self.skewed = 0
         #: GPU readings dropped, by reason: ``unknown_node`` (a node the last snapshot does not
@@ -494,6 +497,9 @@ class Engine:
         svc = self._by_name.get(event.service)
         if svc is None or svc.namespace != event.namespace:
             self.unknown += 1
+            return False
+        if event.objective != svc.spec.slo.metric:
+            self.other_metric += 1
             return False
         ts = cast(float, event.ts)
         if ts > self._clock + svc.interval:

@@ -33,6 +33,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from streams.events import Objective
+
 __all__ = [
     "API_VERSION",
     "DO_NOT_DISRUPT",
@@ -209,6 +211,10 @@ class ReplicaBounds(_Model):
 
 
 class SloSpec(_Model):
+    metric: Objective = "e2e"
+    """Which latency the objective is on: the whole request (``e2e``), the time to the first
+    token (``ttft``) or the time per output token (``tpot``). A service's latency events for
+    other metrics (the ``objective`` field of ``inference.latency``) are not counted."""
     percentile: Annotated[float, Field(gt=0, lt=100)]
     """Which latency percentile the objective applies to, e.g. 99 or 99.9."""
     objective_ms: Annotated[float, Field(gt=0)]

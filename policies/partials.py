@@ -53,6 +53,7 @@ class _ServiceSpec:
     interval_s: float
     high: float
     low: float
+    metric: str = "e2e"
 
 
 #: Not looked up yet (``None`` in the cache means: not in the policy).
@@ -78,6 +79,7 @@ class FoldSpec:
                 interval_s=s.slo.resolution,
                 high=s.slo.objective_ms,
                 low=s.slo.objective_ms * s.slo.recover_below,
+                metric=s.slo.metric,
             )
             for name, s in spec.services.items()
         }
@@ -134,6 +136,7 @@ class Fold:
         first, last and last busy reading (the idle marks; busy is -inf when none)."""
         self.events = 0
         self.unknown = 0
+        self.other_metric = 0
 
     def observe(self, events: Sequence[Event], clock: float) -> None:
         for event in events:
@@ -149,6 +152,9 @@ class Fold:
             spec = self._specs[key] = self._spec.services.get((event.namespace, event.service))
         if spec is None:
             self.unknown += 1
+            return
+        if event.objective != spec.metric:  # not the metric its objective is on
+            self.other_metric += 1
             return
         ts: float = event.ts  # type: ignore[assignment]  # decoded to epoch seconds
         if ts > clock + spec.interval_s:

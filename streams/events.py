@@ -24,13 +24,20 @@ import msgspec
 __all__ = [
     "GPU_UTILIZATION",
     "INFERENCE_LATENCY",
+    "INFERENCE_LOAD",
+    "LOAD_SIGNALS",
+    "LOAD_TOPIC",
     "MAX_LATENCY_MS",
+    "OBJECTIVES",
+    "AnyEvent",
     "Event",
     "EventDecoder",
     "GpuUtilization",
     "InferenceLatency",
+    "InferenceLoad",
     "LatencyHistogram",
     "Limits",
+    "Objective",
     "Rejection",
     "encode_event",
     "event_key",
@@ -40,6 +47,12 @@ __all__ = [
 
 INFERENCE_LATENCY: Final = "inference.latency"
 GPU_UTILIZATION: Final = "gpu.utilization"
+INFERENCE_LOAD: Final = "inference.load"
+
+#: What a latency measures: the whole request (``e2e``), the time to its first token (``ttft``)
+#: or the time per output token after the first (``tpot``, also called inter-token latency).
+Objective = Literal["e2e", "ttft", "tpot"]
+OBJECTIVES: Final[tuple[Objective, ...]] = ("e2e", "ttft", "tpot")
 
 #: One hour. A latency above this is a unit error (µs sent as ms), not an observation.
 MAX_LATENCY_MS: Final = 3_600_000.0
@@ -91,6 +104,8 @@ class InferenceLatency(msgspec.Struct, tag=INFERENCE_LATENCY, tag_field="type", 
     histogram: LatencyHistogram | None = None
     pod: _Name | None = None
     model: _Name | None = None
+    objective: Objective = "e2e"
+    """What the latency measures; absent on the wire means ``e2e`` (every event before it)."""
 
     def __post_init__(self) -> None:
         self.ts = _epoch(self.ts)
@@ -161,7 +176,80 @@ class GpuUtilization(msgspec.Struct, tag=GPU_UTILIZATION, tag_field="type", omit
         return 1
 
 
+_Count = Annotated[float, msgspec.Meta(ge=0.0, le=1e9)]
+_Rate = Annotated[float, msgspec.Meta(ge=0.0, le=1e12)]
+
+
+class InferenceLoad(msgspec.Struct, tag=INFERENCE_LOAD, tag_field="type", omit_defaults=True):
+    """What one replica (pod) of an inference service is doing now: the load signals an
+    inference server exposes as gauges and counters. Key on Kafka: ``namespace/service``.
+
+    ``version`` is required so that a consumer of version 1 refuses (dead-letters) a message of
+    a later, incompatible version instead of misreading it; fields added within version 1 are
+    optional and ignored by older consumers, like every event's unknown fields."""
+
+    ts: _Timestamp
+    service: _Name
+    version: Literal[1]
+    namespace: _Name = "default"
+    pod: _Name | None = None
+    model: _Name | None = None
+    server: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")] | None = None
+    waiting: _Count | None = None
+    """Requests queued, not yet scheduled (queue depth)."""
+    running: _Count | None = None
+    """Requests being served (concurrency)."""
+    kv_cache_pct: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] | None = None
+    """KV-cache blocks in use, percent."""
+    request_rate: _Rate | None = None
+    """Requests finished per second over the last interval."""
+    tokens_per_s: _Rate | None = None
+    """Output (generated) tokens per second over the last interval."""
+    prompt_tokens_per_s: _Rate | None = None
+    """Prompt (prefill) tokens per second over the last interval."""
+    interval_s: Annotated[float, msgspec.Meta(gt=0.0, le=86_400.0)] | None = None
+    """The span the rates were measured over."""
+
+    def __post_init__(self) -> None:
+        self.ts = _epoch(self.ts)
+        if all(getattr(self, name) is None for name in LOAD_SIGNALS):
+            raise ValueError(
+                f"an inference.load event needs at least one of {', '.join(LOAD_SIGNALS)}"
+            )
+
+    @property
+    def time(self) -> float:
+        """Event time in epoch seconds (``ts`` is normalised at decode time)."""
+        return cast(float, self.ts)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.service}"
+
+    @property
+    def size(self) -> int:
+        return 1
+
+
+#: The signal fields of :class:`InferenceLoad`, in the order documented.
+LOAD_SIGNALS: Final = (
+    "waiting",
+    "running",
+    "kv_cache_pct",
+    "request_rate",
+    "tokens_per_s",
+    "prompt_tokens_per_s",
+)
+
 Event = InferenceLatency | GpuUtilization
+"""What the controller consumes today."""
+
+AnyEvent = InferenceLatency | GpuUtilization | InferenceLoad
+"""Every event type of wire format v1, ``inference.load`` included (``EventDecoder(load=True)``)."""
+
+#: Where ``inference.load`` events go by default (not in :data:`DEFAULT_TOPICS`: ``ebbtide run``
+#: does not consume them yet).
+LOAD_TOPIC: Final = "ebbtide.inference.load"
 
 #: The Kafka topic each event type belongs on by default.
 DEFAULT_TOPICS: Final[dict[str, str]] = {
@@ -202,15 +290,22 @@ class EventDecoder:
     """Bytes in, an :data:`Event` or a :class:`Rejection` out; never raises.
 
     ``topics`` maps an event type to the topic it must arrive on; ``None`` (recordings read
-    offline, tests) accepts any type on any topic.
+    offline, tests) accepts any type on any topic. ``load=True`` also decodes
+    ``inference.load`` events (they must then arrive on ``topics[INFERENCE_LOAD]``, when given).
     """
 
     __slots__ = ("_decoder", "_limits", "_topic_of")
 
     def __init__(
-        self, limits: Limits | None = None, *, topics: dict[str, str] | None = None
+        self,
+        limits: Limits | None = None,
+        *,
+        topics: dict[str, str] | None = None,
+        load: bool = False,
     ) -> None:
-        self._decoder = msgspec.json.Decoder(Event)
+        self._decoder: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(
+            AnyEvent if load else Event
+        )
         self._limits = limits or Limits()
         self._topic_of = topics
 
@@ -221,13 +316,21 @@ class EventDecoder:
     def decode(
         self, raw: bytes | str, *, now: float, topic: str | None = None
     ) -> Event | Rejection:
+        """Decode one message of the types the controller consumes (build the decoder with
+        ``load=False``, the default; use :meth:`decode_any` with ``load=True``)."""
+        return cast("Event | Rejection", self.decode_any(raw, now=now, topic=topic))
+
+    def decode_any(
+        self, raw: bytes | str, *, now: float, topic: str | None = None
+    ) -> AnyEvent | Rejection:
+        """Decode one message of any type this decoder was built for."""
         limits = self._limits
         if len(raw) > limits.max_message_bytes:
             return Rejection(
                 "too_large", f"message is {len(raw)} bytes; the cap is {limits.max_message_bytes}"
             )
         try:
-            event: Event = self._decoder.decode(raw)
+            event: AnyEvent = self._decoder.decode(raw)
         except msgspec.ValidationError as exc:
             return Rejection("invalid", str(exc))
         except msgspec.DecodeError as exc:
@@ -246,35 +349,37 @@ class EventDecoder:
                 f"at most {limits.max_future_skew_s:.0f}s is allowed",
             )
         if topic is not None and self._topic_of is not None:
-            expected = self._topic_of[event_type(event)]
-            if topic != expected:
+            expected = self._topic_of.get(event_type(event))
+            if expected is not None and topic != expected:
                 return Rejection(
                     "wrong_topic", f"a {event_type(event)} event belongs on {expected}, not {topic}"
                 )
         return event
 
 
-def event_type(event: Event) -> str:
+def event_type(event: AnyEvent) -> str:
     """The ``type`` tag of ``event``."""
-    return INFERENCE_LATENCY if isinstance(event, InferenceLatency) else GPU_UTILIZATION
+    if isinstance(event, InferenceLatency):
+        return INFERENCE_LATENCY
+    return INFERENCE_LOAD if isinstance(event, InferenceLoad) else GPU_UTILIZATION
 
 
 _encoder = msgspec.json.Encoder()
 
 
-def encode_event(event: Event) -> bytes:
+def encode_event(event: AnyEvent) -> bytes:
     """The wire bytes of ``event`` (``type`` included, unset optional fields omitted)."""
     return _encoder.encode(event)
 
 
-def event_key(event: Event) -> bytes:
+def event_key(event: AnyEvent) -> bytes:
     """The Kafka key that keeps one service's (or one node's) events in order."""
     return event.key.encode()
 
 
 def event_schema() -> dict[str, object]:
     """JSON Schema (2020-12) of wire format v1, for producers to validate against."""
-    schema: dict[str, object] = msgspec.json.schema(Event)
+    schema: dict[str, object] = msgspec.json.schema(AnyEvent)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = "https://ebbtide.io/schemas/events.v1.json"
     schema["title"] = "Ebbtide event, wire format v1"

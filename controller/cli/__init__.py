@@ -40,6 +40,7 @@ def _register() -> None:
         replay_command,
         run_command,
         scenario_commands,
+        scrape_command,
         simulate_command,
         stream_commands,
     )
@@ -52,6 +53,7 @@ def _register() -> None:
         simulate_command,
         scenario_commands,
         agent_command,
+        scrape_command,
     ):
         for command in module.COMMANDS:
             cli.add_command(command)
