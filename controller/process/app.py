@@ -47,6 +47,7 @@ from controller.process.health import HealthServer
 from controller.process.journal import DecisionsJournal
 from controller.process.metrics import Metrics, StateSources
 from controller.process.settings import Settings
+from controller.process.transitions import Transitions
 from policies.decisions import Decision
 from policies.engine import Engine
 from policies.loader import check_policy, read_sources
@@ -99,6 +100,8 @@ class Controller:
             )
         )
         self.metrics.set_policy(self.policy.metadata.name, self.policy.digest())
+        self.transitions = Transitions(lambda: self.engine, runtime.is_leader)
+        """Logs SLO, leadership and budget changes once per evaluation."""
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._newest_event: float | None = None
@@ -336,6 +339,7 @@ class Controller:
             if self._stopping.is_set():
                 return
             await self.evaluate_once()
+            self.transitions.check(self._clock())
 
     async def evaluate_once(self) -> list[ActionResult]:
         """One tick (:meth:`controller.loop.tick.Loop.tick`): upkeep, evaluate, act when
