@@ -41,6 +41,7 @@ def _register() -> None:
         run_command,
         scenario_commands,
         simulate_command,
+        status_command,
         stream_commands,
     )
 
@@ -52,6 +53,7 @@ def _register() -> None:
         simulate_command,
         scenario_commands,
         agent_command,
+        status_command,
     ):
         for command in module.COMMANDS:
             cli.add_command(command)

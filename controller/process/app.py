@@ -47,6 +47,7 @@ from controller.process.health import HealthServer
 from controller.process.journal import DecisionsJournal
 from controller.process.metrics import Metrics, StateSources
 from controller.process.settings import Settings
+from controller.process.status import StatusBoard, StatusSources
 from controller.process.transitions import Transitions
 from policies.decisions import Decision
 from policies.engine import Engine
@@ -118,11 +119,25 @@ class Controller:
             instruments=_Instruments(self.metrics, lambda: self._newest_event, clock),
             dry_run=bool(self.settings.dry_run),
         )
+        self.status = StatusBoard(
+            StatusSources(
+                engine=lambda: self.engine,
+                cluster=lambda: runtime.cluster,
+                is_leader=runtime.is_leader,
+                unrestored=lambda: self.journal.unrestored,
+                dry_run=lambda: bool(self.settings.dry_run),
+                identity=self.settings.kube.identity,
+                clock=clock,
+            )
+        )
+        """Answers /status; told of every decision record (this replica's and the log's)."""
+        self.journal.observers.append(self.status.note)
         self.http = HealthServer(
             settings.http.address,
             registry=self.metrics.registry,
             ready=self._not_ready,
             alive=lambda: list(self._crashed),
+            status=self.status.status,
         )
 
     # -- lifecycle ------------------------------------------------------------------------------
