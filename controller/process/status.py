@@ -265,7 +265,7 @@ def _flow(node: Node) -> dict[str, Any]:
     try:
         record = FlowRecord.from_json(node.annotations[FLOW_ANNOTATION])
     except ValueError as exc:
-        return {"node": node.name, "error": str(exc)}
+        return {"node": node.name, "error": f"unreadable {FLOW_ANNOTATION}: {exc}"}
     return {
         "node": node.name,
         "direction": record.direction,

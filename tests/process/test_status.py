@@ -13,9 +13,13 @@ import pytest
 from click.testing import CliRunner, Result
 
 from controller.cli.status_command import select, status
+from controller.kube.migannotation import FLOW_ANNOTATION, FlowRecord
 from controller.process.app import Controller, load_policy_files
 from controller.process.settings import load_settings
+from controller.process.status import StatusBoard, StatusSources
 from controller.simcluster.sim_runtime import SimRuntime
+from policies.engine import Engine
+from policies.snapshot import Snapshot, SnapshotBuilder
 from streams.consumer import Batch
 from streams.events import InferenceLatency
 
@@ -154,3 +158,45 @@ async def test_unknown_object_and_unreachable_controller() -> None:
     )
     assert result.exit_code == 1
     assert "cannot reach http://127.0.0.1:9/status" in result.output
+
+
+class _Cluster:
+    """The cluster port's read side over one snapshot (what the Kubernetes adapter's cache
+    gives: nodes with their annotations)."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.synced = True
+        self._snapshot = snapshot
+
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+
+def test_pools_show_mig_flows_with_their_phase() -> None:
+    """A node carrying a MIG flow record is listed under its pool with direction and phase;
+    an unreadable record is shown as such, not fatal."""
+    policy = load_policy_files(load_settings(policies=[POLICY], cluster=f"sim:{SCENARIO}"))
+    flow = FlowRecord(
+        direction="convert", phase="draining", target="all-1g.10gb", previous=None,
+        pool={"ebbtide.io/pool": "mig"}, previous_pool={"ebbtide.io/pool": "whole"},
+        was_cordoned=False, started=100.0, deadline=700.0, profile="all-1g.10gb",
+        rule="mig-convert", reason="idle",
+    )  # fmt: skip
+    b = SnapshotBuilder()
+    b.node("w0", labels={"ebbtide.io/pool": "whole"}, annotations={FLOW_ANNOTATION: flow.to_json()})
+    b.node("w1", labels={"ebbtide.io/pool": "whole"}, annotations={FLOW_ANNOTATION: "{oops"})
+    b.node("w2", labels={"ebbtide.io/pool": "whole"})
+    cluster = _Cluster(b.build())
+    engine = Engine(policy)
+    board = StatusBoard(
+        StatusSources(
+            engine=lambda: engine, cluster=lambda: cluster, is_leader=lambda: True,
+            unrestored=lambda: None, dry_run=lambda: False, identity="r0", clock=lambda: 200.0,
+        )
+    )  # fmt: skip
+    (whole,) = [p for p in board.status()["pools"] if p["name"] == "whole"]
+    good, bad = whole["migFlows"]
+    assert (good["node"], good["direction"], good["phase"]) == ("w0", "convert", "draining")
+    assert good["deadline"] == 700.0
+    assert bad["node"] == "w1"
+    assert bad["error"].startswith("unreadable ebbtide.io/mig-flow: ")
