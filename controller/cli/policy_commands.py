@@ -11,6 +11,7 @@ commands the chart README gives work on the file passed to ``helm install -f``.
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import asdict
 from itertools import pairwise
@@ -18,7 +19,9 @@ from pathlib import Path
 from typing import NoReturn
 
 import click
+from ruamel.yaml import YAML
 
+from controller.kube.objective_crd import objective_crd
 from policies.casetest import load_cases, run_cases
 from policies.explain import explain as explain_policy
 from policies.loader import (
@@ -168,6 +171,19 @@ def explain(files: tuple[Path, ...], values: tuple[Path, ...], output: str) -> N
 def schema() -> None:
     """Print the policy JSON Schema (shipped as docs/policy.schema.json, for editors)."""
     click.echo(json.dumps(policy_json_schema(), indent=2, sort_keys=True))
+
+
+@policy.command()
+def crd() -> None:
+    """Print the ServiceObjective CustomResourceDefinition (shipped as
+    helm/ebbtide/crds/serviceobjectives.yaml): its schema and CEL rules come from the policy
+    model, so a team's object is checked at admission as a policy file is by validate."""
+    buffer = io.StringIO()
+    yaml = YAML()
+    yaml.default_flow_style = False
+    yaml.width = 4096
+    yaml.dump(objective_crd(), buffer)
+    click.echo(buffer.getvalue(), nl=False)
 
 
 @policy.command(name="test")
