@@ -118,6 +118,7 @@ class Controller:
             journal=self.journal,
             instruments=_Instruments(self.metrics, lambda: self._newest_event, clock),
             dry_run=bool(self.settings.dry_run),
+            hold=lambda d: self.status.paused(d),
         )
         self.status = StatusBoard(
             StatusSources(

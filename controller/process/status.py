@@ -25,7 +25,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from controller.kube.migannotation import FLOW_ANNOTATION, FlowRecord
+from controller.kube.objective_crd import PAUSED_ANNOTATION
 from controller.loop.port import Cluster
+from policies.decisions import Decision
 from policies.engine import Engine
 from policies.model import Policy, ServiceSpec, format_duration
 from policies.snapshot import Node, Snapshot
@@ -74,6 +76,24 @@ class StatusBoard:
             if kept is None or _newer(brief, kept):
                 self._last[str(key)] = brief
 
+    def paused(self, decision: Decision) -> str | None:
+        """Why ``decision`` must not be carried out: its service's workload carries
+        ``ebbtide.io/paused: "true"`` (as KEDA's ``autoscaling.keda.sh/paused``); ``None``
+        when it may. Checked on the cluster cache at the moment of acting."""
+        cluster = self._s.cluster()
+        if not cluster.synced:
+            return None
+        paused = _paused_workloads(cluster.snapshot())
+        if not paused:
+            return None
+        policy = self._s.engine().policy
+        for name, svc in policy.spec.services.items():
+            key = policy.service_key(name)
+            workload = _workload_key(key, svc)
+            if workload in paused and (decision.cause == key or decision.target == workload):
+                return f"paused: {workload} carries {PAUSED_ANNOTATION}=true"
+        return None
+
     def status(self) -> dict[str, Any]:
         """The whole answer, as JSON data."""
         s = self._s
@@ -101,11 +121,12 @@ class StatusBoard:
         if snapshot is None:
             blocking.append("cluster cache not synced")
         statuses = {st.key: st for st in engine.service_status(now)}
+        paused = _paused_workloads(snapshot) if snapshot is not None else set()
         services = []
         for name, svc in sorted(spec.services.items()):
             key = policy.service_key(name)
             services.append(
-                self._service(engine, policy, key, svc, statuses[key], snapshot, budgets, now)
+                self._service(engine, key, svc, statuses[key], snapshot, budgets, paused, now)
             )
         return {
             "replica": s.identity,
@@ -135,17 +156,17 @@ class StatusBoard:
     def _service(
         self,
         engine: Engine,
-        policy: Policy,
         key: str,
         svc: ServiceSpec,
         st: Any,
         snapshot: Snapshot | None,
         budgets: Mapping[str, Any],
+        paused: set[str],
         now: float,
     ) -> dict[str, Any]:
         slo = svc.slo
         state = engine.slo_state(key)
-        workload_key = f"{svc.namespace}/{svc.workload or key.split('/', 1)[1]}"
+        workload_key = _workload_key(key, svc)
         current = None
         if snapshot is not None:
             found = [w for w in snapshot.workloads if w.key == workload_key]
@@ -159,6 +180,8 @@ class StatusBoard:
         ):
             desired = last.get("to")
         blocked: list[str] = []
+        if workload_key in paused:
+            blocked.append(f"paused: {workload_key} carries {PAUSED_ANNOTATION}=true")
         if st.level == "none":
             blocked.append(
                 f"too few samples: {st.samples} in the window, minSamples {slo.min_samples}"
@@ -193,6 +216,7 @@ class StatusBoard:
             "pool": svc.pool,
             "workload": workload_key,
             "scaledBy": "ebbtide" if svc.scale is not None else "others",
+            "paused": workload_key in paused,
             "state": state.state,
             "since": state.since,
             "breaches": state.breaches,
@@ -242,6 +266,15 @@ class StatusBoard:
         if leftover := [f for fs in flows.values() for f in fs]:
             out.append({"name": "", "kind": "", "migFlows": leftover})
         return out
+
+
+def _workload_key(service_key: str, svc: ServiceSpec) -> str:
+    """``namespace/workload`` of a service (its workload defaults to the service's name)."""
+    return f"{svc.namespace}/{svc.workload or service_key.split('/', 1)[1]}"
+
+
+def _paused_workloads(snapshot: Snapshot) -> set[str]:
+    return {w.key for w in snapshot.workloads if w.annotations.get(PAUSED_ANNOTATION) == "true"}
 
 
 def _newer(a: Mapping[str, object], b: Mapping[str, object]) -> bool:

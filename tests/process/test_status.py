@@ -200,3 +200,50 @@ def test_pools_show_mig_flows_with_their_phase() -> None:
     assert good["deadline"] == 700.0
     assert bad["node"] == "w1"
     assert bad["error"].startswith("unreadable ebbtide.io/mig-flow: ")
+
+
+async def test_a_paused_workload_is_not_acted_on_and_says_so(tmp_path: Path) -> None:
+    """chat's Deployment annotated ebbtide.io/paused: "true": its breach is decided but refused
+    as paused (nothing changes in the cluster), and its status shows the pause as what blocks
+    it."""
+    scenario = tmp_path / "paused.yaml"
+    scenario.write_text(
+        SCENARIO.read_text().replace(
+            "      name: chat\n",
+            '      name: chat\n      annotations: {ebbtide.io/paused: "true"}\n',
+            1,
+        )
+    )
+    now = [time.time()]
+    settings = load_settings(
+        policies=[POLICY], cluster=f"sim:{scenario}", http={"address": "127.0.0.1:0"}
+    )
+    policy = load_policy_files(settings)
+    controller = Controller(
+        settings,
+        SimRuntime.from_file(scenario, policy, dry_run=settings.dry_run_for(policy)),
+        policy,
+        clock=lambda: now[0],
+    )
+    start = now[0]
+    results = []
+    for step in range(9):
+        await controller.observe(_latency(start + 5 * step, 5, 900.0))
+        now[0] = start + 5 * step + 5
+        results += await controller.evaluate_once()
+    chat = [r for r in results if r.decision.cause == "serving/chat"]
+    assert chat, "the breach was not decided"
+    assert {r.outcome.value for r in chat} == {"refused"}
+    assert chat[0].detail == "paused: serving/chat carries ebbtide.io/paused=true"
+    (replicas,) = [
+        w.replicas
+        for w in controller.runtime.cluster.snapshot().workloads
+        if w.key == "serving/chat"
+    ]
+    assert replicas == 4
+    (service,) = [
+        s for s in controller.status.status()["services"] if s["service"] == "serving/chat"
+    ]
+    assert service["paused"] is True
+    assert service["blockedBy"][0] == "paused: serving/chat carries ebbtide.io/paused=true"
+    assert service["state"] == "breaching"
