@@ -16,12 +16,14 @@ import json
 from dataclasses import asdict
 from itertools import pairwise
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
-from controller.kube.objective_crd import objective_crd
+from controller.kube.objective_crd import KIND as OBJECTIVE_KIND
+from controller.kube.objective_crd import objective_crd, with_objectives
 from policies.casetest import load_cases, run_cases
 from policies.explain import explain as explain_policy
 from policies.loader import (
@@ -108,12 +110,30 @@ def _bounds(_ctx: click.Context, _param: click.Parameter, text: str | None) -> l
     "controller warns at run time too).",
 )
 @_values
+@click.option(
+    "--objectives",
+    multiple=True,
+    type=_PATH,
+    metavar="OBJECTS.yaml",
+    help="ServiceObjective manifests (helm/ebbtide/crds/): check each joins the policy as the "
+    "controller would admit it (its pool exists, its name is free). Repeatable.",
+)
 @_output
 def validate(
-    files: tuple[Path, ...], histogram_bounds: list[float], values: tuple[Path, ...], output: str
+    files: tuple[Path, ...],
+    histogram_bounds: list[float],
+    values: tuple[Path, ...],
+    objectives: tuple[Path, ...],
+    output: str,
 ) -> None:
     """Check policy FILES (merged) or --values; print every problem as FILE:LINE:COL and exit 1."""
     loaded, errors = _check(files, values)
+    joined: list[str] = []
+    if loaded is not None and objectives:
+        before = set(loaded.spec.services)
+        loaded, errors = _admit(loaded, objectives)
+        if loaded is not None:
+            joined = sorted(loaded.service_key(n) for n in set(loaded.spec.services) - before)
     warnings = unresolved_objectives(loaded, histogram_bounds) if loaded is not None else []
     names = ", ".join(str(f) for f in values or files)
     if output == "json":
@@ -138,6 +158,40 @@ def validate(
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
     click.echo(f"ok: policy {loaded.metadata.name!r} ({names})")
+    if joined:
+        click.echo(f"ok: {OBJECTIVE_KIND} {', '.join(joined)} join it")
+
+
+def _admit(loaded: Policy, paths: tuple[Path, ...]) -> tuple[Policy | None, list[PolicyError]]:
+    """``loaded`` with the ServiceObjectives in ``paths`` (:func:`with_objectives`), and one
+    error per object refused or file unreadable (placed at the object's document)."""
+    objects: list[dict[str, Any]] = []
+    where: dict[str, tuple[str, int]] = {}
+    errors: list[PolicyError] = []
+    for path in paths:
+        try:
+            docs = list(YAML(typ="rt").load_all(path.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError, YAMLError) as exc:
+            errors.append(PolicyError(str(path), 1, 1, "", f"cannot read: {exc}"))
+            continue
+        for doc in docs:
+            if not isinstance(doc, dict) or doc.get("kind") != OBJECTIVE_KIND:
+                continue
+            meta = doc.get("metadata") or {}
+            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            where[key] = (str(path), doc.lc.line + 1 if hasattr(doc, "lc") else 1)
+            objects.append(json.loads(json.dumps(doc)))
+    if not objects and not errors:
+        names = ", ".join(str(p) for p in paths)
+        errors.append(PolicyError(names, 1, 1, "", f"no {OBJECTIVE_KIND} in these files"))
+    merged, verdicts = with_objectives(loaded, objects, None)
+    for v in verdicts:
+        if not v.accepted:
+            file, line = where[v.key]
+            errors.append(
+                PolicyError(file, line, 1, "", f"{OBJECTIVE_KIND} {v.key}: {v.reason}: {v.message}")
+            )
+    return (None if errors else merged), errors
 
 
 def unresolved_objectives(p: Policy, bounds: list[float]) -> list[str]:

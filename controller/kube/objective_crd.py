@@ -23,9 +23,13 @@ Design:
 from __future__ import annotations
 
 import copy
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
-from policies.model import ServiceSpec, SloSpec, format_duration
+from pydantic import ValidationError
+
+from policies.model import Policy, ServiceSpec, SloSpec, format_duration, format_loc
 
 __all__ = [
     "GROUP",
@@ -34,7 +38,9 @@ __all__ = [
     "PLURAL",
     "RULES",
     "VERSION",
+    "Admission",
     "objective_crd",
+    "with_objectives",
 ]
 
 GROUP: Final = "ebbtide.io"
@@ -261,3 +267,82 @@ def objective_crd() -> dict[str, Any]:
             ],
         },
     }
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Whether one ServiceObjective joined the policy: ``reason`` is its ``Ready`` condition's
+    (``Accepted``, ``NamespaceNotAllowed``, ``NameTaken``, ``InvalidSpec``), ``message`` the
+    policy loader's words."""
+
+    key: str
+    """``namespace/name``."""
+    accepted: bool
+    reason: str
+    message: str
+
+
+def with_objectives(
+    policy: Policy, objects: Sequence[Mapping[str, Any]], namespaces: Collection[str] | None
+) -> tuple[Policy, list[Admission]]:
+    """``policy`` with each admissible ServiceObjective in ``objects`` as one more service (in
+    ``namespace/name`` order), and a verdict for every object. ``namespaces``: where objectives
+    may be defined (``None``: anywhere). A service's name is its key in ``spec.services``, so
+    an object whose name the policy file or an earlier object already uses is refused
+    (NameTaken), as is one whose pool the policy does not define (InvalidSpec)."""
+    services = dict(policy.spec.services)
+    verdicts: list[Admission] = []
+
+    def key_of(obj: Mapping[str, Any]) -> tuple[str, str]:
+        meta = obj.get("metadata") or {}
+        return str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+
+    for obj in sorted(objects, key=key_of):
+        namespace, name = key_of(obj)
+        key = f"{namespace}/{name}"
+
+        def refuse(reason: str, message: str, key: str = key) -> None:
+            verdicts.append(Admission(key, False, reason, message))
+
+        if namespaces is not None and namespace not in namespaces:
+            allowed = ", ".join(sorted(namespaces)) or "none"
+            refuse("NamespaceNotAllowed", f"namespace {namespace} may not define objectives "
+                   f"(the chart's serviceObjectives.namespaces: {allowed})")  # fmt: skip
+            continue
+        if name in services:
+            owner = services[name].namespace
+            where = "the policy file" if name in policy.spec.services else "another objective"
+            refuse("NameTaken", f"service {name!r} is already defined by {where} (namespace "
+                   f"{owner}); service names are unique across namespaces")  # fmt: skip
+            continue
+        spec = obj.get("spec")
+        if not isinstance(spec, Mapping):
+            refuse("InvalidSpec", "spec: required key is missing")
+            continue
+        try:
+            svc = ServiceSpec.model_validate({**spec, "namespace": namespace})
+        except ValidationError as exc:
+            refuse("InvalidSpec", "; ".join(_messages(exc)))
+            continue
+        if svc.pool not in policy.spec.pools:
+            known = ", ".join(sorted(policy.spec.pools)) or "none"
+            refuse("InvalidSpec", f"spec.pool: undefined pool {svc.pool!r} (pools: {known})")
+            continue
+        services[name] = svc
+        verdicts.append(Admission(key, True, "Accepted", f"service {key} is in the policy"))
+    spec = policy.spec.model_copy(update={"services": services})
+    return policy.model_copy(update={"spec": spec}), verdicts
+
+
+def _messages(exc: ValidationError) -> list[str]:
+    """pydantic's errors as the policy loader words them (``spec.slo.window: …``)."""
+    out = []
+    for err in exc.errors(include_url=False):
+        loc = ("spec", *(p for p in err["loc"] if p != "[key]"))
+        message = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif err["type"] == "missing":
+            message = "required key is missing"
+        out.append(f"{format_loc(loc)}: {message}")
+    return out

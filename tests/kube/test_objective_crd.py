@@ -14,10 +14,13 @@ from typing import Any
 import celpy
 import jsonschema
 import pytest
+from click.testing import CliRunner
 from ruamel.yaml import YAML
 
-from controller.kube.objective_crd import objective_crd
-from policies.loader import Source, check_policy
+from controller.cli.policy_commands import policy as policy_cli
+from controller.kube.objective_crd import objective_crd, with_objectives
+from policies.engine import Engine
+from policies.loader import Source, check_policy, load_policy, read_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "helm" / "ebbtide" / "crds" / "serviceobjectives.yaml"
@@ -186,3 +189,74 @@ def test_the_schema_refuses_shapes(path: str, value: Any) -> None:
     """Units, bounds and types are the OpenAPI schema's: days are not a Go duration (write
     24h), a zero objective or maximum and a bare fraction are refused."""
     assert _schema_errors(_with(path, value))
+
+
+def _objective(namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "ebbtide.io/v1alpha1",
+        "kind": "ServiceObjective",
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": spec,
+    }
+
+
+BALANCED = ROOT / "policies" / "library" / "balanced.yaml"
+TEAMS = [
+    _objective("team-a", "search", CHAT),
+    _objective("team-b", "chat", CHAT),  # the policy file's service
+    _objective("team-c", "embed", _with("pool", "gpu")),
+    _objective("team-d", "rerank", _with("replicas.min", 20)),
+    _objective("team-e", "search", CHAT),  # team-a's name
+]
+
+
+def test_objectives_join_the_policy_or_say_why_not() -> None:
+    """Objects in several namespaces: a valid one joins the policy as a service in its own
+    namespace (the engine runs it); a taken name, an undefined pool or an invalid spec is
+    refused with the loader's words."""
+    policy = load_policy(read_sources([BALANCED]))
+    merged, verdicts = with_objectives(policy, TEAMS, None)
+    got = {v.key: (v.accepted, v.reason, v.message) for v in verdicts}
+    assert got["team-a/search"][:2] == (True, "Accepted")
+    assert got["team-b/chat"][:2] == (False, "NameTaken")
+    assert "already defined by the policy file (namespace serving)" in got["team-b/chat"][2]
+    assert got["team-c/embed"] == (
+        False, "InvalidSpec", "spec.pool: undefined pool 'gpu' (pools: mig, whole)"
+    )  # fmt: skip
+    assert got["team-d/rerank"] == (
+        False, "InvalidSpec", "spec.replicas: min (20) is greater than max (16)"
+    )  # fmt: skip
+    assert got["team-e/search"][:2] == (False, "NameTaken")
+    assert merged.service_key("search") == "team-a/search"
+    assert set(merged.spec.services) == {"chat", "search"}
+    assert Engine(merged).slo_state("team-a/search").state == "ok"
+
+
+def test_objectives_only_in_allowed_namespaces() -> None:
+    """With the chart's namespace list, an object elsewhere is refused and says where."""
+    policy = load_policy(read_sources([BALANCED]))
+    _, (verdict,) = with_objectives(policy, [TEAMS[0]], {"team-x"})
+    assert (verdict.accepted, verdict.reason) == (False, "NamespaceNotAllowed")
+    assert "serviceObjectives.namespaces: team-x" in verdict.message
+
+
+def test_validate_with_objectives(tmp_path: Path) -> None:
+    """`policy validate POLICY --objectives FILE` says which objects join, and places each
+    refused one at its document in the file, exit 1."""
+    good = tmp_path / "good.yaml"
+    good.write_text(json.dumps(TEAMS[0]))
+    result = CliRunner().invoke(policy_cli, ["validate", str(BALANCED), "--objectives", str(good)])
+    assert result.exit_code == 0, result.stderr
+    assert "ok: ServiceObjective team-a/search join it" in result.stdout
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text("---\n".join(json.dumps(o) + "\n" for o in TEAMS[:3]))
+    result = CliRunner().invoke(policy_cli, ["validate", str(BALANCED), "--objectives", str(mixed)])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert lines == [
+        f"{mixed}:3:1: ServiceObjective team-b/chat: NameTaken: service 'chat' is already "
+        "defined by the policy file (namespace serving); service names are unique across "
+        "namespaces",
+        f"{mixed}:5:1: ServiceObjective team-c/embed: InvalidSpec: spec.pool: undefined pool "
+        "'gpu' (pools: mig, whole)",
+    ]
