@@ -14,7 +14,9 @@ Design:
 * Case files are validated like policies (unknown keys are errors, ``FILE:LINE:COL``).
 * A failing expectation is reported with a unified diff of what was expected against the
   decisions made at that time, so the author sees at once what differs. Both sides are
-  written as YAML flow mappings (``{to: 3, dryRun: false}``), the language of the case file.
+  written as YAML flow mappings (``{to: 3, dryRun: false}``), the language of the case file;
+  each decision made ends in a YAML comment with its time (``# at 35s``): over a ``between``
+  range the author sees when each came, and whether a missing one came too early or late.
 * A case whose latency events name a service the policy does not define fails: the engine
   would ignore those events, so the case would pass or fail for a reason it does not show.
 """
@@ -344,21 +346,22 @@ def run_case(policy: Policy, case: Case, evaluate_every: float) -> CaseResult:
     failures: list[str] = []
     for exp in case.expect:
         lo, hi = exp.span()
-        got = [d for t in sorted(made) if lo <= t <= hi for d in made[t]]
+        timed = [(t, d) for t in sorted(made) if lo <= t <= hi for d in made[t]]
+        got = [d for _, d in timed]
         when = (
             f"at {format_duration(lo)}"
             if lo == hi
             else f"between {format_duration(lo)} and {format_duration(hi)}"
         )
         missing = [m for m in exp.decisions if not any(_matches(m, d) for d in got)]
-        present = [(m, d) for m in exp.forbidden for d in got if _matches(m, d)]
+        present = [(m, t, d) for m in exp.forbidden for t, d in timed if _matches(m, d)]
         wrong_count = exp.count is not None and len(got) != exp.count
         if not (missing or present or wrong_count):
             continue
         lines = [f"{when}:"]
         if missing or wrong_count:
             want = [_matcher_text(m) for m in exp.decisions]
-            have = [_brief(d) for d in got]
+            have = [f"{_brief(d)}  # at {format_duration(t)}" for t, d in timed]
             diff = difflib.unified_diff(
                 want, have, "expected", "got", lineterm="", n=len(have) + len(want)
             )
@@ -367,8 +370,11 @@ def run_case(policy: Policy, case: Case, evaluate_every: float) -> CaseResult:
                 lines.append(f"  expected {exp.count} decisions, got {len(got)}")
             if not have:
                 lines.append("  got no decisions")
-        for m, d in present:
-            lines.append(f"  forbidden {_matcher_text(m)} matched {_brief(d)}: {d.get('reason')}")
+        for m, t, d in present:
+            lines.append(
+                f"  forbidden {_matcher_text(m)} matched {_brief(d)} at {format_duration(t)}: "
+                f"{d.get('reason')}"
+            )
         failures.append("\n".join(lines))
     return CaseResult(case.name, not failures, tuple(failures))
 

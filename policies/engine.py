@@ -1153,6 +1153,17 @@ class Engine:
         if busy is not None:
             self._idle.add(node, gpu, busy, math.inf)
 
+    # -- status reads (controller/process/status.py): read-only, added for `ebbtide status` --
+
+    def cooldown_left(self, service_key: str, now: float) -> float:
+        """Seconds before ``namespace/service`` may be acted for again (0: it may now), from
+        its own cooldown or the policy's, and any hold-off after a refused try. A scale-up with
+        ``readyEndsCooldown`` may end it earlier, once its replicas run."""
+        svc = self._services[service_key]
+        quiet = svc.spec.cooldown
+        length = self._policy.spec.cooldowns.service if quiet is None else quiet
+        return self._cooldowns.remaining_s(service_key, now, length)
+
 
 def _reclaimable(inv: Inventory, pool: str, idle: Mapping[str, int]) -> int:
     """Per node of ``pool``: held GPUs idle for the window (``idle``, per node). Which GPU a

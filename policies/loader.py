@@ -42,6 +42,7 @@ __all__ = [
     "PolicyLoadError",
     "Source",
     "check_policy",
+    "check_values",
     "load_policy",
     "load_policy_text",
     "read_sources",
@@ -149,14 +150,8 @@ def check_policy(sources: Sequence[Source]) -> tuple[Policy | None, list[PolicyE
     for source in sources:
         try:
             docs = [d for d in yaml.load_all(source.text) if d is not None]
-        except MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-            problem = exc.problem or str(exc)
-            errors.append(PolicyError(source.name, line, col, "", f"invalid YAML: {problem}"))
-            continue
         except YAMLError as exc:
-            errors.append(PolicyError(source.name, 1, 1, "", f"invalid YAML: {exc}"))
+            errors.append(_yaml_error(source, exc))
             continue
         if not docs:
             errors.append(PolicyError(source.name, 1, 1, "", "empty document"))
@@ -168,6 +163,84 @@ def check_policy(sources: Sequence[Source]) -> tuple[Policy | None, list[PolicyE
                 fragments.append((doc, source.name))
     if not fragments:
         return None, sorted(errors)
+    return _check_fragments(fragments, errors)
+
+
+def check_values(sources: Sequence[Source]) -> tuple[Policy | None, list[PolicyError]]:
+    """The policy the Helm chart would give the controller from these values files, checked
+    like policy files, with each problem placed in its values file.
+
+    The chart's selection (``ebbtide.policies`` in helm/ebbtide/templates/_helpers.tpl): the
+    documents under ``policies``, by file name; ``defaultPolicies`` too when ``policies`` is
+    empty or ``mergeDefaultPolicies`` is true; an empty document is skipped. Helm merges
+    several values files key by key, so a document of one name given in two files is refused
+    here rather than merged: keep each policy in one file."""
+    errors: list[PolicyError] = []
+    tables: dict[str, dict[str, tuple[Any, str]]] = {"policies": {}, "defaultPolicies": {}}
+    merge_defaults = False
+    yaml = YAML(typ="rt")
+    for source in sources:
+        try:
+            doc = yaml.load(source.text)
+        except YAMLError as exc:
+            errors.append(_yaml_error(source, exc))
+            continue
+        if doc is None:
+            continue
+        if not isinstance(doc, CommentedMap):
+            line, col = _node_pos(doc)
+            errors.append(PolicyError(source.name, line, col, "", "values are a mapping"))
+            continue
+        merge_defaults = doc.get("mergeDefaultPolicies", merge_defaults) is True
+        for key, table in tables.items():
+            entries = doc.get(key)
+            if entries is None:
+                continue
+            if not isinstance(entries, CommentedMap):
+                line, col = doc.lc.value(key)
+                errors.append(
+                    PolicyError(source.name, line + 1, col + 1, key, "a mapping of file names")
+                )
+                continue
+            for name, policy_doc in entries.items():
+                kline, kcol = entries.lc.key(name)
+                if name in table:
+                    errors.append(
+                        PolicyError(
+                            source.name, kline + 1, kcol + 1, f"{key}.{name}",
+                            f"also given in {table[name][1]}; Helm would merge the two "
+                            "mappings key by key: keep each policy in one values file",
+                        )
+                    )  # fmt: skip
+                elif policy_doc is not None and not isinstance(policy_doc, CommentedMap):
+                    errors.append(
+                        PolicyError(
+                            source.name, kline + 1, kcol + 1, f"{key}.{name}",
+                            "a policy document is a mapping (apiVersion, kind, metadata, spec)",
+                        )
+                    )  # fmt: skip
+                else:
+                    table[name] = (policy_doc, source.name)
+    chosen = dict(tables["policies"])
+    if not chosen or merge_defaults:
+        chosen = {**tables["defaultPolicies"], **chosen}
+    fragments = [(doc, file) for _, (doc, file) in sorted(chosen.items()) if doc]
+    if not fragments and not errors:
+        names = ", ".join(s.name for s in sources) or "<none>"
+        errors.append(
+            PolicyError(
+                names, 1, 1, "policies", "no policy documents (policies or defaultPolicies)"
+            )
+        )
+    if not fragments:
+        return None, sorted(errors)
+    return _check_fragments(fragments, errors)
+
+
+def _check_fragments(
+    fragments: list[tuple[CommentedMap, str]], errors: list[PolicyError]
+) -> tuple[Policy | None, list[PolicyError]]:
+    """Merge parsed documents (each with its file name) and validate the result."""
 
     positions = _Positions({}, {})
     merged: dict[str, Any] = {}
@@ -200,12 +273,8 @@ def validate_document(model: type[_M], source: Source) -> tuple[_M | None, list[
     errors as policies (case files use this)."""
     try:
         doc = YAML(typ="rt").load(source.text)
-    except MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-        return None, [PolicyError(source.name, line, col, "", f"invalid YAML: {exc.problem}")]
     except YAMLError as exc:
-        return None, [PolicyError(source.name, 1, 1, "", f"invalid YAML: {exc}")]
+        return None, [_yaml_error(source, exc)]
     positions = _Positions({}, {})
     data = _plain(doc, (), source.name, positions)
     try:
@@ -213,6 +282,15 @@ def validate_document(model: type[_M], source: Source) -> tuple[_M | None, list[
     except ValidationError as exc:
         errors = [_place(e, positions, source.name, model) for e in exc.errors(include_url=False)]
         return None, sorted(set(errors))
+
+
+def _yaml_error(source: Source, exc: YAMLError) -> PolicyError:
+    """A YAML syntax error, placed where the parser saw it when it says."""
+    if isinstance(exc, MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+        return PolicyError(source.name, line, col, "", f"invalid YAML: {exc.problem or exc}")
+    return PolicyError(source.name, 1, 1, "", f"invalid YAML: {exc}")
 
 
 def _node_pos(node: object) -> tuple[int, int]:

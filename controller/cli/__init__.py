@@ -42,6 +42,7 @@ def _register() -> None:
         scenario_commands,
         scrape_command,
         simulate_command,
+        status_command,
         stream_commands,
     )
 
@@ -54,6 +55,7 @@ def _register() -> None:
         scenario_commands,
         agent_command,
         scrape_command,
+        status_command,
     ):
         for command in module.COMMANDS:
             cli.add_command(command)

@@ -2,34 +2,78 @@
 
 The shell around :mod:`policies`: files are read here (:func:`policies.loader.read_sources`),
 everything else is the pure core. Problems a user can fix end with exit status 1 and one
-``FILE:LINE:COL: path: message`` line each, on stderr.
+``FILE:LINE:COL: path: message`` line each, on stderr (with ``-o json``, in the JSON on stdout).
+
+Policies come from policy files or, with ``--values VALUES.yaml``, from the Helm chart's values
+(the documents under ``policies``/``defaultPolicies``, chosen as the chart chooses them), so the
+commands the chart README gives work on the file passed to ``helm install -f``.
 """
 
 from __future__ import annotations
 
+import io
 import json
+from dataclasses import asdict
 from itertools import pairwise
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
+from controller.kube.objective_crd import KIND as OBJECTIVE_KIND
+from controller.kube.objective_crd import objective_crd, with_objectives
 from policies.casetest import load_cases, run_cases
-from policies.loader import PolicyError, PolicyLoadError, Source, load_policy, read_sources
-from policies.model import Policy, format_duration, policy_json_schema
+from policies.explain import explain as explain_policy
+from policies.loader import (
+    PolicyError,
+    PolicyLoadError,
+    Source,
+    check_policy,
+    check_values,
+    read_sources,
+)
+from policies.model import Policy, policy_json_schema
 
-__all__ = ["COMMANDS", "explain_policy", "policy", "unresolved_objectives"]
+__all__ = ["COMMANDS", "policy", "unresolved_objectives"]
 
-_files = click.argument(
-    "files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path)
+_PATH = click.Path(dir_okay=False, path_type=Path)
+_files = click.argument("files", nargs=-1, type=_PATH)
+_values = click.option(
+    "--values",
+    "-f",
+    "values",
+    multiple=True,
+    type=_PATH,
+    metavar="VALUES.yaml",
+    help="Read the policies from Helm values files (as given to helm install -f), chosen as "
+    "the chart chooses them: `policies`, or `defaultPolicies` when it is empty or "
+    "mergeDefaultPolicies is true. Repeatable.",
+)
+_output = click.option(
+    "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
 )
 
 
-def _load(files: tuple[Path, ...]) -> Policy:
+def _check(
+    files: tuple[Path, ...], values: tuple[Path, ...]
+) -> tuple[Policy | None, list[PolicyError]]:
+    """The policy from ``files`` or ``values`` (exactly one of them given), with every problem."""
+    if bool(files) == bool(values):
+        raise click.UsageError("give policy FILES or --values VALUES.yaml (not both)")
     try:
-        return load_policy(read_sources(files))
+        sources = read_sources(values or files)
     except PolicyLoadError as exc:
-        _fail(exc.errors)
+        return None, list(exc.errors)
+    return check_values(sources) if values else check_policy(sources)
+
+
+def _load(files: tuple[Path, ...], values: tuple[Path, ...] = ()) -> Policy:
+    loaded, errors = _check(files, values)
+    if errors or loaded is None:
+        _fail(errors)
+    return loaded
 
 
 def _fail(errors: tuple[PolicyError, ...] | list[PolicyError]) -> NoReturn:
@@ -65,13 +109,89 @@ def _bounds(_ctx: click.Context, _param: click.Parameter, text: str | None) -> l
     "whose objective lies above the last bound (the policy alone does not know them; the "
     "controller warns at run time too).",
 )
-def validate(files: tuple[Path, ...], histogram_bounds: list[float]) -> None:
-    """Check policy FILES (merged); print every problem as FILE:LINE:COL and exit 1."""
-    loaded = _load(files)
-    for warning in unresolved_objectives(loaded, histogram_bounds):
+@_values
+@click.option(
+    "--objectives",
+    multiple=True,
+    type=_PATH,
+    metavar="OBJECTS.yaml",
+    help="ServiceObjective manifests (helm/ebbtide/crds/): check each joins the policy as the "
+    "controller would admit it (its pool exists, its name is free). Repeatable.",
+)
+@_output
+def validate(
+    files: tuple[Path, ...],
+    histogram_bounds: list[float],
+    values: tuple[Path, ...],
+    objectives: tuple[Path, ...],
+    output: str,
+) -> None:
+    """Check policy FILES (merged) or --values; print every problem as FILE:LINE:COL and exit 1."""
+    loaded, errors = _check(files, values)
+    joined: list[str] = []
+    if loaded is not None and objectives:
+        before = set(loaded.spec.services)
+        loaded, errors = _admit(loaded, objectives)
+        if loaded is not None:
+            joined = sorted(loaded.service_key(n) for n in set(loaded.spec.services) - before)
+    warnings = unresolved_objectives(loaded, histogram_bounds) if loaded is not None else []
+    names = ", ".join(str(f) for f in values or files)
+    if output == "json":
+        click.echo(
+            json.dumps(
+                {
+                    "ok": loaded is not None,
+                    "files": [str(f) for f in values or files],
+                    "policy": loaded.metadata.name if loaded is not None else None,
+                    "digest": loaded.digest() if loaded is not None else None,
+                    "errors": [asdict(e) for e in errors],
+                    "warnings": warnings,
+                },
+                indent=2,
+            )
+        )
+        if loaded is None:
+            raise SystemExit(1)
+        return
+    if loaded is None:
+        _fail(errors)
+    for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
-    names = ", ".join(str(f) for f in files)
     click.echo(f"ok: policy {loaded.metadata.name!r} ({names})")
+    if joined:
+        click.echo(f"ok: {OBJECTIVE_KIND} {', '.join(joined)} join it")
+
+
+def _admit(loaded: Policy, paths: tuple[Path, ...]) -> tuple[Policy | None, list[PolicyError]]:
+    """``loaded`` with the ServiceObjectives in ``paths`` (:func:`with_objectives`), and one
+    error per object refused or file unreadable (placed at the object's document)."""
+    objects: list[dict[str, Any]] = []
+    where: dict[str, tuple[str, int]] = {}
+    errors: list[PolicyError] = []
+    for path in paths:
+        try:
+            docs = list(YAML(typ="rt").load_all(path.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError, YAMLError) as exc:
+            errors.append(PolicyError(str(path), 1, 1, "", f"cannot read: {exc}"))
+            continue
+        for doc in docs:
+            if not isinstance(doc, dict) or doc.get("kind") != OBJECTIVE_KIND:
+                continue
+            meta = doc.get("metadata") or {}
+            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            where[key] = (str(path), doc.lc.line + 1 if hasattr(doc, "lc") else 1)
+            objects.append(json.loads(json.dumps(doc)))
+    if not objects and not errors:
+        names = ", ".join(str(p) for p in paths)
+        errors.append(PolicyError(names, 1, 1, "", f"no {OBJECTIVE_KIND} in these files"))
+    merged, verdicts = with_objectives(loaded, objects, None)
+    for v in verdicts:
+        if not v.accepted:
+            file, line = where[v.key]
+            errors.append(
+                PolicyError(file, line, 1, "", f"{OBJECTIVE_KIND} {v.key}: {v.reason}: {v.message}")
+            )
+    return (None if errors else merged), errors
 
 
 def unresolved_objectives(p: Policy, bounds: list[float]) -> list[str]:
@@ -90,9 +210,15 @@ def unresolved_objectives(p: Policy, bounds: list[float]) -> list[str]:
 
 @policy.command()
 @_files
-def explain(files: tuple[Path, ...]) -> None:
-    """Print a readable summary of what the policy in FILES will do."""
-    click.echo(explain_policy(_load(files)))
+@_values
+@_output
+def explain(files: tuple[Path, ...], values: tuple[Path, ...], output: str) -> None:
+    """Describe every setting of the policy in FILES (or --values) and what it will do."""
+    explanation = explain_policy(_load(files, values))
+    if output == "json":
+        click.echo(json.dumps(explanation.as_json(), indent=2))
+    else:
+        click.echo(explanation.text())
 
 
 @policy.command()
@@ -101,12 +227,27 @@ def schema() -> None:
     click.echo(json.dumps(policy_json_schema(), indent=2, sort_keys=True))
 
 
+@policy.command()
+def crd() -> None:
+    """Print the ServiceObjective CustomResourceDefinition (shipped as
+    helm/ebbtide/crds/serviceobjectives.yaml): its schema and CEL rules come from the policy
+    model, so a team's object is checked at admission as a policy file is by validate."""
+    buffer = io.StringIO()
+    yaml = YAML()
+    yaml.default_flow_style = False
+    yaml.width = 4096
+    yaml.dump(objective_crd(), buffer)
+    click.echo(buffer.getvalue(), nl=False)
+
+
 @policy.command(name="test")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@click.argument("cases", type=click.Path(dir_okay=False, path_type=Path))
-def test_cmd(file: Path, cases: Path) -> None:
-    """Run the table-driven CASES (YAML) against the policy FILE; exit 1 on any failure."""
-    loaded = _load((file,))
+@click.argument("paths", nargs=-1, required=True, type=_PATH, metavar="[FILE]... CASES")
+@_values
+def test_cmd(paths: tuple[Path, ...], values: tuple[Path, ...]) -> None:
+    """Run the table-driven CASES (YAML, the last argument) against the policy FILEs (merged)
+    or --values; exit 1 on any failure. Each decision in a diff shows its time (# at 35s)."""
+    *files, cases = paths
+    loaded = _load(tuple(files), values)
     try:
         (source,) = read_sources([cases])
     except PolicyLoadError as exc:
@@ -124,100 +265,6 @@ def test_cmd(file: Path, cases: Path) -> None:
     click.echo(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     if failed:
         raise SystemExit(1)
-
-
-def explain_policy(p: Policy) -> str:
-    """A plain-language summary of a policy."""
-    s = p.spec
-    d = format_duration
-    out = [
-        f"Policy {p.metadata.name!r}"
-        + (f": {p.metadata.description}" if p.metadata.description else "")
-    ]
-    if s.kill_switch:
-        out.append("KILL SWITCH ON: no decisions are made.")
-    if s.dry_run:
-        out.append("DRY RUN: decisions are explained but never carried out.")
-    out.append("")
-    out.append("Pools:")
-    for name, pool in sorted(s.pools.items()):
-        sel = ", ".join(f"{k}={v}" for k, v in sorted(pool.node_selector.items()))
-        out.append(f"  {name}: {pool.kind} GPUs on nodes labelled {sel}")
-    out.append("")
-    out.append("Services:")
-    if not s.services:
-        out.append("  (none)")
-    for name, svc in sorted(s.services.items()):
-        slo = svc.slo
-        out.append(
-            f"  {svc.namespace}/{name} in pool {svc.pool}: P{slo.percentile:g} over "
-            f"{d(slo.window)} must stay <= {slo.objective_ms:g}ms."
-        )
-        out.append(
-            f"    Breach after {d(slo.breach_after)} above; recover after {d(slo.recover_after)} "
-            f"below {slo.recover_below:.0%} of the objective "
-            f"({slo.objective_ms * slo.recover_below:g}ms)."
-        )
-        if svc.scale is not None and svc.replicas is not None:
-            out.append(
-                f"    On breach: scale {svc.scale.kind} {svc.workload or name} to "
-                f"ceil(replicas x P/objective) (tolerance {svc.scale.tolerance:.0%}), within "
-                f"{svc.replicas.min}..{svc.replicas.max} replicas, "
-                f"{svc.gpus_per_replica} GPU(s) each."
-            )
-        else:
-            out.append(
-                "    On breach: free GPUs for its pending pods (another autoscaler scales it)."
-            )
-        cooldown = svc.cooldown if svc.cooldown is not None else s.cooldowns.service
-        out.append(f"    Then wait {d(cooldown)} before acting for it again.")
-    out.append("")
-    if s.training is None:
-        out.append("Training: none selected; nothing is ever shrunk or evicted.")
-    else:
-        t = s.training
-        sel = ", ".join(f"{k}={v}" for k, v in sorted(t.selector.items()))
-        where = ", ".join(t.pools) if t.pools else "every pool"
-        out.append(f"Training: workloads labelled {sel}, in {where}.")
-        out.append(
-            "  To free GPUs: shrink elastic ones first (down to "
-            f"{t.elastic.min_replicas_annotation} and {t.gang_minimum_annotation}), then evict "
-            f"pods in order {' > '.join(t.victim_order)} with {d(t.grace_period)} grace."
-        )
-        out.append(
-            f"  Grows back by {t.elastic.grow_step} replica(s) up to "
-            f"{t.elastic.max_replicas_annotation} after GPUs stay idle "
-            f"{d(t.elastic.grow_after)} with no service breaching."
-        )
-    protected = ", ".join(s.protected_namespaces) or "none"
-    out.append(
-        f"  Never touched: namespaces {protected}, anything annotated "
-        "ebbtide.io/do-not-disrupt, inference pods."
-    )
-    out.append("")
-    if s.mig is None or not s.mig.enabled:
-        out.append("MIG: off.")
-    else:
-        m = s.mig
-        profiles = ", ".join(f"{k} -> {' | '.join(m.layouts_for(k))}" for k in sorted(m.profiles))
-        out.append(
-            f"MIG: convert {m.from_pool} nodes when the pool stays below {m.convert_below:.0%} "
-            f"for {d(m.convert_after)} and the node's GPUs stay at or below "
-            f"{m.node_idle_below:.0%} that whole time ({profiles}); at most "
-            f"{m.max_concurrent} at once, keeping {m.min_whole_nodes} whole node(s)."
-        )
-        out.append(
-            f"  Revert {m.to_pool} nodes when pods wait {d(m.revert_after)} for more whole GPUs "
-            "than are free."
-        )
-    out.append("")
-    b = s.budgets
-    out.append(
-        f"Budgets: {b.evictions.max} evictions per {d(b.evictions.per)}, {b.scale_steps.max} scale "
-        f"steps per {d(b.scale_steps.per)}, {b.mig_conversions.max} MIG changes per "
-        f"{d(b.mig_conversions.per)}; training grows at most every {d(s.cooldowns.training_grow)}."
-    )
-    return "\n".join(out)
 
 
 COMMANDS = [policy]

@@ -88,6 +88,7 @@ class Loop:
         journal: Journal | None = None,
         instruments: Instruments | None = None,
         dry_run: bool = False,
+        hold: Callable[[Decision], str | None] | None = None,
     ) -> None:
         self.engine = engine
         self.runtime = runtime
@@ -95,6 +96,9 @@ class Loop:
         self.instruments = instruments
         self.dry_run = dry_run
         """Process-level dry-run: every decision is marked so before it is carried out."""
+        self.hold = hold
+        """Why a decision is held by its owner (a paused service, ``controller.process.status``),
+        or ``None``: checked before its intent is written, a held one is refused."""
 
     async def tick(
         self, now: float, *, before: Callable[[Snapshot], None] | None = None
@@ -150,6 +154,8 @@ class Loop:
                 refused = ActionResult(
                     d, Outcome.REFUSED, f"{NOT_FREED}: {unfreed[d.cause]}", why=Why.NOT_FREED
                 )
+            elif self.hold is not None and (held := self.hold(d)) is not None:
+                refused = ActionResult(d, Outcome.REFUSED, held)
             elif journal is not None and (failed := await journal.intend(d)) is not None:
                 detail = f"the intent was not recorded on the decisions log: {failed}"
                 refused = ActionResult(d, Outcome.REFUSED, detail, why=Why.NOT_JOURNALED)

@@ -47,6 +47,8 @@ from controller.process.health import HealthServer
 from controller.process.journal import DecisionsJournal
 from controller.process.metrics import Metrics, StateSources
 from controller.process.settings import Settings
+from controller.process.status import StatusBoard, StatusSources
+from controller.process.transitions import Transitions
 from policies.decisions import Decision
 from policies.engine import Engine
 from policies.loader import check_policy, read_sources
@@ -99,6 +101,8 @@ class Controller:
             )
         )
         self.metrics.set_policy(self.policy.metadata.name, self.policy.digest())
+        self.transitions = Transitions(lambda: self.engine, runtime.is_leader)
+        """Logs SLO, leadership and budget changes once per evaluation."""
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._newest_event: float | None = None
@@ -114,12 +118,27 @@ class Controller:
             journal=self.journal,
             instruments=_Instruments(self.metrics, lambda: self._newest_event, clock),
             dry_run=bool(self.settings.dry_run),
+            hold=lambda d: self.status.paused(d),
         )
+        self.status = StatusBoard(
+            StatusSources(
+                engine=lambda: self.engine,
+                cluster=lambda: runtime.cluster,
+                is_leader=runtime.is_leader,
+                unrestored=lambda: self.journal.unrestored,
+                dry_run=lambda: bool(self.settings.dry_run),
+                identity=self.settings.kube.identity,
+                clock=clock,
+            )
+        )
+        """Answers /status; told of every decision record (this replica's and the log's)."""
+        self.journal.observers.append(self.status.note)
         self.http = HealthServer(
             settings.http.address,
             registry=self.metrics.registry,
             ready=self._not_ready,
             alive=lambda: list(self._crashed),
+            status=self.status.status,
         )
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -336,6 +355,7 @@ class Controller:
             if self._stopping.is_set():
                 return
             await self.evaluate_once()
+            self.transitions.check(self._clock())
 
     async def evaluate_once(self) -> list[ActionResult]:
         """One tick (:meth:`controller.loop.tick.Loop.tick`): upkeep, evaluate, act when

@@ -1,14 +1,17 @@
-"""The process's HTTP endpoint: ``/metrics``, ``/healthz`` and ``/readyz`` (aiohttp).
+"""The process's HTTP endpoint: ``/metrics``, ``/healthz``, ``/readyz`` and ``/status`` (aiohttp).
 
 ``/healthz`` answers 200 while the process's root tasks are alive (a liveness probe restarts a
 wedged controller). ``/readyz`` answers 200 only when a check callback says the controller is
 ready — the cluster cache has synced and the consumer is caught up — and 503 with the reasons
-otherwise, so a rollout waits for a new replica to have a complete picture.
+otherwise, so a rollout waits for a new replica to have a complete picture. ``/status`` answers
+JSON: per service and pool what the controller sees and what blocks it now
+(:mod:`controller.process.status`; ``ebbtide status`` reads it), on every replica.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -25,6 +28,8 @@ class CannotServe(ControllerError, ConnectionError):
 #: Returns the reasons the controller is not ready (empty: ready).
 ReadinessCheck = Callable[[], list[str]]
 LivenessCheck = Callable[[], list[str]]
+#: Returns the ``/status`` answer (JSON data).
+StatusReport = Callable[[], dict[str, Any]]
 
 
 class HealthServer:
@@ -37,14 +42,18 @@ class HealthServer:
         registry: CollectorRegistry,
         ready: ReadinessCheck,
         alive: LivenessCheck,
+        status: StatusReport | None = None,
     ) -> None:
         host, _, port = address.rpartition(":")
         self._host, self._port = host or "0.0.0.0", int(port)
         self._registry, self._ready, self._alive = registry, ready, alive
+        self._status = status
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
+        if status is not None:
+            app.router.add_get("/status", self._status_json)
         self._runner = web.AppRunner(app, access_log=None)
         self.port = self._port
 
@@ -80,3 +89,7 @@ class HealthServer:
 
     async def _readyz(self, request: web.Request) -> web.Response:
         return self._answer(self._ready())
+
+    async def _status_json(self, request: web.Request) -> web.Response:
+        assert self._status is not None
+        return web.json_response(self._status())

@@ -26,8 +26,9 @@ never happened.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 import structlog
@@ -103,6 +104,9 @@ class DecisionsJournal:
         """Decisions whose intent the broker acknowledged and whose outcome is not recorded."""
         self.audits: set[asyncio.Task[None]] = set()
         """Outcome records in flight (awaited at shutdown)."""
+        self.observers: list[Callable[[Mapping[str, object]], None]] = []
+        """Told of every record: this replica's outcomes, and each one read from the log (any
+        replica's; ``/status`` keeps each service's last decision from them)."""
 
     @property
     def topic(self) -> str | None:
@@ -140,6 +144,11 @@ class DecisionsJournal:
         """One decisions-log record, at start-up or live (any replica's, this one's too)."""
         if (rec := parse_record(value)) is not None:
             self._engine.record(rec)
+        if self.observers:
+            with contextlib.suppress(ValueError):  # parse_record has said what was wrong
+                if isinstance(raw := json.loads(value), dict):
+                    for observe in self.observers:
+                        observe(raw)
 
     async def follow(self) -> None:
         """Retry an incomplete read back, then follow the log until cancelled."""
@@ -201,6 +210,8 @@ class DecisionsJournal:
                 "replica": self._settings.kube.identity,
             }
             log.info("decision", **record)
+            for observe in self.observers:
+                observe(record)
             self._audit(record)
 
     def _audit(self, record: dict[str, object]) -> None:

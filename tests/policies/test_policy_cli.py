@@ -40,8 +40,8 @@ def test_validate_errors(tmp_path: Path) -> None:
     assert code == 1
     lines = err.strip().splitlines()
     assert len(lines) == 2
-    assert lines[0].startswith(f"{bad}:31:13: spec.services.chat.pool: undefined pool 'gpu'")
-    assert lines[1].startswith(f"{bad}:36:22: spec.services.chat.slo.objectiveMs:")
+    assert lines[0].startswith(f"{bad}:32:13: spec.services.chat.pool: undefined pool 'gpu'")
+    assert lines[1].startswith(f"{bad}:37:22: spec.services.chat.slo.objectiveMs:")
 
 
 def test_validate_merge_conflict() -> None:
@@ -57,7 +57,7 @@ def test_explain() -> None:
     """explain prints a summary naming services, training, MIG and budgets."""
     code, out, _ = invoke("explain", str(LIBRARY / "balanced.yaml"))
     assert code == 0
-    for needle in ("serving/chat", "P99", "Training:", "MIG: convert", "Budgets:"):
+    for needle in ("serving/chat", "P99", "Training:", "Convert whole nodes", "budgets:"):
         assert needle in out
 
 

@@ -1,0 +1,92 @@
+"""Log lines a person can follow: one event each time something changes state.
+
+The controller's decisions are logged one by one, but the states behind them (is a service
+breaching? may this replica act? is a budget spent?) were visible only as metrics. Once per
+evaluation :class:`Transitions` compares what the engine and the runtime say now with what they
+said last time and logs one event per change:
+
+* ``slo.state_changed`` (``service``, ``from``, ``to``, the percentile against its objective);
+* ``leadership.gained`` / ``leadership.lost``: whether this replica may actuate
+  (:meth:`~controller.loop.port.ClusterRuntime.is_leader`, which also turns false when a lease
+  renewal lapses without the election noticing, unlike the elector's own ``leader.changed``);
+* ``budget.exhausted`` / ``budget.restored``: a budget's window has nothing left, and later has.
+
+Policy reloads are logged where they happen (``policy.reloaded`` / ``policy.rejected`` in
+:mod:`controller.process.app`). The first look records the starting state and logs only what
+is not the quiet default (a service already breaching, a replica leading, a budget spent, as
+a restart that read the decisions log back can find them), so a restart does not log every
+service as a transition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import structlog
+
+from policies.engine import Engine
+
+__all__ = ["Transitions"]
+
+log = structlog.get_logger("ebbtide")
+
+
+class Transitions:
+    """Remembers the last states seen and logs each change (see the module docstring)."""
+
+    def __init__(self, engine: Callable[[], Engine], is_leader: Callable[[], bool]) -> None:
+        self._engine = engine
+        self._is_leader = is_leader
+        self._slo: dict[str, str] = {}
+        self._leading = False
+        self._exhausted: set[str] = set()
+
+    def check(self, now: float) -> None:
+        """Compare with the last look; log one event per change."""
+        engine = self._engine()
+        policy = engine.policy
+        seen: dict[str, str] = {}
+        for name, spec in sorted(policy.spec.services.items()):
+            key = policy.service_key(name)
+            state = seen[key] = engine.slo_state(key).state
+            before = self._slo.get(key, "ok")
+            if state != before:  # the percentile is merged only then: this runs every tick
+                log.info(
+                    "slo.state_changed",
+                    service=key,
+                    **{"from": before, "to": state},
+                    percentile=spec.slo.percentile,
+                    quantile_ms=_ms(engine.quantile(key, now)),
+                    objective_ms=spec.slo.objective_ms,
+                )
+        self._slo = seen  # a service a reload removed is forgotten
+        leading = self._is_leader()
+        if leading != self._leading:
+            if leading:
+                log.info("leadership.gained", hint="this replica now carries decisions out")
+            else:
+                log.warning("leadership.lost", hint="decisions are refused until it leads again")
+            self._leading = leading
+        for budget in engine.budget_states(now):
+            spent = budget.remaining <= 0
+            if spent and budget.name not in self._exhausted:
+                self._exhausted.add(budget.name)
+                log.warning(
+                    "budget.exhausted",
+                    budget=budget.name,
+                    max=budget.max,
+                    per_s=budget.per_s,
+                    hint="actions it counts are refused until the window slides",
+                )
+            elif not spent and budget.name in self._exhausted:
+                self._exhausted.discard(budget.name)
+                log.info(
+                    "budget.restored",
+                    budget=budget.name,
+                    remaining=budget.remaining,
+                    max=budget.max,
+                )
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)

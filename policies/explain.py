@@ -1,0 +1,287 @@
+"""``ebbtide policy explain``: what a policy will do, in plain language, setting by setting.
+
+Design:
+
+* Every setting of the model is described, defaults included, so two policies that differ in
+  any setting read differently (tests/policies/test_policy_explain.py changes each setting of a
+  fully populated policy in turn and checks the text changes, and that its list of settings is
+  every field of :mod:`policies.model`: a new setting fails it until it is described here).
+* The explanation is data first (:class:`Explanation`: sections of subjects, each a few
+  sentences) so the CLI prints it as text or as JSON (``-o json``) from one source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from policies.model import (
+    DO_NOT_DISRUPT,
+    MigSpec,
+    Policy,
+    PolicySpec,
+    ScaleSpec,
+    ServiceSpec,
+    Step,
+    TrainingSpec,
+    format_duration,
+)
+
+__all__ = ["Explanation", "Item", "Section", "explain"]
+
+_d = format_duration
+
+
+def _pct(fraction: float) -> str:
+    return f"{fraction * 100:.10g}%"
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One subject (a pool, a service, "budgets") and the sentences that describe it."""
+
+    subject: str
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    title: str
+    items: tuple[Item, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """A policy explained: its identity, mode and sections."""
+
+    policy: str
+    description: str
+    digest: str
+    mode: str
+    """``live``, ``dry-run`` or ``kill-switch``."""
+    sections: tuple[Section, ...]
+    spec: dict[str, Any] = field(default_factory=dict)
+    """The effective spec, every default filled in (durations in seconds, percentages as
+    fractions), for ``-o json``."""
+
+    def text(self) -> str:
+        """The explanation as a person reads it."""
+        head = f"Policy {self.policy!r}" + (f": {self.description}" if self.description else "")
+        out = [head]
+        if self.mode == "kill-switch":
+            out.append(
+                "KILL SWITCH ON: no decisions are made (windows and SLO states keep updating)."
+            )
+        elif self.mode == "dry-run":
+            out.append("DRY RUN: decisions are explained but never carried out.")
+        else:
+            out.append("Live: decisions are carried out (unless the controller runs --dry-run).")
+        for section in self.sections:
+            out += ["", f"{section.title}:"]
+            for item in section.items:
+                first, *rest = item.lines
+                prefix = f"  {item.subject}: " if item.subject else "  "
+                out.append(prefix + first)
+                out += [f"    {line}" for line in rest]
+        return "\n".join(out)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "description": self.description,
+            "digest": self.digest,
+            "mode": self.mode,
+            "sections": [
+                {
+                    "title": s.title,
+                    "items": [{"subject": i.subject, "lines": list(i.lines)} for i in s.items],
+                }
+                for s in self.sections
+            ],
+            "spec": self.spec,
+        }
+
+
+def explain(p: Policy) -> Explanation:
+    """Explain ``p``: every setting, in the order a reader needs them."""
+    s = p.spec
+    mode = "kill-switch" if s.kill_switch else "dry-run" if s.dry_run else "live"
+    sections = (
+        Section("Pools", tuple(_pools(s))),
+        Section(
+            "Services",
+            tuple(_service(s, name, svc) for name, svc in sorted(s.services.items()))
+            or (Item("", ("(none)",)),),
+        ),
+        Section("Training", _training(s.training, s)),
+        Section("MIG", _mig(s.mig)),
+        Section("Limits", _limits(s)),
+    )
+    return Explanation(
+        policy=p.metadata.name,
+        description=p.metadata.description,
+        digest=p.digest(),
+        mode=mode,
+        sections=sections,
+        spec=p.spec.model_dump(mode="json", by_alias=True),
+    )
+
+
+def _pools(s: PolicySpec) -> list[Item]:
+    items = []
+    for name, pool in sorted(s.pools.items()):
+        sel = ", ".join(f"{k}={v}" for k, v in sorted(pool.node_selector.items()))
+        lines = [f"{pool.kind} GPUs on nodes labelled {sel}."]
+        if pool.taints:
+            taints = ", ".join(f"{t.key}={t.value}:{t.effect}" for t in pool.taints)
+            lines.append(
+                f"A MIG flow into this pool taints the node {taints}; out of it, removes them."
+            )
+        items.append(Item(name, tuple(lines)))
+    return items
+
+
+def _step(step: Step) -> str:
+    return f"{step} replica(s)" if isinstance(step, int) else f"{_pct(step)} of the replicas"
+
+
+def _service(s: PolicySpec, name: str, svc: ServiceSpec) -> Item:
+    slo = svc.slo
+    workload = svc.workload or name
+    cooldown = svc.cooldown if svc.cooldown is not None else s.cooldowns.service
+    lines = [
+        f"in pool {svc.pool}, workload {workload}, {svc.gpus_per_replica} GPU(s) a replica: "
+        f"P{slo.percentile:g} over {_d(slo.window)} (slots of {_d(slo.resolution)}) must stay "
+        f"<= {slo.objective_ms:g}ms.",
+        f"Breach after {_d(slo.breach_after)} above; recover after {_d(slo.recover_after)} "
+        f"below {_pct(slo.recover_below)} of the objective "
+        f"({slo.objective_ms * slo.recover_below:g}ms).",
+        f"Fewer than {slo.min_samples} requests in the window give no verdict; a breach with "
+        f"no verdict for {_d(slo.stale_after)} goes stale and expires.",
+    ]
+    if svc.scale is not None and svc.replicas is not None:
+        lines += _scale(svc.scale, svc, workload, cooldown)
+    else:
+        if svc.replicas is not None:
+            lines.append(
+                f"Replica bounds {svc.replicas.min}..{svc.replicas.max} (unused without scale)."
+            )
+        lines.append("On breach: free GPUs for its pending pods (another autoscaler scales it).")
+    lines.append(f"After acting for it, wait {_d(cooldown)} before acting for it again.")
+    return Item(f"{svc.namespace}/{name}", tuple(lines))
+
+
+def _scale(sc: ScaleSpec, svc: ServiceSpec, workload: str, cooldown: float) -> list[str]:
+    assert svc.replicas is not None
+    step = f"at most {sc.max_step} replica(s) a step" if sc.max_step else "no step limit"
+    lines = [
+        f"On breach: scale {sc.kind} {workload} to ceil(replicas x "
+        f"P/objective) (tolerance {_pct(sc.tolerance)}), within {svc.replicas.min}.."
+        f"{svc.replicas.max} replicas, {step}.",
+    ]
+    if sc.leading is not None:
+        lines.append(
+            f"Leading indicator: {sc.leading.rate_per_replica:g} requests/s a replica; whenever "
+            "the request rate over the window wants more replicas, scale up to "
+            "ceil(rate / that), breaching or not; never scale down below it."
+        )
+    else:
+        lines.append("No leading indicator: scale-up waits for the percentile to breach.")
+    if sc.ready_ends_cooldown:
+        lines.append(
+            "A scale-up's cooldown ends early once every replica runs and breachAfter has passed."
+        )
+    else:
+        lines.append("A scale-up's cooldown runs its full length.")
+    if sc.shrink_first:
+        lines.append(
+            "New replicas only into GPUs free now: GPUs freed from training are taken by the "
+            "next step."
+        )
+    else:
+        lines.append("New replicas may be placed while training is still giving GPUs back.")
+    down = sc.down
+    if down is None:
+        lines.append("Never scaled down by Ebbtide.")
+    else:
+        down_cooldown = down.cooldown if down.cooldown is not None else cooldown
+        lines.append(
+            f"Scale down while P{svc.slo.percentile:g} < {_pct(down.below)} of the objective "
+            f"({svc.slo.objective_ms * down.below:g}ms), to the highest recommendation of the "
+            f"last {_d(down.stabilization)}, at most {_step(down.max_step)} a step, every "
+            f"{_d(down_cooldown)} at most, never below {svc.replicas.min}."
+        )
+    return lines
+
+
+def _training(t: TrainingSpec | None, s: PolicySpec) -> tuple[Item, ...]:
+    protected = ", ".join(s.protected_namespaces) or "none"
+    never = Item(
+        "never touched",
+        (f"namespaces {protected}, anything annotated {DO_NOT_DISRUPT}, inference pods.",),
+    )
+    if t is None:
+        return Item("", ("none selected; nothing is ever shrunk or evicted.",)), never
+    sel = ", ".join(f"{k}={v}" for k, v in sorted(t.selector.items()))
+    where = ", ".join(t.pools) if t.pools else "every pool"
+    e = t.elastic
+    owner = (
+        "Ebbtide resizes training that an HPA or KEDA ScaledObject also targets."
+        if t.owner == "ebbtide"
+        else "Training that an HPA or KEDA ScaledObject also targets is not resized (an Event "
+        "says why)."
+    )
+    lines = (
+        f"workloads labelled {sel}, in {where}.",
+        f"To free GPUs: shrink elastic ones first (down to {e.min_replicas_annotation} and "
+        f"{t.gang_minimum_annotation}), then evict pods in order {' > '.join(t.victim_order)} "
+        f"(progress from {t.progress_annotation}) with {_d(t.grace_period)} grace.",
+        f"Pods opted in to the checkpoint handshake get {_d(t.checkpoint.deadline)} to "
+        "checkpoint before eviction (their own annotation wins).",
+        f"Grows back by {e.grow_step} replica(s) up to {e.max_replicas_annotation} after GPUs "
+        f"stay idle {_d(e.grow_after)} with no service breaching.",
+        owner,
+    )
+    return Item("", lines), never
+
+
+def _mig(m: MigSpec | None) -> tuple[Item, ...]:
+    if m is None:
+        return (Item("", ("off.",)),)
+    state = "on" if m.enabled else "OFF (enabled: false; the settings below are unused)"
+    profiles = ", ".join(f"{k} -> {' | '.join(m.layouts_for(k))}" for k in sorted(m.profiles))
+    lines = [
+        f"{state}. Convert {m.from_pool} nodes to {m.to_pool} when the pool stays below "
+        f"{_pct(m.convert_below)} for {_d(m.convert_after)} and the node's GPUs stay at or "
+        f"below {_pct(m.node_idle_below)} that whole time ({profiles}); at most "
+        f"{m.max_concurrent} at once, keeping {m.min_whole_nodes} whole node(s).",
+        f"Revert {m.to_pool} nodes when pods wait {_d(m.revert_after)} for more whole GPUs "
+        "than are free.",
+        f"A conversion not seen in the cluster after {_d(m.stuck_after)} stops counting as in "
+        "flight.",
+    ]
+    for name, slices in sorted(m.configs.items()):
+        per_gpu = ", ".join(f"{n} x {p}" for p, n in sorted(slices.items()))
+        lines.append(f"Config {name}: {per_gpu} per GPU.")
+    return (Item("", tuple(lines)),)
+
+
+def _limits(s: PolicySpec) -> tuple[Item, ...]:
+    b = s.budgets
+    return (
+        Item(
+            "budgets",
+            (
+                f"{b.evictions.max} evictions per {_d(b.evictions.per)}, {b.scale_steps.max} "
+                f"scale steps per {_d(b.scale_steps.per)}, {b.mig_conversions.max} MIG changes "
+                f"per {_d(b.mig_conversions.per)}.",
+            ),
+        ),
+        Item(
+            "cooldowns",
+            (
+                f"{_d(s.cooldowns.service)} after an action for a service (unless it sets its "
+                f"own); training grows at most every {_d(s.cooldowns.training_grow)}.",
+            ),
+        ),
+    )
