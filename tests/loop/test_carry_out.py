@@ -262,3 +262,22 @@ def test_run_now_refuses_a_coroutine_that_waits() -> None:
 
     with pytest.raises(RuntimeError, match="waited on I/O"):
         run_now(waits())
+
+
+def test_a_held_decision_is_refused_before_its_intent_and_frees_nothing() -> None:
+    """A paused service (``hold``) refuses its own decisions before the intent is written, and
+    a scale-up waiting on a held eviction is refused as not freed."""
+    cluster = ScriptedCluster({})
+    journal = Journal()
+    held = {"ml/p0": "serving/chat is paused (ebbtide.io/paused)"}
+    loop = Loop(
+        Engine(policy_for_loop()),
+        Runtime(cluster),  # type: ignore[arg-type]
+        journal=journal,
+        hold=lambda d: held.get(d.target),
+    )
+    results = run_now(loop.carry_out([evict("ml/p0"), up()]))
+    assert (results[0].outcome.value, results[0].detail) == ("refused", held["ml/p0"])
+    assert results[1].why is Why.NOT_FREED
+    assert journal.intended == []
+    assert cluster.applied == []
