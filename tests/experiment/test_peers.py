@@ -6,6 +6,7 @@ event lag."""
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,7 +213,7 @@ def feed(state: KpaState, start: int, end: int, concurrency: float) -> None:
 
 def test_kpa_stable_mode_targets_the_windows_mean_concurrency() -> None:
     """A steady 45 in flight, target 10 per replica: ceil(4.5) = 5, every tick, no flapping."""
-    s = kpa()
+    s = kpa(KpaSettings(scale_down_delay_s=0.0))
     feed(s, 0, 200, 45.0)
     assert [s.scale(float(t), ready=5) for t in range(60, 200, 2)] == [5] * 70
     assert s.panic_time is None
@@ -221,7 +222,7 @@ def test_kpa_stable_mode_targets_the_windows_mean_concurrency() -> None:
 def test_kpa_panics_on_a_burst_and_never_scales_down_while_panicking() -> None:
     """The 6 s window at twice the ready pods' target starts panic: the panic count wins; once
     the burst ends the count holds until a stable window after the last over-threshold tick."""
-    s = kpa()
+    s = kpa(KpaSettings(scale_down_delay_s=0.0))
     feed(s, 0, 100, 40.0)
     assert s.scale(99.0, ready=4) == 4
     feed(s, 100, 110, 200.0)
@@ -231,6 +232,30 @@ def test_kpa_panics_on_a_burst_and_never_scales_down_while_panicking() -> None:
     held = [s.scale(float(t), ready=16) for t in range(111, 169, 2)]
     assert set(held) == {20}
     assert s.scale(171.0, ready=16) == 8  # un-panicked: stable 40/10 = 4, halved at most
+
+
+def reversals(settings: KpaSettings) -> int:
+    """Scale direction changes within 10 s over 20 minutes of a noisy load near 2 x target."""
+    s = kpa(settings)
+    rng = random.Random(7)
+    ready, last, flips = 2, None, 0
+    for t in range(0, 1200):
+        s.observe(float(t), rng.gauss(20.0, 6.0))
+        if t >= 60 and t % 2 == 0:
+            want = s.scale(float(t), ready=ready)
+            if want is not None and want != ready:
+                up = want > ready
+                if last is not None and last[0] != up and t - last[1] < 10:
+                    flips += 1
+                last, ready = (up, t), want
+    return flips
+
+
+def test_kpa_does_not_flap_at_the_arenas_defaults() -> None:
+    """Regression: with Knative's scale-down-delay of 0 the count flips within seconds around
+    the boundary; the arena's default (60 s) makes no reversal within 10 s."""
+    assert reversals(KpaSettings(scale_down_delay_s=0.0)) > 0
+    assert reversals(KpaSettings()) == 0
 
 
 def test_kpa_starts_in_panic_with_more_than_one_ready_pod() -> None:

@@ -16,7 +16,12 @@ defaults of ``config/core/configmaps/autoscaler.yaml`` (``config-autoscaler``):
   extended while that holds, and ends a stable window after it last held; in panic the count
   never goes down (``maxPanicPods``, the largest of stable and panic seen); a new autoscaler
   starts in panic when more than one pod is ready;
-* ``scale-down-delay`` (default 0: none) holds the largest count of that window;
+* ``scale-down-delay`` holds the largest count of that window. Knative's default is 0, and at
+  0 the KPA flips a replica up and down within seconds whenever the load sits near a multiple
+  of the target (the stable window's mean wanders across the ``ceil`` boundary; on the small
+  scenario's hour, 24 reversals within 30 s, each scale-up preempting training). That is
+  flapping, which an SRE running GPU pods that take minutes to start does not keep: the
+  arena's default is 60 s (no reversal within 30 s on the same hour), 0 is in the sweep;
 * the result is clamped to ``minScale``/``maxScale`` (the policy's replica bounds).
 
 Concurrency is Little's law: the requests completed in a window spent the sum of their
@@ -58,7 +63,8 @@ class KpaSettings:
     panic_threshold_pct: float = 200.0
     max_scale_up_rate: float = 1000.0
     max_scale_down_rate: float = 2.0
-    scale_down_delay_s: float = 0.0
+    scale_down_delay_s: float = 60.0
+    """Knative's default is 0 (see the module docstring)."""
     tick_s: float = 2.0
     scrape_s: float = 1.0
 
