@@ -366,8 +366,9 @@ class _Loop:
                 self.backfill = Backfill(policy, start=self.t0)
         else:
             raise ValueError(f"unknown controller {controller!r}; known: {', '.join(CONTROLLERS)}")
-        self.meter = Engine(_renamed(policy, summary_policy.metadata.name))
-        """The independent SLO meter: decides nothing, sees every event on time."""
+        self.meter = Engine(_renamed(bench.policy, summary_policy.metadata.name))
+        """The independent SLO meter: decides nothing, sees every event on time, judges by
+        the policy as given (a sweep's variant of Ebbtide is judged like every other run)."""
         self.summary = Summary.for_policy(summary_policy, summary_policy.sha256(), self.dt)
         self.summary.latency = MODELLED
         self.services = [
