@@ -317,6 +317,8 @@ def test_sweep_runs_each_controllers_grid_and_marks_the_fronts(tmp_path: Path) -
     assert best["slo_attainment"]["value"] == max(r["slo_attainment"] for r in runs)
     page = (out / "compare.html").read_text()
     assert '"kind": "pareto"' in page or '"kind":"pareto"' in page
+    assert "<th>settings changed</th>" in page
+    assert "<td>headroom=0.5</td>" in page
     assert "dominated by #" in page or all(r["pareto"] == "front" for r in runs)
     assert len(list((out / "sweep").iterdir())) == len(runs) - 3
 

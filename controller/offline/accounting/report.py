@@ -422,7 +422,7 @@ _RUN_COLORS: Final = ("#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#7f7f7f", "#9
 _COLUMNS: Final = (
     ("id", "#"),
     ("label", "run"),
-    ("settings", "settings"),
+    ("sweep", "settings changed"),
     ("slo_attainment", "SLO attainment"),
     ("breach_minutes", "breach min"),
     ("p99_worst_5min_ms", "worst 5-min P99 (ms)"),
@@ -441,7 +441,7 @@ _COLUMNS: Final = (
 def _cell(key: str, value: Any) -> str:
     if value is None:
         return "-"
-    if key == "settings":
+    if key in ("settings", "sweep"):
         return html.escape(", ".join(f"{k}={v:g}" for k, v in value.items()) or "defaults")
     if key == "slo_attainment":
         return f"{100 * value:.2f}%"
@@ -581,7 +581,7 @@ def pareto_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 },
                 "x": [r["training_goodput_gpu_hours"] for r in mine],
                 "y": [100.0 * r["slo_attainment"] for r in mine],
-                "text": [f"#{r['id']} {_cell('settings', r.get('settings', {}))}" for r in mine],
+                "text": [f"#{r['id']} {_cell('sweep', r.get('sweep', {}))}" for r in mine],
             }
         )
         front = sorted(
