@@ -284,6 +284,19 @@ def test_kpa_peer_scales_the_service_from_its_requests() -> None:
     assert d.to_replicas > 4
 
 
+def test_kpa_rps_scales_on_the_request_rate_not_the_latency() -> None:
+    """metric: rps: 20 req/s at any latency, target 0.5 x 5 req/s per replica: 8 replicas."""
+    policy = balanced()
+    snap = SimCluster.from_scenario(load_scenario(SCENARIO), policy=policy).snapshot()
+    for ms in (50.0, 900.0):
+        peer = Kpa(policy, MODELS, start=EPOCH, settings=KpaSettings(rps=True))
+        for t in range(1, 120):
+            peer.observe(_chat(EPOCH + t, 20, ms=ms))
+        (d,) = peer.evaluate(EPOCH + 120.0, snap)
+        assert isinstance(d, Scale)
+        assert d.to_replicas == 8, ms
+
+
 def test_backfill_grows_training_into_idle_gpus_by_priority_in_whole_gangs() -> None:
     """The small scenario's pretrain (2 GPUs a replica, 16 of max 24) and sweep: idle GPUs go
     to the higher-priority job first, whole replicas only; nothing while a GPU pod waits."""
