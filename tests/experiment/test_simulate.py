@@ -356,3 +356,27 @@ def test_ebbtide_decides_on_late_events_while_the_meter_sees_them_on_time(tmp_pa
     late, n_late = first_scale_up(EventLag(30.0, 0.0), "b")
     assert late > on_time
     assert n_late == n_on_time
+
+
+def test_peers_act_through_the_same_gate(tmp_path: Path) -> None:
+    """A peer's scale of a workload in a protected namespace is refused by the gate, as
+    Ebbtide's would be; nothing changes in the cluster."""
+    text = BALANCED.read_text().replace(
+        "protectedNamespaces: [kube-system, gpu-operator]",
+        "protectedNamespaces: [kube-system, gpu-operator, serving]",
+    )
+    policy = load_policy_text(text)
+    bench = Bench.of(
+        load_scenario(SCENARIO),
+        policy,
+        lambda s: Diurnal(start=s, bursts=(Burst(60.0, 480.0, 6.0),)),
+        SimulateSettings(duration_s=600.0, seed=1),
+    )
+    run = run_controller(bench, "hpa-rate", tmp_path / "out")
+    lines = [json.loads(x) for x in (tmp_path / "out" / "decisions.jsonl").read_text().splitlines()]
+    chat = [d for d in lines if d["target"] == "serving/chat"]
+    assert chat
+    assert {d["outcome"] for d in chat} == {"refused"}
+    assert run.figures.scale_actions == sum(
+        1 for d in lines if d["outcome"] == "applied" and d["role"] == "training"
+    )

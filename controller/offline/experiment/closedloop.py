@@ -24,7 +24,8 @@ Design:
   clock), as live. Peers (:mod:`.peers`, :mod:`.baselines`): ``hpa-rate``, ``hpa-latency``,
   ``keda``, ``kpa`` decide every tick on their own metric pipelines; ``static-p95`` and
   ``static-peak`` apply a plan before ``T_0``; ``polling`` is the strawman. Peers act on the
-  simulated cluster directly. Every peer but ``polling`` also gets the priority
+  simulated cluster through the same gate (a :class:`~controller.loop.gate.SafetyGate` for the
+  policy), not through Ebbtide's tick. Every peer but ``polling`` also gets the priority
   :class:`~.baselines.Backfill` of idle GPUs by training. Each run's settings
   (:class:`RunSpec`) override its controller's defaults; ``compare.json`` lists them.
 * **What each controller knows, and when.** Ebbtide's engine sees every event late
@@ -91,7 +92,7 @@ from controller.offline.models.telemetry import (
     running_replicas,
 )
 from controller.simcluster import EPOCH, Scenario, SimCluster
-from controller.simcluster.sim_runtime import SimRuntime
+from controller.simcluster.sim_runtime import GatedSimCluster, SimRuntime
 from policies.decisions import Scale
 from policies.engine import Engine
 from policies.inventory import Inventory
@@ -366,6 +367,8 @@ class _Loop:
                 self.backfill = Backfill(policy, start=self.t0)
         else:
             raise ValueError(f"unknown controller {controller!r}; known: {', '.join(CONTROLLERS)}")
+        self.port = GatedSimCluster(self.sim, SafetyGate(policy, clock=lambda: self.sim.now))
+        """Where a peer's decisions go: the simulated cluster behind the gate Ebbtide's pass."""
         self.meter = Engine(_renamed(bench.policy, summary_policy.metadata.name))
         """The independent SLO meter: decides nothing, sees every event on time, judges by
         the policy as given (a sweep's variant of Ebbtide is judged like every other run)."""
@@ -500,7 +503,7 @@ class _Loop:
             target_rho=st.utilization,
             sized_for=sized_for,
         )
-        results = self.runner.run(self.sim.apply(plan.decisions))
+        results = self.runner.run(self.port.apply(plan.decisions))
         self._write(results, count=False, bucket=0)
         self.sim.advance(self.t0)
 
@@ -543,11 +546,11 @@ class _Loop:
             snap = self._refresh()
             self.meter.evaluate(now, snap)
             decisions = self.peer.evaluate(now, snap) if self.peer is not None else []
-            results = self.runner.run(self.sim.apply(decisions)) if decisions else []
+            results = self.runner.run(self.port.apply(decisions)) if decisions else []
             if self.backfill is not None:
                 grown = self.backfill.evaluate(now, self._refresh())
                 if grown:
-                    results += self.runner.run(self.sim.apply(grown))
+                    results += self.runner.run(self.port.apply(grown))
         if results:
             self._write(results, count=True, bucket=bucket)
         self._refresh()
