@@ -149,7 +149,7 @@ SWEEP: Final[Mapping[Controller, tuple[dict[str, float], ...]]] = {
     "hpa-rate": _grid(utilization=(0.4, 0.6), down_window_s=(300.0, 1200.0)),
     "hpa-latency": _grid(target=(0.5, 0.6, 0.8), down_window_s=(300.0, 1200.0)),
     "keda": _grid(utilization=(0.4, 0.6)) + _grid(cached=(1.0,)),
-    "kpa": _grid(target=(0.7, 1.4)) + _grid(scale_down_delay_s=(0.0,)) + _grid(rps=(1.0,)),
+    "kpa": _grid(target=(0.7, 1.4)) + _grid(scale_down_delay_s=(0.0, 60.0)) + _grid(rps=(1.0,)),
     "static-p95": _grid(headroom=(0.0, 0.5, 1.0)),
 }
 #: Simulated seconds static partitioning's plan gets to settle before ``T_0``.
