@@ -18,14 +18,13 @@ defaults of ``config/core/configmaps/autoscaler.yaml`` (``config-autoscaler``):
   starts in panic when more than one pod is ready;
 * ``scale-down-delay`` holds the largest count of that window. Knative's default is 0, and at
   0 the KPA flips a replica up and down within seconds whenever the load sits near a multiple
-  of the target (the stable window's mean wanders across the ``ceil`` boundary; on the small
-  scenario's hour, 24 reversals within 30 s, each scale-up preempting training). That is
-  flapping, which an SRE running GPU pods that take minutes to start does not keep. At 60 s
-  it still cycles on the Azure shape (16 → 8 → 4 → 16 replicas every few minutes: a new pod
-  waits for a preempted training pod's grace and its own start, ~50 s, while the load swings
-  minute to minute; 64.9 % attainment on 6 h, seed 2), at 10 minutes it holds (96.1 %). The
-  arena's default is 10 minutes, the same window ``hpa-rate`` scales down over; 0 and 60 s
-  are in the sweep;
+  of the target (the stable window's mean wanders across the ``ceil`` boundary, and each
+  scale-up preempts training). That is flapping, which an SRE running GPU pods that take
+  minutes to start does not keep. A one-minute delay still cycles on the Azure shape (from the
+  maximum down to a quarter of it and back every few minutes: a new pod waits for a preempted
+  training pod's grace and its own start while the load swings minute to minute). The arena's
+  default is 10 minutes, the same window ``hpa-rate`` scales down over; 0 and 60 s are in the
+  sweep (BENCHMARKS.md has the figures);
 * the result is clamped to ``minScale``/``maxScale`` (the policy's replica bounds).
 
 Concurrency is Little's law: the requests completed in a window spent the sum of their
@@ -42,8 +41,7 @@ target ``target`` x ``utilization`` x the requests/s one replica serves.
 
 On the queueing model, concurrency is a poor signal: a replica's latency falls as replicas are
 added, so ``ceil(concurrency / target)`` answers an increase of replicas with a decrease (at the
-target utilization the loop gain is -1) and the KPA cycles between its maximum and a quarter of
-it on the Azure shape (24 h, seed 0: 1,649 scale actions, 3,395 preemptions). That is the
+target utilization the loop gain is -1), which adds to the cycling above. That is the
 algorithm on this model, not a shortcut of the peer; ``rps`` is the variant without that loop.
 """
 
