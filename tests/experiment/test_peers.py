@@ -340,11 +340,14 @@ def test_pareto_marks_dominated_runs_the_front_and_the_best_per_column() -> None
         {"controller": "b", "slo_attainment": 0.94, "training_goodput_gpu_hours": 11.0},
         {"controller": "c", "slo_attainment": None, "training_goodput_gpu_hours": 20.0},
     ]
+    for r in rows:
+        r["fair"] = r["controller"] != "a"  # "a" an oracle
     out = mark(rows)
     assert [r["pareto"] for r in rows] == ["front", "front", "dominated", "none"]
     assert rows[2]["dominated_by"] == [1]
     assert rows[1]["dominates"] == [2]
     assert out["front"] == [0, 1]
+    assert out["fair_front"] == [1]  # without the oracle, b's better run is alone on it
     assert out["best"]["slo_attainment"] == {"direction": "max", "value": 0.99, "runs": [0]}
     assert out["best"]["training_goodput_gpu_hours"]["runs"] == [3]
     assert [r["own_front"] for r in rows] == [True, True, False, False]

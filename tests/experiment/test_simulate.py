@@ -128,6 +128,8 @@ def test_compare_json_has_a_run_per_peer_with_every_field(compared: tuple[Path, 
     assert runs["hpa-rate"]["settings"]["down_window_s"] == 600.0
     assert runs["ebbtide"]["settings"] == {"lag_flush_s": 0.0, "lag_transport_s": 0.0}
     assert doc["pareto"]["front"] == [r["id"] for r in doc["runs"] if r["pareto"] == "front"]
+    fair = {r["id"] for r in doc["runs"] if r["fair"] or r["controller"] == "ebbtide"}
+    assert set(doc["pareto"]["fair_front"]) <= fair
 
 
 def test_one_comparison_report_puts_every_run_on_one_time_axis(

@@ -4,9 +4,10 @@ value of each column.
 A run ``a`` **dominates** ``b`` when it is at least as good on both objectives (SLO attainment
 and training goodput, both higher-is-better) and better on one. The **front** is the runs no
 other run dominates; a controller's **own front** is the same among its own runs (its settings'
-trade-off curve). A run without an attainment (no request was evaluated) is on no front and
-dominates nothing. ``best`` gives, per column of the table, the best value, its direction, and
-the runs that reach it.
+trade-off curve); the **fair front** is the front among Ebbtide's runs and the fair peers'
+(rows with ``fair``), leaving out the oracle and the strawman. A run without an attainment (no
+request was evaluated) is on no front and dominates nothing. ``best`` gives, per column of the
+table, the best value, its direction, and the runs that reach it.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def dominates(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def mark(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Give each row (changed in place) ``id`` (its index), ``dominates`` and ``dominated_by``
     (ids), ``pareto`` (``front``, ``dominated`` or ``none`` without an attainment) and
-    ``own_front``; return ``compare.json``'s ``pareto`` object (objectives, the front's ids,
-    the best value per column)."""
+    ``own_front``; return ``compare.json``'s ``pareto`` object (objectives, the front's and
+    the fair front's ids, the best value per column)."""
     for i, row in enumerate(rows):
         row["id"] = i
     for row in rows:
@@ -62,6 +63,10 @@ def mark(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             row["pareto"] = "dominated" if row["dominated_by"] else "front"
         own = [o for o in rows if o["controller"] == row["controller"]]
         row["own_front"] = _point(row) is not None and not any(dominates(o, row) for o in own)
+    fair = [r for r in rows if r.get("fair") or r["controller"] == "ebbtide"]
+    fair_front = [
+        r["id"] for r in fair if _point(r) is not None and not any(dominates(o, r) for o in fair)
+    ]
     best: dict[str, dict[str, Any]] = {}
     for col, direction in DIRECTIONS.items():
         values = [r[col] for r in rows if r.get(col) is not None]
@@ -76,5 +81,6 @@ def mark(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "objectives": {k: DIRECTIONS[k] for k in OBJECTIVES},
         "front": [r["id"] for r in rows if r["pareto"] == "front"],
+        "fair_front": fair_front,
         "best": best,
     }
