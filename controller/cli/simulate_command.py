@@ -1,18 +1,20 @@
 """``ebbtide simulate``: what would this policy do to a cluster under this load? (closed loop)
 
 The command wires :mod:`controller.offline.experiment` together: load and check the policy and
-scenario,
-build the load shape (``--load diurnal`` or ``--load azure:PATH``, with ``--burst`` flash crowds
-on top), run Ebbtide's engine in the closed loop, write ``summary.json``, ``decisions.jsonl``
-and ``report.html`` into ``--out`` (the files ``ebbtide replay`` writes) and print a short
-summary. ``--record FILE`` also writes every generated event as a recording that ``ebbtide
-replay`` and ``ebbtide publish`` accept. ``--compare`` runs the peers (``hpa-priority``,
-``keda-priority``, ``static``, ``polling``: :mod:`controller.offline.experiment.peers`) on the
-identical
-load and seed in the same process, writes each one's ``summary.json`` and ``decisions.jsonl``
-under ``--out/baseline-NAME/``, ``compare.json`` (``runs[]``, one per controller) and ONE
-comparison report ``compare.html`` (every run on one time axis), and prints one table. Errors a
-user can fix are one line and exit 1.
+scenario, build the load shape (``--load diurnal`` or ``--load azure:PATH``, with ``--burst``
+flash crowds on top), run Ebbtide's engine in the closed loop (seeing events ``--lag-flush`` and
+``--lag-transport`` late), write ``summary.json``, ``decisions.jsonl`` and ``report.html`` into
+``--out`` (the files ``ebbtide replay`` writes) and print a short summary. ``--record FILE``
+also writes every generated event as a recording that ``ebbtide replay`` and ``ebbtide
+publish`` accept (a replay reproduces the run's decisions at ``--lag-flush 0s
+--lag-transport 0s``). ``--compare`` runs the peers (:mod:`controller.offline.experiment.peers`
+and ``.baselines``; ``--peers`` picks some, ``--set CONTROLLER.SETTING=VALUE`` changes their
+defaults) on the identical load and seed in the same process, writes each one's
+``summary.json`` and ``decisions.jsonl`` under ``--out/baseline-NAME/``; ``--sweep`` adds
+each controller over a small grid of its own settings (``closedloop.SWEEP``, under
+``--out/sweep/``). Then ``compare.json`` (``runs[]``, one per run, with the Pareto marks of
+:mod:`controller.offline.experiment.pareto`), ONE comparison report ``compare.html``, and one
+printed table. Errors a user can fix are one line and exit 1.
 """
 
 from __future__ import annotations
@@ -30,12 +32,17 @@ from controller.cli.options import duration_option, load_policy_files, one_line,
 from controller.offline.accounting.report import COMPARISON_FILE, render_comparison, write_outputs
 from controller.offline.experiment.closedloop import (
     CONTROLLERS,
+    FAIR,
+    SWEEP,
     Bench,
-    Controller,
+    EventLag,
+    Run,
+    RunSpec,
     SimulateSettings,
+    ebbtide_variant,
+    peer_settings,
     run_controller,
 )
-from controller.offline.experiment.figures import RunFigures
 from controller.offline.experiment.load import (
     AZURE_ATTRIBUTION,
     AzureTrace,
@@ -44,6 +51,7 @@ from controller.offline.experiment.load import (
     LoadShape,
     parse_burst,
 )
+from controller.offline.experiment.pareto import DIRECTIONS, mark
 from controller.offline.models.llmserving import (
     DEFAULT_MEAN_TOKENS,
     DEFAULT_SERVING_STARTUP_S,
@@ -144,42 +152,99 @@ def _describe_model(llm: LlmServing | None, startup: float | None) -> dict[str, 
     }
 
 
+def _lag_option(_ctx: click.Context, _param: click.Parameter, value: str) -> float:
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    return seconds
+
+
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.2f}%"
 
 
-def format_compare(rows: Sequence[RunFigures]) -> str:
-    """The ``--compare`` table."""
-    head = ["controller", "preempts", "SLO attainment", "breach min", "worst 5m P99",
-            "mean GPU util", "training GPU-h", "goodput GPU-h", "actions",
-            "preemptions"]  # fmt: skip
+def parse_sets(values: Sequence[str]) -> dict[str, dict[str, float]]:
+    """``--set CONTROLLER.SETTING=VALUE`` (repeatable) -> per controller, its overrides; a value
+    is a number, a duration with a unit (seconds) or true/false."""
+    out: dict[str, dict[str, float]] = {}
+    for text in values:
+        name, eq, raw = text.partition("=")
+        controller, dot, setting = name.partition(".")
+        if not eq or not dot or not setting:
+            raise click.BadParameter(f"CONTROLLER.SETTING=VALUE; got {text!r}", param_hint="--set")
+        if controller not in CONTROLLERS:
+            raise click.BadParameter(
+                f"{text!r}: unknown controller {controller!r} (one of {', '.join(CONTROLLERS)})",
+                param_hint="--set",
+            )
+        word = raw.strip().lower()
+        try:
+            value = {"true": 1.0, "false": 0.0}.get(word)
+            if value is None:
+                value = parse_duration(raw) if word[-1:].isalpha() else float(raw)
+        except ValueError as exc:
+            raise click.BadParameter(f"{text!r}: {exc}", param_hint="--set") from exc
+        out.setdefault(controller, {})[setting] = value
+    return out
+
+
+def _arrow(key: str) -> str:
+    d = DIRECTIONS.get(key)
+    return "" if d is None else (" ↑" if d == "max" else " ↓")
+
+
+def format_compare(rows: Sequence[dict[str, Any]], best: dict[str, Any] | None = None) -> str:
+    """The ``--compare`` table: one line per ``compare.json`` row; ``*`` marks the best value of
+    a column (its direction after the header: ↑ higher is better, ↓ lower)."""
+    best = best or {}
+    cols = [("slo_attainment", "SLO attainment"), ("breach_minutes", "breach min"),
+            ("p99_worst_5min_ms", "worst 5m P99"), ("mean_gpu_util_pct", "mean GPU util"),
+            ("training_goodput_gpu_hours", "goodput GPU-h"),
+            ("training_goodput_gpu_hours_optimistic", "optimistic GPU-h"),
+            ("disruptions", "disruptions"), ("preemptions", "preemptions")]  # fmt: skip
+
+    def cell(r: dict[str, Any], key: str) -> str:
+        v = r.get(key)
+        if v is None:
+            text = "-"
+        elif key == "slo_attainment":
+            text = _pct(v)
+        elif key == "p99_worst_5min_ms":
+            text = f"{v:.0f}ms"
+        elif key == "mean_gpu_util_pct":
+            text = f"{v:.1f}%"
+        elif isinstance(v, float):
+            text = f"{v:.2f}"
+        else:
+            text = str(v)
+        star = key in best and r.get("id") in best[key]["runs"]
+        return text + ("*" if star else "")
+
+    head = ["run", "controller", "settings", *(h + _arrow(k) for k, h in cols), "pareto"]
     body = [
         [
-            r.controller,
-            "yes" if r.preemption else "no",
-            _pct(r.slo_attainment),
-            f"{r.breach_minutes:.1f}",
-            "-" if r.p99_worst_5min_ms is None else f"{r.p99_worst_5min_ms:.0f}ms",
-            "-" if r.mean_gpu_util_pct is None else f"{r.mean_gpu_util_pct:.1f}%",
-            f"{r.training_gpu_hours:.2f}",
-            f"{r.training_goodput_gpu_hours:.2f}",
-            str(r.actions),
-            str(r.preemptions),
+            str(r.get("id", i)),
+            r["controller"] + ("" if r.get("fair") or r["controller"] == "ebbtide" else " (!)"),
+            ",".join(f"{k}={v:g}" for k, v in r.get("sweep", {}).items()) or "defaults",
+            *(cell(r, k) for k, _ in cols),
+            str(r.get("pareto", "-")),
         ]
-        for r in rows
+        for i, r in enumerate(rows)
     ]
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
     lines = []
     for row in [head, *body]:
         cells = [
-            c.ljust(w) if i < 2 else c.rjust(w)
+            c.ljust(w) if 0 < i < 3 else c.rjust(w)
             for i, (c, w) in enumerate(zip(row, widths, strict=True))
         ]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
 
 
-def _print_summary(summary: dict[str, Any], fig: RunFigures, span: float, report: Path) -> None:
+def _print_summary(summary: dict[str, Any], run: Run, span: float, report: Path) -> None:
+    fig = run.figures
     click.echo(
         f"simulated {format_duration(span)} ({fig.events} events) in {fig.wall_s:.1f}s; "
         f"policy {summary['policy']['name']} {summary['policy']['digest']}"
@@ -220,8 +285,21 @@ def _print_summary(summary: dict[str, Any], fig: RunFigures, span: float, report
               metavar="HH:MM", help="Time of day (UTC) the run starts.")  # fmt: skip
 @click.option("--seed", type=int, default=0, help="Seeds arrivals, latencies and telemetry.")
 @click.option("--compare", is_flag=True,
-              help="Also run the peers (hpa-priority, keda-priority, static, polling) on the "
-                   "same load; write compare.json and compare.html; print a table.")  # fmt: skip
+              help="Also run the peers (hpa-rate, hpa-latency, keda, kpa, static-p95; "
+                   "static-peak, an oracle; polling, a strawman) on the same load; write "
+                   "compare.json and compare.html; print a table.")  # fmt: skip
+@click.option("--peers", default=",".join(CONTROLLERS[1:]), metavar="NAME,...",
+              help="The peers --compare runs (default: all).")  # fmt: skip
+@click.option("--sweep", is_flag=True,
+              help="With --compare: also run every controller over a small grid of its own "
+                   "settings; compare.json and compare.html mark the Pareto fronts.")  # fmt: skip
+@click.option("--set", "sets", multiple=True, metavar="CONTROLLER.SETTING=VALUE",
+              help="Change a controller's default, e.g. hpa-rate.down_window_s=20m, "
+                   "keda.cached=true, ebbtide.breach_after_s=15s (repeatable).")  # fmt: skip
+@click.option("--lag-flush", default="5s", callback=_lag_option, metavar="DURATION",
+              help="Ebbtide sees events when their producer's flush interval ends...")  # fmt: skip
+@click.option("--lag-transport", default="76ms", callback=_lag_option, metavar="DURATION",
+              help="...plus this broker-to-decision delay (0s and 0s: on time).")  # fmt: skip
 @click.option("--record", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the generated events as a recording (.jsonl or .jsonl.gz).")  # fmt: skip
 @click.option("--latency-model", type=click.Choice(["auto", "queue", "llm"]), default="auto",
@@ -250,6 +328,11 @@ def simulate(
     start_of_day: float,
     seed: int,
     compare: bool,
+    peers: str,
+    sweep: bool,
+    sets: tuple[str, ...],
+    lag_flush: float,
+    lag_transport: float,
     record: Path | None,
     latency_model: str,
     slo_metric: Metric,
@@ -282,10 +365,36 @@ def simulate(
                 f"--duration {format_duration(duration)}",
                 param_hint="--burst",
             )
+    overrides = parse_sets(sets)
+    chosen = [p.strip() for p in peers.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in CONTROLLERS[1:]]
+    if unknown:
+        raise click.BadParameter(
+            f"unknown peer {', '.join(unknown)} (one of {', '.join(CONTROLLERS[1:])})",
+            param_hint="--peers",
+        )
+    if sweep and not compare:
+        raise click.BadParameter("needs --compare", param_hint="--sweep")
+    specs = [RunSpec(c, overrides.get(c, {})) for c in ["ebbtide", *chosen]]
+    if sweep:
+        specs += [
+            RunSpec(s.controller, {**s.settings, **point})
+            for s in specs
+            for point in SWEEP.get(s.controller, ())
+        ]
+    try:
+        for spec in specs:
+            if spec.controller == "ebbtide":
+                ebbtide_variant(policy, spec.settings)
+            else:
+                peer_settings(spec.controller, spec.settings)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--set") from exc
     make_shape, attribution = _shape_maker(load, parsed)
     settings = SimulateSettings(duration_s=duration, seed=seed, start_of_day_s=start_of_day)
     llm = _serving(latency_model, make_shape, slo_metric, mean_tokens)
-    bench = Bench.of(loaded, policy, make_shape, settings, llm=llm, load_scale=load_scale)
+    lag = EventLag(flush_s=lag_flush, transport_s=lag_transport)
+    bench = Bench.of(loaded, policy, make_shape, settings, llm=llm, load_scale=load_scale, lag=lag)
     startup = serving_startup
     if startup is None and llm is not None:
         startup = DEFAULT_SERVING_STARTUP_S
@@ -305,6 +414,8 @@ def simulate(
         command += ["--slo-metric", slo_metric, "--mean-tokens", mean_tokens]
     if serving_startup is not None:
         command += ["--serving-startup", format_duration(serving_startup)]
+    command += ["--lag-flush", f"{lag_flush:g}s", "--lag-transport", f"{lag_transport:g}s"]
+    command += [a for x in sets for a in ("--set", x)]
     header: dict[str, Any] = {
         "generated_by": shlex.join(command),
         "scenario": str(scenario),
@@ -317,28 +428,35 @@ def simulate(
     if attribution:
         header["attribution"] = attribution
     with progress(int(duration), "simulating", "sim-s") as on_progress:
-        result, fig = run_controller(
-            bench, "ebbtide", out, record=record, record_header=header, progress=on_progress
+        first = run_controller(
+            bench, specs[0], out, record=record, record_header=header, progress=on_progress
         )
-    _, report = write_outputs(result, out)
-    _print_summary(result.summary.to_dict(), fig, duration, report)
+    _, report = write_outputs(first.result, out)
+    _print_summary(first.result.summary.to_dict(), first, duration, report)
     if attribution:
         click.echo(f"  {attribution}")
     if record is not None:
         click.echo(f"recording: {record}")
     if not compare:
         return
-    rows = [fig]
-    results = [result]
-    controllers: tuple[Controller, ...] = tuple(c for c in CONTROLLERS if c != "ebbtide")
-    for controller in controllers:
-        where = out / f"baseline-{controller}"
-        res, row = run_controller(bench, controller, where)
-        (where / "summary.json").write_text(
-            json.dumps(res.summary.to_dict(), indent=2) + "\n", encoding="utf-8"
+    runs = [first]
+    defaults = len(chosen) + 1
+    for i, spec in enumerate(specs[1:], start=1):
+        where = out / (
+            f"baseline-{spec.controller}" if i < defaults else f"sweep/{i:02d}-{spec.controller}"
         )
+        run = run_controller(bench, spec, where)
+        (where / "summary.json").write_text(
+            json.dumps(run.result.summary.to_dict(), indent=2) + "\n", encoding="utf-8"
+        )
+        runs.append(run)
+    rows = []
+    for i, run in enumerate(runs):
+        row = run.row()
+        row["sweep"] = dict(run.spec.settings)
+        row["default"] = i < defaults
         rows.append(row)
-        results.append(res)
+    pareto = mark(rows)
     (out / COMPARE_FILE).write_text(
         json.dumps(
             {
@@ -349,7 +467,10 @@ def simulate(
                 "services": {k: asdict(m) for k, m in bench.models.items()},
                 "latency_model": _describe_model(llm, startup),
                 "inference_outranks_training": bench.inference_outranks_training,
-                "runs": [r.to_dict() for r in rows],
+                "fair_peers": sorted(FAIR),
+                "lag": asdict(lag),
+                "pareto": pareto,
+                "runs": rows,
             },
             indent=2,
         )
@@ -357,21 +478,26 @@ def simulate(
         encoding="utf-8",
     )
     context = (
-        f"{shlex.join(command)} --compare: the same cluster ({scenario.name}), policy "
-        f"{policy.metadata.name}, load ({bench.shape.describe()}) and seed {seed} for every run. "
-        "The scheduler preempts lower PriorityClasses in every run but polling."
+        f"{shlex.join(command)} --compare{' --sweep' if sweep else ''}: the same cluster "
+        f"({scenario.name}), policy {policy.metadata.name}, load ({bench.shape.describe()}) and "
+        f"seed {seed} for every run. The scheduler preempts lower PriorityClasses in every run "
+        "but polling; every peer but polling lends idle GPUs to training (priority backfill). "
+        f"Ebbtide sees events {lag_flush:g}s flush + {lag_transport * 1000:g}ms late; "
+        "attainment is measured by an independent meter. Fair peers: "
+        f"{', '.join(sorted(FAIR))}; static-peak is an oracle, polling a strawman."
     )
     page = render_comparison(
-        [(r.to_dict(), res) for r, res in zip(rows, results, strict=True)],
+        [(row, run.result) for row, run in zip(rows, runs, strict=True)],
         title=f"Ebbtide vs peers: {loaded.metadata.name}, {format_duration(duration)}",
         context=context,
+        pareto=pareto,
     )
     (out / COMPARISON_FILE).write_text(page, encoding="utf-8")
     click.echo(f"compared on the same load ({bench.shape.describe()}, seed {seed}):")
-    click.echo(format_compare(rows))
-    click.echo(f"({UTIL_WEIGHTING})")
-    for r in rows:
-        click.echo(f"  {r.controller}: {r.label}")
+    click.echo(format_compare(rows, pareto["best"]))
+    click.echo(f"({UTIL_WEIGHTING}; * best of a column; (!) not a fair peer)")
+    for row in rows[:defaults]:
+        click.echo(f"  {row['controller']}: {row['label']}")
     click.echo(f"comparison: {out / COMPARE_FILE}, report: {out / COMPARISON_FILE}")
 
 

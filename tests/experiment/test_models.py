@@ -135,7 +135,7 @@ def test_static_partition_sizes_inference_for_peak_and_gives_training_the_rest()
     policy = load_policy_text(BALANCED.read_text())
     snap = SimCluster.from_scenario(load_scenario(SCENARIO), policy=policy).snapshot()
     models = {"serving/chat": default_model("serving/chat", objective_ms=300, initial_replicas=4)}
-    plan = static_partition(snap, policy, models, peak_factor=1.1, at=EPOCH)
+    plan = static_partition(snap, policy, models, load_factor=1.1, at=EPOCH)
     assert plan.replicas["serving/chat"] == 11
     gpus = plan.replicas["serving/chat"] + 2 * plan.replicas["ml/pretrain"]
     gpus += plan.replicas["ml/sweep"]

@@ -47,7 +47,8 @@ def test_idle_inference_replicas_are_reported_reclaimable(
     bench = Bench.of(
         load_scenario(SCENARIO), load_policy_text(BALANCED.read_text()), lambda s: Quiet(), settings
     )
-    result, figures = run_controller(bench, "ebbtide", tmp_path / "out")
+    run = run_controller(bench, "ebbtide", tmp_path / "out")
+    result, figures = run.result, run.figures
     write_outputs(result, tmp_path / "out")
     # once per bucket of the report's timeline, not every tick: 90 points while the stride
     # doubles from 1 to 32 ticks over the 2700 ticks, up to 90 samples at each stride

@@ -67,7 +67,7 @@ def test_report_title_utilization_weighting_and_progress(
     assert "Latency modelled: a queueing model" in page  # closed loop, not as recorded
     overall = re.search(r"all GPUs: mean utilization ([\d.]+)% \(each physical GPU", output)
     assert overall is not None
-    ebbtide_row = next(ln for ln in output.splitlines() if ln.startswith("ebbtide "))
+    ebbtide_row = next(ln for ln in output.splitlines() if ln.split()[1:2] == ["ebbtide"])
     assert f"{overall.group(1)}%" in ebbtide_row
     assert "(per device)" in output
     assert "weighs each physical GPU the same" in output

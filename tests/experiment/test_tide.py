@@ -86,7 +86,7 @@ def test_the_tide_scale_down_mig_at_night_and_back_in_the_morning(tmp_path: Path
         lambda s: DayNight(start=s),
         SimulateSettings(duration_s=6000.0, seed=1, start_of_day_s=12 * 3600.0),
     )
-    result, _ = run_controller(bench, "ebbtide", tmp_path)
+    result = run_controller(bench, "ebbtide", tmp_path).result
     lines = (tmp_path / "decisions.jsonl").read_text().splitlines()
     rules = [(d["ts"] - bench.start, d["rule"], d["target"]) for d in map(json.loads, lines)]
 

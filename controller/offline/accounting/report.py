@@ -420,22 +420,29 @@ def write_outputs(result: RunResult, out_dir: Path) -> tuple[Path, Path]:
 COMPARISON_FILE: Final = "compare.html"
 _RUN_COLORS: Final = ("#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#7f7f7f", "#9467bd", "#8c564b")
 _COLUMNS: Final = (
+    ("id", "#"),
     ("label", "run"),
+    ("sweep", "settings changed"),
     ("slo_attainment", "SLO attainment"),
     ("breach_minutes", "breach min"),
     ("p99_worst_5min_ms", "worst 5-min P99 (ms)"),
     ("training_gpu_hours", "training GPU-h"),
     ("training_goodput_gpu_hours", "training goodput GPU-h"),
+    ("training_goodput_gpu_hours_optimistic", "optimistic goodput GPU-h"),
+    ("disruptions", "training disruptions"),
     ("mean_gpu_util_pct", "mean GPU util"),
     ("reclaimable_gpu_hours", "reclaimable GPU-h"),
     ("actions", "actions"),
     ("preemptions", "preemptions"),
+    ("pareto", "Pareto"),
 )
 
 
 def _cell(key: str, value: Any) -> str:
     if value is None:
         return "-"
+    if key in ("settings", "sweep"):
+        return html.escape(", ".join(f"{k}={v:g}" for k, v in value.items()) or "defaults")
     if key == "slo_attainment":
         return f"{100 * value:.2f}%"
     if key == "mean_gpu_util_pct":
@@ -544,15 +551,100 @@ def comparison_figure(runs: list[tuple[dict[str, Any], RunResult]]) -> dict[str,
     }
 
 
+_PARETO_TITLE: Final = (
+    "SLO attainment vs training goodput (both higher is better); ringed: on the overall "
+    "front; dotted: each controller's own front"
+)
+
+
+def pareto_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """SLO attainment against training goodput, one marker per run, each controller's own
+    front as a line (its settings' trade-off curve); the overall front's runs are ringed."""
+    data: list[dict[str, Any]] = []
+    controllers = list(dict.fromkeys(r["controller"] for r in rows))
+    for c, name in enumerate(controllers):
+        mine = [r for r in rows if r["controller"] == name and r.get("slo_attainment") is not None]
+        color = _RUN_COLORS[c % len(_RUN_COLORS)]
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": name,
+                "legendgroup": name,
+                "marker": {
+                    "color": color,
+                    "size": 10,
+                    "line": {
+                        "width": [3 if r.get("pareto") == "front" else 0 for r in mine],
+                        "color": "#000000",
+                    },
+                },
+                "x": [r["training_goodput_gpu_hours"] for r in mine],
+                "y": [100.0 * r["slo_attainment"] for r in mine],
+                "text": [f"#{r['id']} {_cell('sweep', r.get('sweep', {}))}" for r in mine],
+            }
+        )
+        front = sorted(
+            (r for r in mine if r.get("own_front")), key=lambda r: r["training_goodput_gpu_hours"]
+        )
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": f"{name} front",
+                "legendgroup": name,
+                "showlegend": False,
+                "line": {"color": color, "dash": "dot"},
+                "x": [r["training_goodput_gpu_hours"] for r in front],
+                "y": [100.0 * r["slo_attainment"] for r in front],
+            }
+        )
+    return {
+        "id": "pareto",
+        "kind": "pareto",
+        "title": "Trade-off: SLO attainment against training goodput",
+        "data": data,
+        "layout": {
+            "title": {"text": _PARETO_TITLE},
+            "height": 520,
+            "xaxis": {"title": {"text": "training goodput (GPU-h)"}},
+            "yaxis": {"title": {"text": "SLO attainment (%)"}},
+        },
+    }
+
+
 def render_comparison(
-    runs: list[tuple[dict[str, Any], RunResult]], *, title: str, context: str
+    runs: list[tuple[dict[str, Any], RunResult]],
+    *,
+    title: str,
+    context: str,
+    pareto: dict[str, Any] | None = None,
 ) -> str:
     """One page comparing every run (``runs``: ``compare.json``'s row and the run's result):
-    the figures table, then :func:`comparison_figure`."""
+    the figures table (with ``pareto``, ``compare.json``'s: the best value of each column in
+    bold with its direction, and each run's place on the front), the trade-off figure, then
+    :func:`comparison_figure` of the runs at their defaults (``row["default"]``, all when no
+    row says)."""
     e = html.escape
-    head = [h for _, h in _COLUMNS]
-    body = [[_cell(k, row.get(k)) for k, _ in _COLUMNS] for row, _ in runs]
-    figure = comparison_figure(runs)
+    best = (pareto or {}).get("best", {})
+    head = [
+        h + {"max": " ↑", "min": " ↓"}.get(best.get(k, {}).get("direction"), "")
+        for k, h in _COLUMNS
+    ]
+    rows = [row for row, _ in runs]
+    body = []
+    for row in rows:
+        cells = []
+        for k, _ in _COLUMNS:
+            text = _cell(k, row.get(k))
+            if k in best and row.get("id") in best[k]["runs"]:
+                text = f"<b>{text}</b>"
+            elif k == "pareto" and row.get("dominated_by"):
+                text += " by " + ", ".join(f"#{i}" for i in row["dominated_by"][:5])
+            cells.append(text)
+        body.append(cells)
+    figures = [pareto_figure(rows)] if pareto is not None else []
+    figures.append(comparison_figure([(r, res) for r, res in runs if r.get("default", True)]))
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -570,10 +662,13 @@ th, td {{ border: 1px solid #ccc; padding: 0.3em 0.8em; text-align: left; }}
 <h1>{e(title)}</h1>
 <p>{e(context)}</p>
 {_table(head, body)}
-<p>Definitions: <code>controller/offline/experiment/figures.py</code>; goodput model:
-<code>controller/offline/experiment/goodput.py</code>.</p>
-<div id="{figure["id"]}" class="fig"></div>
-{_plots([figure])}
+<p>Bold: the best value of a column (↑ higher is better, ↓ lower). Pareto: on the front of
+SLO attainment and training goodput, or dominated (by the runs listed). Definitions:
+<code>controller/offline/experiment/figures.py</code>; goodput model:
+<code>controller/offline/experiment/goodput.py</code>; fronts:
+<code>controller/offline/experiment/pareto.py</code>.</p>
+{"".join(f'<div id="{f["id"]}" class="fig"></div>' for f in figures)}
+{_plots(figures)}
 </body>
 </html>
 """

@@ -1,27 +1,36 @@
 """Baselines Ebbtide is compared against, on the same cluster and the same load (with the
-peers of :mod:`controller.offline.experiment.peers`).
+peers of :mod:`controller.offline.experiment.peers`), and the backfill every fair peer gets.
 
 * **Static partitioning** (:func:`static_partition`): what a cluster without an autoscaler does.
-  Before the run starts, every policy service with a scale target is sized for the *peak* load
-  of the run (bursts included: the load generator is known in advance, so this is the best a
-  static plan can do) at ``rho = target_rho`` (0.5), within the policy's replica bounds; the
-  rest of each pool goes to elastic training, every job first at its minimum, then grown to its
-  maximum in priority order (highest first) while whole GPUs remain. The plan is applied and the
-  cluster settles before the measured run begins; during the run nothing changes. Good SLO,
-  inference GPUs idle most of the day.
-* **Polling autoscaler** (:class:`PollingAutoscaler`): the Kubernetes HPA as KEDA or the HPA
-  drive it by default. Every ``period_s`` (30 s) it reads each service's P99 over a one-minute
-  window *ending* ``lag_s`` (30 s) ago (the metrics pipeline's delay: scrape, export, query) and
-  applies the HPA formula ``desired = ceil(replicas * p99 / objective)``, nothing while the ratio
-  is within the policy's tolerance, bounded by the policy's replica bounds and the HPA's default
-  behaviour (up: at most double or +4 pods per step; down: the highest recommendation of the last
-  five minutes, the stabilization window). It knows nothing about training: scaled-up pods that
-  find no free GPU stay Pending, as with the default scheduler when training holds the GPUs and
-  nothing preempts it: its run is the only one with the scheduler's preemption **off** (labelled
-  "no preemption"; the earlier benchmarks' peer, kept for continuity). It never evicts, shrinks
-  training or touches MIG. The fair HPA peers are in :mod:`controller.offline.experiment.peers`.
+  Before the run starts, every policy service with a scale target is sized for a load factor at
+  ``rho = utilization`` (0.5, the capacity every peer is given), within the policy's replica
+  bounds; the rest of each pool goes to elastic training, every job first at its minimum, then
+  grown to its maximum in priority order (highest first) while whole GPUs remain. The plan is
+  applied and the cluster settles before the measured run begins; during the run nothing
+  changes but the backfill. Two sizings (:class:`StaticSettings`):
 
-Both produce :class:`~policies.decisions.Scale` decisions with an explanation, so their
+  - ``static-p95``: the P95 of the load of the *previous* window (the run's length, ending at
+    its start: yesterday's day, the last hour of a trace) plus ``headroom`` (20 %), what an SRE
+    sizes from past load;
+  - ``static-peak``: the peak of the run's *own* load, bursts included: an oracle no SRE has,
+    labelled as such.
+* **Backfill** (:class:`Backfill`): idle GPUs are lent to preemptible training, as Kueue admits
+  queued workloads into free quota: every ``period_s`` (15 s), while no pod waits for a GPU,
+  each elastic training job (highest priority first) grows by whole replicas into its pool's
+  free GPUs up to its maximum, and a job with a gang minimum only if the grown job reaches it
+  (gang admission, all or nothing). Training runs below inference's PriorityClass, so the
+  scheduler preempts what inference needs back. Every fair peer gets it; Ebbtide grows
+  training by its own rules.
+* **Polling autoscaler** (:class:`PollingAutoscaler`): a strawman, kept for continuity with the
+  earlier benchmarks and left out of the fair peers. Every ``period_s`` (30 s) it reads each
+  service's P99 over a one-minute window *ending* ``lag_s`` (30 s) ago and applies the HPA
+  formula ``desired = ceil(replicas * p99 / objective)``, nothing while the ratio is within the
+  policy's tolerance, bounded by the policy's replica bounds and the HPA's default behaviour
+  (up: at most double or +4 pods per step; down: the highest recommendation of the last five
+  minutes). Its run is the only one with the scheduler's preemption **off** and no backfill:
+  scaled-up pods that find no free GPU stay Pending.
+
+All produce :class:`~policies.decisions.Scale` decisions with an explanation, so their
 ``decisions.jsonl`` reads like Ebbtide's.
 """
 
@@ -29,18 +38,48 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from controller.offline.experiment.load import LoadShape
 from controller.offline.experiment.peers.promquery import PrometheusQuantile
 from controller.offline.models.queueing import ServiceModel
 from policies.decisions import Decision, Explanation, Scale
-from policies.inventory import Inventory
+from policies.inventory import Inventory, TrainingView
 from policies.model import Policy, ServiceSpec
 from policies.snapshot import Snapshot
 from streams.events import Event, InferenceLatency
 
-__all__ = ["PollingAutoscaler", "StaticPlan", "static_partition"]
+__all__ = [
+    "Backfill",
+    "PollingAutoscaler",
+    "StaticPlan",
+    "StaticSettings",
+    "load_quantile",
+    "static_partition",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StaticSettings:
+    """How static partitioning sizes inference (module docstring)."""
+
+    headroom: float = 0.2
+    """Added on top of the sized load (``static-p95``; ``static-peak`` adds none)."""
+    utilization: float = 0.5
+    """Each replica planned at this fraction of what it serves."""
+    quantile: float = 0.95
+    """Of the previous window's load (``static-p95``)."""
+
+
+def load_quantile(
+    shape: LoadShape, start: float, duration: float, q: float, step: float = 60.0
+) -> float:
+    """The ``q`` quantile of the load factor over ``[start, start + duration)``, sampled every
+    ``step`` seconds."""
+    steps = max(1, math.ceil(duration / step))
+    values = sorted(shape.factor(start + i * step) for i in range(steps))
+    return values[min(len(values) - 1, math.floor(q * len(values)))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +101,13 @@ def static_partition(
     policy: Policy,
     models: Mapping[str, ServiceModel],
     *,
-    peak_factor: float,
+    load_factor: float,
     at: float,
     target_rho: float = 0.5,
+    sized_for: str = "the run's peak",
 ) -> StaticPlan:
-    """Inference sized for the run's peak, training on the rest (see the module docstring)."""
+    """Inference sized for ``load_factor`` of each service's peak rate (``sized_for`` says
+    what that is), training on the rest (see the module docstring)."""
     inv = Inventory(snapshot, policy)
     spec = policy.spec
     replicas: dict[str, int] = {}
@@ -80,12 +121,12 @@ def static_partition(
             continue
         want = wl.replicas
         if model is not None and svc.scale is not None and svc.replicas is not None:
-            need = peak_factor * model.peak_rps / (model.per_replica_rps * target_rho)
+            need = load_factor * model.peak_rps / (model.per_replica_rps * target_rho)
             want = min(svc.replicas.max, max(svc.replicas.min, math.ceil(round(need, 6))))
         replicas[wl.key] = want
         used[svc.pool] = used.get(svc.pool, 0) + want * svc.gpus_per_replica
         if want != wl.replicas:
-            peak = peak_factor * (model.peak_rps if model else 0.0)
+            load = load_factor * (model.peak_rps if model else 0.0)
             decisions.append(
                 _scale(
                     at,
@@ -95,8 +136,8 @@ def static_partition(
                     want,
                     "inference",
                     "static-peak",
-                    f"{key} sized for the run's peak {peak:.1f} "
-                    f"req/s at {target_rho:.0%} utilization",
+                    f"{key} sized for {sized_for}, {load:.1f} "
+                    f"req/s, at {target_rho:.0%} utilization",
                 )
             )
     # whole GPUs held by pods that are neither services nor training stay where they are
@@ -114,11 +155,7 @@ def static_partition(
         left = inv.capacity[pool] - used.get(pool, 0)
         target = {v.key: v.min_replicas for v in mine}
         left -= sum(v.min_replicas * v.workload.gpus_per_replica for v in mine)
-        for v in mine:
-            gpr = max(1, v.workload.gpus_per_replica)
-            extra = max(0, min(v.max_replicas - target[v.key], left // gpr))
-            target[v.key] += extra
-            left -= extra * gpr
+        grow(mine, left, target)
         for v in mine:
             w = v.workload
             replicas[w.key] = target[v.key]
@@ -138,11 +175,71 @@ def static_partition(
     return StaticPlan(replicas, tuple(decisions))
 
 
+def grow(views: Iterable[TrainingView], free: int, target: dict[str, int]) -> int:
+    """Grow each job of ``views`` in order from ``target`` (changed in place) by whole replicas
+    into ``free`` GPUs, up to its maximum; a job with a gang minimum only if the grown job
+    reaches it. Returns the GPUs left."""
+    for v in views:
+        gpr = max(1, v.workload.gpus_per_replica)
+        extra = max(0, min(v.max_replicas - target[v.key], free // gpr))
+        if extra and target[v.key] + extra < v.gang_min:
+            continue
+        target[v.key] += extra
+        free -= extra * gpr
+    return free
+
+
+class Backfill:
+    """Idle GPUs lent to preemptible training, gang-aware (module docstring)."""
+
+    def __init__(self, policy: Policy, *, start: float, period_s: float = 15.0) -> None:
+        self.policy = policy
+        self.period_s = period_s
+        self._next = start
+
+    def evaluate(self, now: float, snapshot: Snapshot) -> list[Decision]:
+        """Every ``period_s``, while no GPU pod waits: grow training into free GPUs."""
+        if now < self._next:
+            return []
+        self._next = now + self.period_s
+        inv = Inventory(snapshot, self.policy)
+        if any(p.waiting and p.gpus > 0 for p in snapshot.pods):
+            return []
+        views = sorted(inv.training.values(), key=lambda v: (-v.workload.priority, v.key))
+        out: list[Decision] = []
+        for pool in sorted(inv.free):
+            mine = [
+                v
+                for v in views
+                if v.pool_gpus.get(pool, 0) > 0 and v.protected is None and v.scaled_by is None
+            ]
+            target = {v.key: v.workload.replicas for v in mine}
+            if grow(mine, inv.free[pool], target) == inv.free[pool]:
+                continue
+            for v in mine:
+                w = v.workload
+                if target[v.key] != w.replicas:
+                    out.append(
+                        _scale(
+                            now,
+                            w.key,
+                            w.kind,
+                            w.replicas,
+                            target[v.key],
+                            "training",
+                            "backfill",
+                            f"{inv.free[pool]} idle GPUs in {pool} lent to training "
+                            f"(priority order, whole gangs)",
+                        )
+                    )
+        return out
+
+
 class PollingAutoscaler:
     """HPA/KEDA-style polling on a delayed P99 (see the module docstring)."""
 
     name: str = "polling"
-    label: str = "polling autoscaler (HPA, 30s/30s-old P99), no preemption"
+    label: str = "strawman: polling HPA (30s/30s-old P99), no preemption, no backfill"
     preemption: bool = False
 
     def __init__(

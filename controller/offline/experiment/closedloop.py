@@ -20,20 +20,28 @@ Design:
   ``.report``: ``summary.json``, ``decisions.jsonl`` and ``report.html`` have the same keys and
   meaning. Replaying a ``--record``-ed run under the same policy and scenario reproduces its
   decisions and figures.
-* **Controllers.** ``ebbtide``: the real :class:`~policies.engine.Engine`, every decision through
+* **Controllers.** ``ebbtide``: the real :class:`~policies.engine.Engine` in the one tick
+  (:class:`~controller.loop.tick.Loop`), every decision through
   :class:`~controller.simcluster.sim_runtime.GatedSimCluster` (the SafetyGate, on the simulated
-  clock), as
-  live. Peers (:mod:`.peers`, :mod:`.baselines`): ``hpa-priority`` and ``keda-priority`` (the
-  HPA's algorithm on a Prometheus-delayed P99, KEDA's polling in front for the second),
-  ``static`` (a plan applied before ``T_0``, then nothing) and ``polling`` (HPA on a 30 s-old
-  P99 every 30 s), applied to the simulated cluster directly. A peer's SLO is measured by an
-  engine for the same policy with its kill switch on, so all are judged by the same windows and
-  thresholds.
+  clock), as live. Peers (:mod:`.peers`, :mod:`.baselines`): ``hpa-rate``, ``hpa-latency``,
+  ``keda``, ``kpa`` decide every tick on their own metric pipelines; ``static-p95`` and
+  ``static-peak`` apply a plan before ``T_0``; ``polling`` is the strawman. Peers act on the
+  simulated cluster through the same gate (a :class:`~controller.loop.gate.SafetyGate` for the
+  policy), not through Ebbtide's tick. Every peer but ``polling`` also gets the priority
+  :class:`~.baselines.Backfill` of idle GPUs by training. Each run's settings
+  (:class:`RunSpec`) override its controller's defaults; ``compare.json`` lists them.
+* **What each controller knows, and when.** Ebbtide's engine sees every event late
+  (:class:`EventLag`: the producers' flush interval, events batched until it ends, plus the
+  broker-to-decision p99); each peer reads its metrics through its own
+  pipeline (scrape, rate window, adapter delay: :class:`~.peers.Pipeline`; KPA's 1 s scrape).
+* **An independent meter.** SLO attainment is measured by an engine that decides nothing (the
+  policy with its kill switch on), fed every event on time, the same for every run; the
+  deciding engine never measures itself.
 * **One scheduler for all.** kube-scheduler preempts by PriorityClass in every real cluster, so
   every run's simulated cluster does too (:attr:`Bench.preemption`, on by default), Ebbtide's
   included: where the scenario puts inference above training, a scaled-up inference pod that
-  finds no GPU evicts training whoever scaled it. The one exception is ``polling``, the earlier
-  benchmarks' peer, kept and labelled "no preemption".
+  finds no GPU evicts training whoever scaled it. The one exception is ``polling``, the
+  strawman, labelled "no preemption".
 * **Goodput and the worst minutes.** :mod:`.goodput` follows the cluster's effects from ``T_0``
   (restart-aware: a training job's membership change restarts it from its last checkpoint);
   :class:`~.figures.WorstWindow` keeps the worst 5-minute percentile of the raw requests
@@ -46,12 +54,14 @@ Design:
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any, Final, Literal
+from typing import IO, Any, Final
 
 import msgspec
 
@@ -66,11 +76,17 @@ from controller.offline.accounting.outputs import (
 )
 from controller.offline.accounting.summary import MODELLED, USES, Summary, sample_reclaimable
 from controller.offline.accounting.timeline import Timeline
-from controller.offline.experiment.baselines import PollingAutoscaler, static_partition
+from controller.offline.experiment.baselines import (
+    Backfill,
+    PollingAutoscaler,
+    StaticSettings,
+    load_quantile,
+    static_partition,
+)
 from controller.offline.experiment.figures import RunFigures, ServedWindows, WorstWindow
 from controller.offline.experiment.goodput import Goodput, jobs_of
 from controller.offline.experiment.load import LoadShape, peak_factor, poisson
-from controller.offline.experiment.peers import HpaPriority, KedaPriority, Peer
+from controller.offline.experiment.peers import DECIDING, Peer
 from controller.offline.models.llmserving import LlmServing
 from controller.offline.models.queueing import ServiceModel, ServiceQueue, default_model
 from controller.offline.models.telemetry import (
@@ -80,7 +96,8 @@ from controller.offline.models.telemetry import (
     running_replicas,
 )
 from controller.simcluster import EPOCH, Scenario, SimCluster
-from controller.simcluster.sim_runtime import SimRuntime
+from controller.simcluster.sim_runtime import GatedSimCluster, SimRuntime
+from policies.decisions import Scale
 from policies.engine import Engine
 from policies.inventory import Inventory
 from policies.model import Policy
@@ -89,34 +106,139 @@ from streams.events import DEFAULT_TOPICS, Event, InferenceLatency, encode_event
 from streams.producer import RawMessage
 from streams.recording import RecordingWriter
 
-__all__ = ["CONTROLLERS", "Bench", "RunFigures", "SimulateSettings", "run_controller"]
+__all__ = [
+    "CONTROLLERS",
+    "EBBTIDE_KNOBS",
+    "FAIR",
+    "SWEEP",
+    "Bench",
+    "EventLag",
+    "Run",
+    "RunFigures",
+    "RunSpec",
+    "SimulateSettings",
+    "ebbtide_variant",
+    "run_controller",
+]
 
-Controller = Literal["ebbtide", "hpa-priority", "keda-priority", "static", "polling"]
+Controller = str
 CONTROLLERS: Final[tuple[Controller, ...]] = (
     "ebbtide",
-    "hpa-priority",
-    "keda-priority",
-    "static",
+    "hpa-rate",
+    "hpa-latency",
+    "keda",
+    "kpa",
+    "static-p95",
+    "static-peak",
     "polling",
 )
+#: The peers an SRE would run instead (``static-peak`` is an oracle, ``polling`` a strawman).
+FAIR: Final = frozenset({"hpa-rate", "hpa-latency", "keda", "kpa", "static-p95"})
+_STATIC: Final = frozenset({"static-p95", "static-peak"})
+#: Ebbtide's knobs a sweep may set, applied to every service of the policy.
+EBBTIDE_KNOBS: Final = ("breach_after_s", "down_stabilization_s", "tolerance")
+
+
+def _grid(**axes: Sequence[float]) -> tuple[dict[str, float], ...]:
+    """Every combination of the axes' values."""
+    runs: list[dict[str, float]] = [{}]
+    for name, values in axes.items():
+        runs = [{**r, name: v} for r in runs for v in values]
+    return tuple(runs)
+
+
+#: ``--sweep``: each controller over a small grid of its own settings (defaults run anyway).
+SWEEP: Final[Mapping[Controller, tuple[dict[str, float], ...]]] = {
+    "ebbtide": _grid(breach_after_s=(15.0, 60.0), down_stabilization_s=(120.0, 1200.0)),
+    "hpa-rate": _grid(utilization=(0.4, 0.6), down_window_s=(300.0, 1200.0)),
+    "hpa-latency": _grid(target=(0.5, 0.6, 0.8), down_window_s=(300.0, 1200.0)),
+    "keda": _grid(utilization=(0.4, 0.6)) + _grid(cached=(1.0,)),
+    "kpa": _grid(target=(0.7, 1.4)) + _grid(scale_down_delay_s=(0.0, 60.0)) + _grid(rps=(1.0,)),
+    "static-p95": _grid(headroom=(0.0, 0.5, 1.0)),
+}
 #: Simulated seconds static partitioning's plan gets to settle before ``T_0``.
 SETTLE_S: Final = 120.0
 #: Ticks between progress reports (a terminal's bar; a day at 1 s ticks is 86,400).
 PROGRESS_EVERY: Final = 600
 _DONE: Final = frozenset({Outcome.APPLIED, Outcome.IN_PROGRESS})
-_BASELINE_NAMES: Final = {
-    "polling": "polling-autoscaler",
-    "static": "static-partitioning",
-    "hpa-priority": "hpa-priority",
-    "keda-priority": "keda-priority",
-}
 LABELS: Final[dict[str, str]] = {
     "ebbtide": "Ebbtide (event-driven)",
-    "hpa-priority": HpaPriority.label,
-    "keda-priority": KedaPriority.label,
-    "static": "static partitioning (peak-sized)",
+    **{name: cls.label for name, (cls, _) in DECIDING.items()},
+    "static-p95": "static partitioning (P95 of the previous window + headroom)",
+    "static-peak": "oracle: static partitioning sized for the run's own peak",
     "polling": PollingAutoscaler.label,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class EventLag:
+    """When Ebbtide's engine sees an event stamped ``ts``: producers batch events until their
+    flush interval ends (the node agent publishes every 5 s, ``controller/agent/publisher.py``
+    ``interval_s``), then the broker-to-decision p99 (the default is what BENCHMARKS.md
+    "Reaction time" measures at its highest event rate)."""
+
+    flush_s: float = 5.0
+    transport_s: float = 0.076
+
+    def visible_at(self, ts: float) -> float:
+        flushed = math.ceil(round(ts / self.flush_s, 9)) * self.flush_s if self.flush_s else ts
+        return flushed + self.transport_s
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """One run of a comparison: a controller and the settings that differ from its defaults
+    (for ``ebbtide``: :data:`EBBTIDE_KNOBS`, applied to every service of the policy)."""
+
+    controller: Controller
+    settings: Mapping[str, float] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if not self.settings:
+            return self.controller
+        return self.controller + " " + ",".join(f"{k}={v:g}" for k, v in self.settings.items())
+
+
+def peer_settings(controller: Controller, overrides: Mapping[str, float]) -> Any:
+    """The settings object of a peer with ``overrides`` (``None`` for ``polling``, which has
+    none); an unknown name raises :class:`ValueError` naming the ones it has."""
+    cls: Any = None
+    if controller in DECIDING:
+        cls = DECIDING[controller][1]
+    elif controller in _STATIC:
+        cls = StaticSettings
+    known = set(getattr(cls, "__dataclass_fields__", {}))
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        has = ", ".join(sorted(known)) or "none"
+        raise ValueError(f"{controller} has no setting {', '.join(unknown)} (it has {has})")
+    return cls(**overrides) if cls is not None else None
+
+
+def ebbtide_variant(policy: Policy, overrides: Mapping[str, float]) -> Policy:
+    """``policy`` with :data:`EBBTIDE_KNOBS` set on every service (a sweep's variant; the
+    policy files are not changed)."""
+    unknown = sorted(set(overrides) - set(EBBTIDE_KNOBS))
+    if unknown:
+        has = ", ".join(EBBTIDE_KNOBS)
+        raise ValueError(f"ebbtide has no setting {', '.join(unknown)} (it has {has})")
+    if not overrides:
+        return policy
+    services = {}
+    for name, svc in policy.spec.services.items():
+        slo, scale = svc.slo, svc.scale
+        if "breach_after_s" in overrides:
+            slo = slo.model_copy(update={"breach_after": float(overrides["breach_after_s"])})
+        if scale is not None and "tolerance" in overrides:
+            scale = scale.model_copy(update={"tolerance": float(overrides["tolerance"])})
+        if scale is not None and scale.down is not None and "down_stabilization_s" in overrides:
+            down = scale.down.model_copy(
+                update={"stabilization": float(overrides["down_stabilization_s"])}
+            )
+            scale = scale.model_copy(update={"down": down})
+        services[name] = svc.model_copy(update={"slo": slo, "scale": scale})
+    spec = policy.spec.model_copy(update={"services": services})
+    return policy.model_copy(update={"spec": spec})
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +270,8 @@ class Bench:
     """The scheduler preempts by PriorityClass in every run but ``polling``."""
     serving: LlmServing | None = None
     """The LLM serving model for every service; ``None``: the queueing model."""
+    lag: EventLag = EventLag()
+    """When Ebbtide's engine sees each event."""
 
     @property
     def start(self) -> float:
@@ -163,6 +287,7 @@ class Bench:
         *,
         llm: LlmServing | None = None,
         load_scale: float = 1.0,
+        lag: EventLag | None = None,
     ) -> Bench:
         """Service models for every policy service whose workload the scenario has (the LLM
         server's with ``llm``, else :func:`~controller.offline.models.queueing.default_model`),
@@ -188,12 +313,14 @@ class Bench:
         serving = [w.priority for w in snap.workloads if w.key in workloads]
         training = [v.workload.priority for v in inv.training.values()]
         outranks = bool(serving and training) and min(serving) > max(training)
-        shape = make_shape(start)
-        return cls(scenario, policy, shape, settings, models, workloads, outranks, serving=llm)
+        return cls(
+            scenario, policy, make_shape(start), settings, models, workloads, outranks,
+            serving=llm, lag=lag or EventLag(),
+        )  # fmt: skip
 
 
 def _renamed(policy: Policy, name: str) -> Policy:
-    """``policy`` with its kill switch on, named ``name``: the SLO meter of a baseline."""
+    """``policy`` with its kill switch on, named ``name``: the independent SLO meter."""
     meta = policy.metadata.model_copy(update={"name": name})
     spec = policy.spec.model_copy(update={"kill_switch": True})
     return policy.model_copy(update={"metadata": meta, "spec": spec})
@@ -205,14 +332,16 @@ class _Loop:
     def __init__(
         self,
         bench: Bench,
-        controller: Controller,
+        spec: RunSpec,
         *,
         decisions: IO[bytes],
         recorder: RecordingWriter | None,
         runner: asyncio.Runner,
     ) -> None:
         s = bench.settings
+        controller = spec.controller
         self.bench, self.controller, self.runner = bench, controller, runner
+        self.spec = spec
         self.dt = s.evaluate_every
         self.t0 = bench.start
         self.ticks = max(1, round(s.duration_s / self.dt))
@@ -220,26 +349,43 @@ class _Loop:
         self.out, self.recorder = decisions, recorder
         self.encode = msgspec.json.Encoder().encode
         policy = bench.policy
-        start = self.t0 - SETTLE_S if controller == "static" else self.t0
+        static = controller in _STATIC
+        start = self.t0 - SETTLE_S if static else self.t0
         self.sim = SimCluster.from_scenario(bench.scenario, start=start, policy=policy)
         self.sim.preemption = bench.preemption and controller != "polling"
         self.peer: Peer | None = None
+        self.backfill: Backfill | None = None
         self.loop: Loop | None = None
         """Ebbtide's tick (the one ``ebbtide run`` and replay run); peers act on the cluster."""
+        self.engine: Engine | None = None
+        """Ebbtide's deciding engine, fed events ``bench.lag`` late."""
+        self.lagged: deque[tuple[float, Event]] = deque()
+        self.settings: Any = None
+        self.training_changes = 0
+        """Training resizes and evictions applied (this controller's, the backfill's)."""
         if controller == "ebbtide":
-            self.meter = Engine(policy)
-            gate = SafetyGate(policy, clock=lambda: self.sim.now, ledger=self.meter.ledger)
-            self.loop = Loop(self.meter, SimRuntime(self.sim, gate))
+            policy = ebbtide_variant(policy, spec.settings)
+            self.engine = Engine(policy)
+            gate = SafetyGate(policy, clock=lambda: self.sim.now, ledger=self.engine.ledger)
+            self.loop = Loop(self.engine, SimRuntime(self.sim, gate))
             summary_policy = policy
-        else:
-            summary_policy = _renamed(policy, _BASELINE_NAMES[controller])
-            self.meter = Engine(summary_policy)
+        elif controller in CONTROLLERS:
+            summary_policy = _renamed(policy, controller)
+            self.settings = peer_settings(controller, spec.settings)
             if controller == "polling":
                 self.peer = PollingAutoscaler(policy, start=self.t0)
-            elif controller == "hpa-priority":
-                self.peer = HpaPriority(policy, start=self.t0)
-            elif controller == "keda-priority":
-                self.peer = KedaPriority(policy, start=self.t0)
+            elif controller in DECIDING:
+                cls = DECIDING[controller][0]
+                self.peer = cls(policy, bench.models, start=self.t0, settings=self.settings)
+            if controller != "polling":
+                self.backfill = Backfill(policy, start=self.t0)
+        else:
+            raise ValueError(f"unknown controller {controller!r}; known: {', '.join(CONTROLLERS)}")
+        self.port = GatedSimCluster(self.sim, SafetyGate(policy, clock=lambda: self.sim.now))
+        """Where a peer's decisions go: the simulated cluster behind the gate Ebbtide's pass."""
+        self.meter = Engine(_renamed(bench.policy, summary_policy.metadata.name))
+        """The independent SLO meter: decides nothing, sees every event on time, judges by
+        the policy as given (a sweep's variant of Ebbtide is judged like every other run)."""
         self.summary = Summary.for_policy(summary_policy, summary_policy.sha256(), self.dt)
         self.summary.latency = MODELLED
         self.services = [
@@ -297,6 +443,13 @@ class _Loop:
             line = decision_line(result)
             line["controller"] = self.controller
             self.out.write(self.encode(line) + b"\n")
+            d = result.decision
+            if (
+                count
+                and result.outcome is Outcome.APPLIED
+                and (d.action == "evict" or (isinstance(d, Scale) and d.role == "training"))
+            ):
+                self.training_changes += 1
             if count:
                 count_action(
                     result,
@@ -308,8 +461,9 @@ class _Loop:
 
     def _emit(self, ev: Event) -> None:
         self.events += 1
-        if self.controller == "ebbtide" or type(ev) is InferenceLatency:
-            self.meter.observe(ev)
+        self.meter.observe(ev)
+        if self.engine is not None:
+            self.lagged.append((self.bench.lag.visible_at(ev.time), ev))
         if self.peer is not None:
             self.peer.observe(ev)
         if self.recorder is not None:
@@ -342,17 +496,30 @@ class _Loop:
 
     def setup(self) -> None:
         """Static partitioning: apply the plan before ``T_0`` and let the cluster settle."""
-        if self.controller != "static":
+        if self.controller not in _STATIC:
             return
-        b = self.bench
+        b, st = self.bench, self.settings
+        duration = b.settings.duration_s
+        if self.controller == "static-peak":
+            factor = peak_factor(b.shape, self.t0, duration)
+            sized_for = "the run's own peak (oracle)"
+        else:
+            factor = load_quantile(b.shape, self.t0 - duration, duration, st.quantile)
+            factor *= 1.0 + st.headroom
+            sized_for = (
+                f"the P{st.quantile * 100:g} of the previous {duration / 3600:g} h "
+                f"+ {st.headroom:.0%} headroom"
+            )
         plan = static_partition(
             self.sim.snapshot(),
             b.policy,
             b.models,
-            peak_factor=peak_factor(b.shape, self.t0, b.settings.duration_s),
+            load_factor=factor,
             at=self.sim.now,
+            target_rho=st.utilization,
+            sized_for=sized_for,
         )
-        results = self.runner.run(self.sim.apply(plan.decisions))
+        results = self.runner.run(self.port.apply(plan.decisions))
         self._write(results, count=False, bucket=0)
         self.sim.advance(self.t0)
 
@@ -385,14 +552,23 @@ class _Loop:
             self.cluster_util = physical_mean(readings)
         tl = self.timeline
         bucket = tl.bucket(k)
-        if self.loop is not None:
+        if self.loop is not None and self.engine is not None:
+            lagged, engine = self.lagged, self.engine
+            engine.advance(now)
+            while lagged and lagged[0][0] <= now + 1e-9:
+                engine.observe(lagged.popleft()[1])
             results = run_now(self.loop.tick(now))
+            self.meter.evaluate(now, self.sim.snapshot())
         else:
             self.sim.advance(now)
             snap = self._refresh()
-            self.meter.evaluate(now, snap)  # the SLO accounting's engine, which never acts
+            self.meter.evaluate(now, snap)
             decisions = self.peer.evaluate(now, snap) if self.peer is not None else []
-            results = self.runner.run(self.sim.apply(decisions)) if decisions else []
+            results = self.runner.run(self.port.apply(decisions)) if decisions else []
+            if self.backfill is not None:
+                grown = self.backfill.evaluate(now, self._refresh())
+                if grown:
+                    results += self.runner.run(self.port.apply(grown))
         if results:
             self._write(results, count=True, bucket=bucket)
         self._refresh()
@@ -492,6 +668,8 @@ class _Loop:
         label = LABELS[self.controller]
         if self.controller == "ebbtide":
             label += " + priority preemption" if preempting else ", no preemption"
+        if self.spec.settings:
+            label += f" ({', '.join(f'{k}={v:g}' for k, v in self.spec.settings.items())})"
         return RunFigures(
             controller=self.controller,
             label=label,
@@ -516,21 +694,47 @@ class _Loop:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One finished run: replay's outputs, its figures and what ``compare.json`` adds."""
+
+    result: RunResult
+    figures: RunFigures
+    spec: RunSpec
+    settings: Mapping[str, Any]
+    """Every setting of the run (defaults included)."""
+    disruptions: int
+    """Training resizes and evictions applied, plus the scheduler's preemptions."""
+
+    def row(self) -> dict[str, Any]:
+        """The run's ``compare.json`` row. ``training_goodput_gpu_hours_optimistic`` is the
+        goodput figure the figures carry; a restart-aware figure replaces the main one where
+        :mod:`.figures` provides it."""
+        row = self.figures.to_dict()
+        row["settings"] = dict(self.settings)
+        row["fair"] = self.spec.controller in FAIR
+        row.setdefault("training_goodput_gpu_hours_optimistic", row["training_goodput_gpu_hours"])
+        row.setdefault("disruptions", self.disruptions)
+        return row
+
+
 def run_controller(
     bench: Bench,
-    controller: Controller,
+    spec: RunSpec | Controller,
     out_dir: Path,
     *,
     record: Path | None = None,
     record_header: Mapping[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
-) -> tuple[RunResult, RunFigures]:
-    """Run ``controller`` on ``bench``; write ``decisions.jsonl`` into ``out_dir`` (the caller
-    writes ``summary.json`` and ``report.html`` with
+) -> Run:
+    """Run ``spec`` (a controller, with settings) on ``bench``; write ``decisions.jsonl`` into
+    ``out_dir`` (the caller writes ``summary.json`` and ``report.html`` with
     :func:`controller.offline.accounting.report.write_outputs`) and, with ``record``, every
-    generated event
-    as a recording ``ebbtide replay`` and ``publish`` accept. ``progress`` is called with the
-    simulated seconds done, now and then."""
+    generated event as a recording ``ebbtide replay`` and ``publish`` accept. ``progress`` is
+    called with the simulated seconds done, now and then. An unknown controller or setting
+    raises :class:`ValueError` before anything runs."""
+    if isinstance(spec, str):
+        spec = RunSpec(spec)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     recorder = None
@@ -539,11 +743,21 @@ def run_controller(
         recorder = RecordingWriter(record, source="ebbtide simulate", **(record_header or {}))
     try:
         with open(out_dir / DECISIONS_FILE, "wb") as out, asyncio.Runner() as runner:
-            loop = _Loop(bench, controller, decisions=out, recorder=recorder, runner=runner)
+            loop = _Loop(bench, spec, decisions=out, recorder=recorder, runner=runner)
             loop.run(progress)
     finally:
         if recorder is not None:
             recorder.close()
     wall = time.perf_counter() - started
     result = RunResult(loop.summary, loop.timeline, loop.markers, wall, command="simulate")
-    return result, loop.figures(wall)
+    if spec.controller == "ebbtide":
+        lag = bench.lag
+        settings: dict[str, Any] = {"lag_flush_s": lag.flush_s, "lag_transport_s": lag.transport_s}
+        settings.update(spec.settings)
+    elif spec.controller == "static-peak":
+        settings = {"utilization": loop.settings.utilization}  # sized for the peak, as is
+    else:
+        settings = asdict(loop.settings) if loop.settings is not None else {}
+    figures = loop.figures(wall)
+    disruptions = loop.training_changes + figures.preemptions
+    return Run(result, figures, spec, settings, disruptions)

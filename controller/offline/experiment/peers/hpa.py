@@ -1,14 +1,19 @@
-"""The Kubernetes HPA v2 replica calculation with its default behaviour, as a pure state machine.
+"""The Kubernetes HPA v2 replica calculation with its default behaviour, as a pure state machine,
+and the HPA controller the HPA-based peers share (:class:`HpaPeer`).
 
 From the documented algorithm (kubernetes.io "Horizontal Pod Autoscaling", and
-``pkg/controller/podautoscaler/horizontal.go`` / ``replica_calculator.go``), one metric of type
-Object/External with a ``Value`` target:
+``pkg/controller/podautoscaler/horizontal.go`` / ``replica_calculator.go``):
 
-1. **Ratio.** ``usageRatio = metric / target``. Within the tolerance (``|usageRatio - 1| <=
-   0.1``, the controller's ``--horizontal-pod-autoscaler-tolerance``) the recommendation is the
-   current ``spec.replicas``; otherwise ``ceil(usageRatio * readyPods)`` (pods being created,
-   starting or pending do not count; with none ready that is 0, raised to ``minReplicas``);
-   from 0 replicas ``ceil(usageRatio)``. No metric: no recommendation, nothing changes.
+1. **Proposal per metric.** ``Value`` target (Object/External): ``usageRatio = metric /
+   target``; within the tolerance (``|usageRatio - 1| <= 0.1``, the controller's
+   ``--horizontal-pod-autoscaler-tolerance``) the proposal is the current ``spec.replicas``,
+   otherwise ``ceil(usageRatio * readyPods)`` (pods being created, starting or pending do not
+   count; with none ready that is 0, raised to ``minReplicas``); from 0 replicas
+   ``ceil(usageRatio)`` (:meth:`HpaState.raw`). ``AverageValue`` target (External,
+   ``GetExternalPerPodMetricReplicas``): ``usageRatio = total / (target * statusReplicas)``;
+   outside the tolerance ``ceil(total / target)``, else ``statusReplicas``
+   (:meth:`HpaState.per_pod`). No metric: no proposal. With several metrics the largest
+   proposal wins (``computeReplicasForMetrics``).
 2. **Bounds.** Clamped to ``[minReplicas, maxReplicas]``.
 3. **Stabilization** (``stabilizeRecommendationWithBehaviors``): every raw recommendation is
    stored with its time; scale-up uses the *lowest* of those within ``scaleUp.
@@ -67,7 +72,7 @@ class HpaState:
     """(time, replica change) of this HPA's rescales."""
 
     def raw(self, *, current: int, ready: int, metric: float, target: float) -> int:
-        """Steps 1-2: the recommendation from the metric alone."""
+        """Steps 1-2 for a ``Value`` target: the proposal from this metric alone."""
         ratio = metric / target
         if abs(ratio - 1.0) <= self.behavior.tolerance:
             want = current
@@ -75,10 +80,17 @@ class HpaState:
             want = math.ceil(round(ratio * ready, 9)) if current != 0 else math.ceil(ratio)
         return min(self.max_replicas, max(self.min_replicas, want))
 
-    def step(self, now: float, *, current: int, ready: int, metric: float, target: float) -> int:
-        """One sync: the replica count the HPA sets (``current`` when it changes nothing)."""
+    def per_pod(self, *, current: int, total: float, target: float) -> int:
+        """Step 1-2 for an ``AverageValue`` target: ``total`` over all pods, ``target`` each."""
+        want = current
+        if current == 0 or abs(total / (target * current) - 1.0) > self.behavior.tolerance:
+            want = math.ceil(round(total / target, 9))
+        return min(self.max_replicas, max(self.min_replicas, want))
+
+    def step(self, now: float, *, current: int, desired: int) -> int:
+        """One sync from the largest proposal ``desired``: the replica count the HPA sets
+        (``current`` when it changes nothing)."""
         b = self.behavior
-        desired = self.raw(current=current, ready=ready, metric=metric, target=target)
         # 3. stabilization over the stored recommendations (the current one included)
         longest = max(b.up_window_s, b.down_window_s)
         recs = self.recommendations
