@@ -19,9 +19,10 @@ partition is applied up to the end offset it had when first fetched (see
 
 Two tasks joined by a bounded queue:
 
-* the **fetch** task calls ``getmany``, decodes every message with :class:`EventDecoder`, sends
-  each rejected message to the dead-letter topic (awaited, so it is safe before anything after it
-  is committed), and puts a :class:`Batch` on the queue. When the queue is full the task waits, so
+* the **fetch** task calls ``getmany``, decodes each partition's messages at once
+  (:meth:`EventDecoder.decode_many`), sends each rejected message to the dead-letter topic
+  (awaited, so it is safe before anything after it is committed), and puts a :class:`Batch` on
+  the queue. When the queue is full the task waits, so
   a slow handler slows fetching down instead of growing memory (backpressure);
 * the **apply** task hands each batch to the downstream handler. Only once the handler has
   returned are the batch's offsets marked applied; applied offsets are committed every
@@ -425,7 +426,7 @@ class EventConsumer:
     ) -> Batch | None:
         fetched_at = time.time()
         now = self._clock()
-        decode = self._decoder.decode
+        decode_many = self._decoder.decode_many
         events: list[Event] = []
         positions: dict[TopicPartition, int] = {}
         spans: dict[TopicPartition, tuple[int, int, int]] = {}
@@ -434,29 +435,15 @@ class EventConsumer:
         stats = self.stats
         for tp, messages in records.items():
             accepted_before = len(events)
-            for message in messages:
-                value = message.value
-                result = (
-                    decode(value, now=now, topic=tp.topic)
-                    if value is not None
-                    else Rejection("malformed", "message has no value (a tombstone)")
-                )
-                if isinstance(result, Rejection):
-                    rejected.append((_raw(tp, message), result))
-                else:
-                    events.append(result)
-            accepted = len(events) - accepted_before
-            if messages[-1].offset - messages[0].offset + 1 != accepted:
-                refused = {
-                    raw.offset
-                    for raw, _ in rejected
-                    if raw.partition == tp.partition and raw.topic == tp.topic
-                }
-                offsets[tp] = [m.offset for m in messages if m.offset not in refused]
+            accepted, refused = decode_many([m.value for m in messages], now=now, topic=tp.topic)
+            events += accepted
+            rejected += ((_raw(tp, messages[i]), why) for i, why in refused.items())
+            if messages[-1].offset - messages[0].offset + 1 != len(accepted):
+                offsets[tp] = [m.offset for i, m in enumerate(messages) if i not in refused]
             positions[tp] = messages[-1].offset + 1
             spans[tp] = (accepted_before, len(events), messages[0].offset)
             stats.consumed[tp.topic] += len(messages)
-            stats.accepted[tp.topic] += accepted
+            stats.accepted[tp.topic] += len(accepted)
         for raw, rejection in rejected:
             stats.rejected[raw.topic, rejection.code] += 1
             log.info(
