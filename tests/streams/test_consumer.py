@@ -317,6 +317,46 @@ async def test_a_slow_handler_applies_backpressure(kafka_config: KafkaConfig) ->
 
 
 @pytest.mark.slow
+async def test_what_a_batch_wakes_runs_before_the_next_queued_batch(
+    kafka_config: KafkaConfig,
+) -> None:
+    """Issue 27: with batches queued behind a slow one, the task a handler wakes (the
+    controller's evaluation) runs between batches, not once the backlog is applied."""
+    topics, group = Topics(), f"g-{uuid.uuid4().hex[:6]}"
+    await topics.create(kafka_config, partitions=1)
+    await produce(kafka_config, topics, [latency_event(i) for i in range(600)])
+    order: list[str] = []
+    wake = asyncio.Event()
+    applied = 0
+
+    async def handler(batch: Batch) -> None:
+        nonlocal applied
+        if not order:  # the first batch: let the fetcher fill the queue behind it
+            await wait_until(consumer._queue.full, within=30)
+        applied += len(batch.events)
+        order.append("apply")
+        wake.set()
+
+    async def evaluator() -> None:
+        while True:
+            await wake.wait()
+            wake.clear()
+            order.append("evaluate")
+
+    consumer = consumer_for(
+        kafka_config, topics, handler, group=group, max_records=50, queue_batches=4
+    )
+    evaluating = asyncio.create_task(evaluator())
+    task = asyncio.create_task(consumer.run())
+    await wait_until(lambda: applied == 600, within=60)
+    consumer.stop()
+    await task
+    evaluating.cancel()
+    assert order.count("apply") >= 12
+    assert "apply, apply" not in ", ".join(order)
+
+
+@pytest.mark.slow
 async def test_stopping_during_a_group_join_is_bounded_by_the_close_timeout(
     kafka_config: KafkaConfig,
 ) -> None:
