@@ -14,7 +14,8 @@ bench:
 	python benchmarks/replay_speed.py --lengths 1000000 5000000 --runs 3
 	python benchmarks/replay_speed.py --shape sparse --runs 3
 	python benchmarks/shards.py --replicas 1 2 --json
-	python benchmarks/latency.py --rates 1000 10000 50000 --trials 20
+	python benchmarks/latency.py --rates 1000 10000 50000 100000 --trials 20 --rounds 3
+	python benchmarks/gc_pauses.py --events 300000 --runs 3
 	python benchmarks/scale.py --seconds 90
 	ebbtide simulate examples/scenario-small.yaml --policy policies/library/balanced.yaml \
 		--duration 1h --burst 30m:15m:6 --seed 1 --out out/compare --compare
