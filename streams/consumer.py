@@ -528,9 +528,7 @@ class EventConsumer:
             self._note_lag(batch.positions)  # not only at the next fetch: it may be a while
             if time.monotonic() - self._last_commit >= self.settings.commit_interval_s:
                 await self.commit()
-            # A full queue's get does not suspend: without this the next batches would be
-            # applied before what this one woke (an evaluation) ran (issue 27).
-            await asyncio.sleep(0)
+            await _give_way()
 
     async def _next_batch(self) -> Batch | None:
         """The next batch; with a checkpoint, an idle consumer commits meanwhile (so the
@@ -605,6 +603,17 @@ class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info(
             "ingest.assigned", partitions=sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned)
         )
+
+
+async def _give_way() -> None:
+    """Let the other tasks go first before the next batch (issue 27): a full queue's get does
+    not suspend, so without this the batches queued would all be applied before what the first
+    one woke (an evaluation) ran; and asyncio runs ready callbacks in order, so one yield lets
+    an I/O completion run (a broker's ack of an intent, an API server's answer) but not the
+    task step it schedules, which would wait behind the next batch: each round trip of a
+    decision being carried out would cost two batches. Three yields let both go first."""
+    for _ in range(3):
+        await asyncio.sleep(0)
 
 
 def _raw(tp: TopicPartition, message: object) -> RawMessage:
