@@ -12,7 +12,9 @@ a time into breach with one message of slow samples, stamped with the send time 
 
 * event → decision = the decision's ``ts`` (the controller's clock when it decided) - T;
 * event → API call = when the ``/scale`` PATCH for that service reached the API server - T
-  (the server's request log, polled every millisecond).
+  (the server's request log, polled every millisecond);
+* decision → API call = the difference, per trial: carrying the decision out (the intent record
+  acknowledged by the broker, then the PATCH), apart from ingest and evaluation.
 
 Usage: ``python benchmarks/latency.py [--rates 1000 10000 50000 100000] [--trials 20]
 [--rounds 1]``. The rate each background process reached is printed beside its row (on a loaded
@@ -175,8 +177,8 @@ async def main(rates: list[int], trials: int, rounds: int) -> None:
             try:
                 await _ready(port)
                 print(f"controller ready; logs in {log}")
-                print(f"{'rate ev/s':>10} {'trials':>6} {'event→decision p50/p99 ms':>28} "
-                      f"{'event→API call p50/p99 ms':>28}")  # fmt: skip
+                print(f"{'rate ev/s':>10} {'trials':>6} {'event→decision p50/p99':>22} "
+                      f"{'decision→API p50/p99':>20} {'event→API p50/p99 ms':>21}")  # fmt: skip
                 ratios: dict[int, list[float]] = {rate: [] for rate in rates}
                 for r in range(rounds):
                     p99: dict[int, float] = {}
@@ -222,6 +224,8 @@ async def _measure(
         tipper = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
         to_decision: list[float] = []
         to_api: list[float] = []
+        to_act: list[float] = []  # decision → API call, trials that have both
+        missed = 0
         for trial in range(min(trials, SERVICES)):
             service = f"svc-{offset * SERVICES + trial}"  # fresh: the policy's cooldown is an hour
             seen = len(kubeapi.requests)
@@ -244,15 +248,19 @@ async def _measure(
             for line in log.read_text().splitlines():
                 if f'"target": "bench/{service}"' in line and '"event": "decision"' in line:
                     to_decision.append((json.loads(line)["ts"] - sent_at) * 1000)
+                    if len(to_api) == trial + 1 - missed:
+                        to_act.append(to_api[-1] - to_decision[-1])
                     break
+            missed = trial + 1 - len(to_api)
     achieved = background.sent / background.seconds
     if not to_api:
         print(f"{rate:>10,}: no API call observed")
         return None
     d50, d99 = (percentile(to_decision, q) for q in (0.5, 0.99)) if to_decision else (0, 0)
+    c50, c99 = (percentile(to_act, q) for q in (0.5, 0.99)) if to_act else (0, 0)
     a50, a99 = percentile(to_api, 0.5), percentile(to_api, 0.99)
-    print(f"{rate:>10,} {len(to_api):>6} {d50:>13.1f} / {d99:<12.1f} {a50:>13.1f} / "
-          f"{a99:<12.1f}  (background {achieved:,.0f} events/s)")  # fmt: skip
+    print(f"{rate:>10,} {len(to_api):>6} {d50:>10.1f} / {d99:<9.1f} {c50:>10.1f} / {c99:<9.1f}"
+          f"{a50:>10.1f} / {a99:<9.1f} (background {achieved:,.0f} events/s)")  # fmt: skip
     return a99
 
 
