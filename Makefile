@@ -7,7 +7,7 @@ test:
 lint:
 	ruff format --check . && ruff check . && mypy && lint-imports
 
-# Every benchmark, one after the other, printing its figures (about 5 minutes on 2 cores).
+# Every benchmark, one after the other, printing its figures (about 20 minutes on 2 cores).
 bench:
 	python benchmarks/ingest.py --events 200000 --runs 3
 	python benchmarks/engine.py
