@@ -124,8 +124,9 @@ class ConsumerSettings:
     topics: tuple[str, ...] = tuple(DEFAULT_TOPICS.values())
     max_records: int = 1_000
     """Most messages in one ``getmany``, so one batch: the most a handler takes in one turn
-    of the event loop before the tasks it woke (an evaluation) run (issue 27: with 5,000 a
-    decision at 50,000 events/s waited behind batches of background events)."""
+    of the event loop before the tasks it woke (an evaluation) run. Bigger batches made a
+    decision under heavy traffic wait behind batches of background events (BENCHMARKS.md,
+    "Reaction time")."""
     queue_batches: int = 8
     """Batches fetched ahead of the handler before fetching waits."""
     commit_interval_s: float = 1.0
@@ -606,7 +607,7 @@ class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
 
 
 async def _give_way() -> None:
-    """Let the other tasks go first before the next batch (issue 27): a full queue's get does
+    """Let the other tasks go first before the next batch: a full queue's get does
     not suspend, so without this the batches queued would all be applied before what the first
     one woke (an evaluation) ran; and asyncio runs ready callbacks in order, so one yield lets
     an I/O completion run (a broker's ack of an intent, an API server's answer) but not the

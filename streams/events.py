@@ -102,7 +102,7 @@ class InferenceLatency(msgspec.Struct, tag=INFERENCE_LATENCY, tag_field="type", 
     model: _Name | None = None
 
     def __post_init__(self) -> None:
-        # Runs for every decoded event (issue 27): the common case, an epoch float and one
+        # Runs for every decoded event, the hot path: the common case, an epoch float and one
         # form, is two comparisons; the general rules (datetimes, the messages) only on a miss.
         ts = self.ts
         if type(ts) is not float or not 0.0 <= ts < _INF:
@@ -286,7 +286,7 @@ class EventDecoder:
         """:meth:`decode` of each value (``None``, a tombstone, is refused) in one pass: the
         accepted events in order, and the rejections by their index in ``values``.
 
-        Per-message Python work was half the cost of ingest (issue 27). Here a batch is one
+        Per-message Python work was a large part of the cost of ingest. Here a batch is one
         C-level ``map`` of the topic's decoder over the values, then the limits are checked
         over all the events at once; only a batch in which something is refused is decoded
         again one by one, for the reason of each refusal. (Decoding the values joined into

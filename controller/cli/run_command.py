@@ -40,9 +40,10 @@ async def make_runtime(settings: Settings, policy: Policy) -> ClusterRuntime:
     return await KubeRuntime.connect(settings.kube, policy, dry_run=settings.dry_run_for(policy))
 
 
-#: Allocations between collections of the youngest generation (CPython's default is 700). At
-#: 50,000 events/s ingest allocates that many in well under a millisecond, so the collector ran
-#: thousands of times a second, each time also walking whatever start-up built (issue 27).
+#: Allocations between collections of the youngest generation (CPython's default is 700). Under
+#: heavy traffic ingest allocates that many in well under a millisecond, so the collector ran
+#: very often, and its full collections walked whatever start-up built (BENCHMARKS.md,
+#: "Collector pauses").
 GC_YOUNG_THRESHOLD = 50_000
 
 
