@@ -7,14 +7,15 @@ test:
 lint:
 	ruff format --check . && ruff check . && mypy && lint-imports
 
-# Every benchmark, one after the other, printing its figures (about 5 minutes on 2 cores).
+# Every benchmark, one after the other, printing its figures (about 20 minutes on 2 cores).
 bench:
 	python benchmarks/ingest.py --events 200000 --runs 3
 	python benchmarks/engine.py
 	python benchmarks/replay_speed.py --lengths 1000000 5000000 --runs 3
 	python benchmarks/replay_speed.py --shape sparse --runs 3
 	python benchmarks/shards.py --replicas 1 2 --json
-	python benchmarks/latency.py --rates 1000 10000 50000 --trials 20
+	python benchmarks/latency.py --rates 1000 10000 50000 100000 --trials 20 --rounds 3
+	python benchmarks/gc_pauses.py --events 300000 --runs 3
 	python benchmarks/scale.py --seconds 90
 	python benchmarks/scraping.py scrape --rounds 60
 	python benchmarks/scraping.py otlp --messages 20000 --runs 3

@@ -51,9 +51,12 @@ async def raw(config: KafkaConfig, count: int) -> float:
     consumer.assign(partitions)
     await consumer.seek_to_beginning(*partitions)
     seen = 0
-    started = time.perf_counter()
+    started = 0.0
     while seen < count:
         batches = await consumer.getmany(timeout_ms=200, max_records=5_000)
+        if batches and not seen:
+            # As the full path's clock: from the moment the first records are in hand.
+            started = time.perf_counter()
         seen += sum(len(messages) for messages in batches.values())
     elapsed = time.perf_counter() - started
     await consumer.stop()
@@ -112,7 +115,7 @@ async def main(events: int, runs: int) -> None:
     print(f"median over {runs} runs of {events:,} single-sample latency events:")
     print(f"  (a) raw aiokafka getmany : {r:>10,.0f} events/s")
     print(f"  (b) full ingest path     : {f:>10,.0f} events/s")
-    print(f"  ratio full/raw           : {f / r:.2f}  (target >= 0.50; full >= 150,000 events/s)")
+    print(f"  ratio full/raw           : {f / r:.2f}  (issue 27: >= 0.70)")
 
 
 if __name__ == "__main__":

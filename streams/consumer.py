@@ -19,9 +19,10 @@ partition is applied up to the end offset it had when first fetched (see
 
 Two tasks joined by a bounded queue:
 
-* the **fetch** task calls ``getmany``, decodes every message with :class:`EventDecoder`, sends
-  each rejected message to the dead-letter topic (awaited, so it is safe before anything after it
-  is committed), and puts a :class:`Batch` on the queue. When the queue is full the task waits, so
+* the **fetch** task calls ``getmany``, decodes each partition's messages at once
+  (:meth:`EventDecoder.decode_many`), sends each rejected message to the dead-letter topic
+  (awaited, so it is safe before anything after it is committed), and puts a :class:`Batch` on
+  the queue. When the queue is full the task waits, so
   a slow handler slows fetching down instead of growing memory (backpressure);
 * the **apply** task hands each batch to the downstream handler. Only once the handler has
   returned are the batch's offsets marked applied; applied offsets are committed every
@@ -121,8 +122,11 @@ class ConsumerSettings:
     """Without a group: start each partition at its first message this many seconds before the
     clock's now (0: at its end). A group resumes from its committed offsets instead."""
     topics: tuple[str, ...] = tuple(DEFAULT_TOPICS.values())
-    max_records: int = 5_000
-    """Most messages in one ``getmany``, so one batch."""
+    max_records: int = 1_000
+    """Most messages in one ``getmany``, so one batch: the most a handler takes in one turn
+    of the event loop before the tasks it woke (an evaluation) run. Bigger batches made a
+    decision under heavy traffic wait behind batches of background events (BENCHMARKS.md,
+    "Reaction time")."""
     queue_batches: int = 8
     """Batches fetched ahead of the handler before fetching waits."""
     commit_interval_s: float = 1.0
@@ -425,7 +429,7 @@ class EventConsumer:
     ) -> Batch | None:
         fetched_at = time.time()
         now = self._clock()
-        decode = self._decoder.decode
+        decode_many = self._decoder.decode_many
         events: list[Event] = []
         positions: dict[TopicPartition, int] = {}
         spans: dict[TopicPartition, tuple[int, int, int]] = {}
@@ -434,29 +438,15 @@ class EventConsumer:
         stats = self.stats
         for tp, messages in records.items():
             accepted_before = len(events)
-            for message in messages:
-                value = message.value
-                result = (
-                    decode(value, now=now, topic=tp.topic)
-                    if value is not None
-                    else Rejection("malformed", "message has no value (a tombstone)")
-                )
-                if isinstance(result, Rejection):
-                    rejected.append((_raw(tp, message), result))
-                else:
-                    events.append(result)
-            accepted = len(events) - accepted_before
-            if messages[-1].offset - messages[0].offset + 1 != accepted:
-                refused = {
-                    raw.offset
-                    for raw, _ in rejected
-                    if raw.partition == tp.partition and raw.topic == tp.topic
-                }
-                offsets[tp] = [m.offset for m in messages if m.offset not in refused]
+            accepted, refused = decode_many([m.value for m in messages], now=now, topic=tp.topic)
+            events += accepted
+            rejected += ((_raw(tp, messages[i]), why) for i, why in refused.items())
+            if messages[-1].offset - messages[0].offset + 1 != len(accepted):
+                offsets[tp] = [m.offset for i, m in enumerate(messages) if i not in refused]
             positions[tp] = messages[-1].offset + 1
             spans[tp] = (accepted_before, len(events), messages[0].offset)
             stats.consumed[tp.topic] += len(messages)
-            stats.accepted[tp.topic] += accepted
+            stats.accepted[tp.topic] += len(accepted)
         for raw, rejection in rejected:
             stats.rejected[raw.topic, rejection.code] += 1
             log.info(
@@ -539,6 +529,7 @@ class EventConsumer:
             self._note_lag(batch.positions)  # not only at the next fetch: it may be a while
             if time.monotonic() - self._last_commit >= self.settings.commit_interval_s:
                 await self.commit()
+            await _give_way()
 
     async def _next_batch(self) -> Batch | None:
         """The next batch; with a checkpoint, an idle consumer commits meanwhile (so the
@@ -613,6 +604,17 @@ class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info(
             "ingest.assigned", partitions=sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned)
         )
+
+
+async def _give_way() -> None:
+    """Let the other tasks go first before the next batch: a full queue's get does
+    not suspend, so without this the batches queued would all be applied before what the first
+    one woke (an evaluation) ran; and asyncio runs ready callbacks in order, so one yield lets
+    an I/O completion run (a broker's ack of an intent, an API server's answer) but not the
+    task step it schedules, which would wait behind the next batch: each round trip of a
+    decision being carried out would cost two batches. Three yields let both go first."""
+    for _ in range(3):
+        await asyncio.sleep(0)
 
 
 def _raw(tp: TopicPartition, message: object) -> RawMessage:

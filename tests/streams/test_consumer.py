@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -314,6 +315,99 @@ async def test_a_slow_handler_applies_backpressure(kafka_config: KafkaConfig) ->
     await task
     assert 0 < peak <= 2
     assert handled.batches >= 40
+
+
+@pytest.mark.slow
+async def test_what_a_batch_wakes_runs_before_the_next_queued_batch(
+    kafka_config: KafkaConfig,
+) -> None:
+    """Issue 27: with batches queued behind a slow one, the task a handler wakes (the
+    controller's evaluation) runs between batches, not once the backlog is applied."""
+    topics, group = Topics(), f"g-{uuid.uuid4().hex[:6]}"
+    await topics.create(kafka_config, partitions=1)
+    await produce(kafka_config, topics, [latency_event(i) for i in range(600)])
+    order: list[str] = []
+    wake = asyncio.Event()
+    applied = 0
+
+    async def handler(batch: Batch) -> None:
+        nonlocal applied
+        if not order:  # the first batch: let the fetcher fill the queue behind it
+            await wait_until(consumer._queue.full, within=30)
+        applied += len(batch.events)
+        order.append("apply")
+        wake.set()
+
+    async def evaluator() -> None:
+        while True:
+            await wake.wait()
+            wake.clear()
+            order.append("evaluate")
+
+    consumer = consumer_for(
+        kafka_config, topics, handler, group=group, max_records=50, queue_batches=4
+    )
+    evaluating = asyncio.create_task(evaluator())
+    task = asyncio.create_task(consumer.run())
+    await wait_until(lambda: applied == 600, within=60)
+    consumer.stop()
+    await task
+    evaluating.cancel()
+    assert order.count("apply") >= 12
+    assert "apply, apply" not in ", ".join(order)
+
+
+@pytest.mark.slow
+async def test_a_round_trip_completed_during_a_batch_goes_before_the_next_batch(
+    kafka_config: KafkaConfig,
+) -> None:
+    """Issue 27: a decision being carried out is a chain of round trips (the intent's ack, the
+    API server's answer). When an answer arrives on a socket while a batch is applied, the
+    loop's next turn runs its I/O callback, which schedules the waiting task's step; that step
+    must run before the next queued batch, or every round trip waits behind two batches."""
+    topics, group = Topics(), f"g-{uuid.uuid4().hex[:6]}"
+    await topics.create(kafka_config, partitions=1)
+    await produce(kafka_config, topics, [latency_event(i) for i in range(600)])
+    loop = asyncio.get_running_loop()
+    server_end, client_end = socket.socketpair()
+    client_end.setblocking(False)
+    order: list[str] = []
+    asked = 0
+    applied = 0
+
+    async def handler(batch: Batch) -> None:
+        nonlocal applied, asked
+        if not order:  # the first batch: let the fetcher fill the queue behind it
+            await wait_until(consumer._queue.full, within=30)
+        applied += len(batch.events)
+        order.append("apply")
+        if asked:  # the answer arrives while this batch is applied
+            server_end.send(b"x" * asked)
+            asked = 0
+
+    async def carry_out() -> None:
+        nonlocal asked
+        for _ in range(6):
+            asked = 1
+            await loop.sock_recv(client_end, 1)
+            order.append("round trip")
+
+    consumer = consumer_for(
+        kafka_config, topics, handler, group=group, max_records=50, queue_batches=4
+    )
+    acting = asyncio.create_task(carry_out())
+    task = asyncio.create_task(consumer.run())
+    try:
+        await wait_until(lambda: applied == 600, within=60)
+        consumer.stop()
+        await task
+        await acting
+    finally:
+        server_end.close()
+        client_end.close()
+    last = max(i for i, step in enumerate(order) if step == "round trip")
+    assert order.count("round trip") == 6
+    assert "apply, apply" not in ", ".join(order[: last + 1])
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from streams.events import (
@@ -257,3 +257,107 @@ def test_decoder_never_raises_on_arbitrary_json(obj: dict[str, Any]) -> None:
         assert 0 <= result.util_pct <= 100
     else:
         assert isinstance(result, Rejection)
+
+
+def _one_by_one(
+    decoder: EventDecoder, values: list[bytes | None], topic: str | None
+) -> tuple[list[object], dict[int, Rejection]]:
+    """What decode_many must equal: decode called on each value."""
+    events: list[object] = []
+    refused: dict[int, Rejection] = {}
+    for i, value in enumerate(values):
+        result = (
+            decoder.decode(value, now=NOW, topic=topic)
+            if value is not None
+            else Rejection("malformed", "message has no value (a tombstone)")
+        )
+        if isinstance(result, Rejection):
+            refused[i] = result
+        else:
+            events.append(result)
+    return events, refused
+
+
+_GOOD = json.dumps(latency()).encode()
+_SMALL = Limits(max_message_bytes=256, max_batch=3)
+_AHEAD = json.dumps(latency(ts=NOW + 900)).encode()  # past the default skew
+_MANY = json.dumps(drop(latency(samples_ms=[1.0] * 4), "latency_ms")).encode()  # over _SMALL's 3
+_BIG = json.dumps(latency(note="n" * 300)).encode()  # valid, over _SMALL's 256 bytes
+# A pair that straddles a comma (joined into one JSON array they read as one event), and one
+# message holding two events.
+_STRADDLE = [
+    b'{"type":"inference.latency","ts":1,"service":"a","latency_ms":1,"x":[1',
+    b"2]}",
+    b'{"type":"inference.latency","ts":1,"service":"b","latency_ms":2},{"type":"x"}',
+]
+_WIRE: list[bytes | None] = [
+    *(json.dumps(p.values[0]).encode() for p in VALID),
+    *(
+        p.values[0] if isinstance(p.values[0], bytes) else json.dumps(p.values[0]).encode()
+        for p in INVALID
+    ),
+    json.dumps(latency(ts=NOW + 200)).encode(),  # ahead, within the skew
+    _AHEAD,
+    _MANY,
+    _BIG,
+    *_STRADDLE,
+    None,
+    b"",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@example(values=[_GOOD, _AHEAD], topic=None, enforce=False, limits=Limits())
+@example(values=[_GOOD, _MANY], topic=None, enforce=False, limits=_SMALL)
+@example(values=[_GOOD, _BIG], topic=None, enforce=False, limits=_SMALL)
+@example(values=[_GOOD, *_STRADDLE], topic=None, enforce=False, limits=Limits())
+@example(
+    values=[_GOOD, json.dumps(gpu()).encode()],
+    topic=DEFAULT_TOPICS["inference.latency"],
+    enforce=True,
+    limits=Limits(),
+)
+@given(
+    values=st.lists(st.sampled_from(_WIRE) | st.binary(max_size=40), max_size=12),
+    topic=st.sampled_from([None, *DEFAULT_TOPICS.values(), "elsewhere"]),
+    enforce=st.booleans(),
+    limits=st.sampled_from([Limits(), _SMALL, Limits(0, 0)]),
+)
+def test_decoding_many_at_once_is_decoding_each(
+    values: list[bytes | None], topic: str | None, enforce: bool, limits: Limits
+) -> None:
+    """decode_many's one pass (issue 27) accepts and refuses exactly what decode does message by
+    message, with the same reasons at the same places, whatever mix a batch holds."""
+    decoder = EventDecoder(limits, topics=DEFAULT_TOPICS if enforce else None)
+    events, refused = decoder.decode_many(values, now=NOW, topic=topic)
+    assert (events, refused) == _one_by_one(decoder, values, topic)
+
+
+def test_a_clean_batch_decodes_at_once_into_the_topics_types() -> None:
+    """The common case: every message valid and on its topic; the events come back in order
+    with their times normalised, nothing refused."""
+    decoder = EventDecoder(topics=DEFAULT_TOPICS)
+    values: list[bytes | None] = [
+        json.dumps(latency(latency_ms=float(i), ts="2026-01-01T00:00:00Z")).encode()
+        for i in range(5)
+    ]
+    events, refused = decoder.decode_many(
+        values, now=NOW, topic=DEFAULT_TOPICS["inference.latency"]
+    )
+    assert refused == {}
+    assert [(e.time, getattr(e, "latency_ms", None)) for e in events] == [
+        (NOW, float(i)) for i in range(5)
+    ]
+
+
+def test_a_decoder_with_load_events_and_a_load_topic_decodes_a_batch_on_it() -> None:
+    """Merged regression: per-topic batch decoders were built for the consumed types only, so a
+    decoder that also takes ``inference.load`` on its own topic failed at construction."""
+    topics = {"inference.load": "ebbtide.inference.load", **DEFAULT_TOPICS}
+    decoder = EventDecoder(topics=topics, load=True)
+    raw = b'{"type":"inference.load","ts":1800000000,"service":"chat","version":1,"waiting":3}'
+    events, refused = decoder.decode_many(
+        [raw], now=1_800_000_000.0, topic=topics["inference.load"]
+    )
+    assert refused == {}
+    assert [(type(e).__name__, e.waiting) for e in events] == [("InferenceLoad", 3)]  # type: ignore[attr-defined]
