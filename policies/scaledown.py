@@ -55,7 +55,7 @@ from policies.slo import SloState
 from policies.snapshot import Workload
 from policies.windows import LatencyWindow
 
-__all__ = ["RULE", "Recommendations", "scale_down", "step_limit"]
+__all__ = ["RULE", "Recommendations", "scale_down", "scale_down_quiet_until", "step_limit"]
 
 RULE = "slo-scale-down"
 
@@ -126,6 +126,25 @@ def _show_step(max_step: int | float) -> str | int:
     return max_step if isinstance(max_step, int) else f"{max_step:.0%}"
 
 
+def _reads_percentile(slo: SloState, replicas: int, min_replicas: int) -> bool:
+    """Whether a tick may recommend fewer than ``replicas``: ``ok`` with a verdict below the
+    recovery threshold, above ``replicas.min``. Any other tick recommends the replicas."""
+    return slo.state == "ok" and slo.last_level in ("below", "between") and replicas > min_replicas
+
+
+def scale_down_quiet_until(spec: ServiceSpec, slo: SloState, workload: Workload | None) -> float:
+    """Until when :func:`scale_down` can only hold, recommending the current replicas, while
+    ``slo``, the window and the snapshot (``workload``) stay as they are: for ever
+    (``math.inf``) without ``scale.down``, a workload or a tick that reads the percentile (so
+    :meth:`Recommendations.hold` may record the skipped ticks later); else ``-math.inf``. The
+    rule asks the same question (:func:`_reads_percentile`), so the engine's incremental
+    schedule (:mod:`policies.scheduling`) cannot drift from it."""
+    scale, bounds = spec.scale, spec.replicas
+    if scale is None or scale.down is None or bounds is None or workload is None:
+        return math.inf
+    return -math.inf if _reads_percentile(slo, workload.replicas, bounds.min) else math.inf
+
+
 def scale_down(
     rnd: Round,
     key: str,
@@ -156,7 +175,7 @@ def scale_down(
     recommended = current
     lead: int | None = None
     # At (or below) replicas.min nothing lower can be recommended: no percentile to read.
-    if slo.state == "ok" and slo.last_level in ("below", "between") and current > bounds.min:
+    if _reads_percentile(slo, current, bounds.min):
         p = window.quantile(now, spec.slo.percentile / 100.0)
         lead = leading_replicas(spec, samples, window, now, margin=scale.tolerance)
         if p is not None and lead is not None and p < spec.slo.recover_below * objective:
