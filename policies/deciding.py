@@ -108,11 +108,8 @@ class Decider:
                 )
             svc.ruled_at = now
             workload = inv.service_workload.get(svc.key)
-            breach_settled = (
-                svc.slo.state != "breaching"
-                or breach_quiet_until(svc.spec, svc.slo, workload) == math.inf
-            )
-            out.append((svc, settled and breach_settled))
+            quiet = breach_quiet_until(svc.spec, svc.slo, workload) == math.inf
+            out.append((svc, settled and quiet))
         return out
 
     def rule_pools(self, rnd: Round, intake: Intake, busy_pools: set[str]) -> tuple[float, bool]:

@@ -66,7 +66,7 @@ def early(until: float) -> float:
 def holds_only(svc: ServiceTrack, inv: Inventory) -> bool:
     """Whether a service whose SLO step changed nothing would, ruled, only hold: it was ruled
     before and each of its rules says it can only hold with this SLO state and snapshot."""
-    if svc.ruled_at is None or svc.slo.state == "breaching":
+    if svc.ruled_at is None:
         return False
     workload = inv.service_workload.get(svc.key)
     spec, slo = svc.spec, svc.slo
