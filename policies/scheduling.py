@@ -261,9 +261,24 @@ class Scheduler:
     def _wake_due(self, now: float) -> None:
         """Add to the due list the services whose wake time has come by ``now``, working out
         the wake of those stepped at the last evaluation first."""
+        self._push_wakes(self._settling, now)
+        self._settling = []
         due = self._due
         wakes = self._wakes
-        for svc in self._settling:
+        ordered = self._ordered
+        while wakes and wakes[0][0] <= now:
+            wake, i = heapq.heappop(wakes)
+            svc = ordered[i]
+            if svc.wake == wake and not svc.due:
+                svc.due = True
+                due.append(svc)
+
+    def _push_wakes(self, stepped: list[ServiceTrack], now: float) -> None:
+        """Work out when each of ``stepped`` (stepped, and not written since) must be stepped
+        again: due at once when that is ``now`` already, else on the heap."""
+        due = self._due
+        wakes = self._wakes
+        for svc in stepped:
             if svc.due:
                 continue  # events again: no need to know when it would have changed
             # no write since it was stepped: when its reads or its SLO timers change next
@@ -274,14 +289,6 @@ class Scheduler:
                 due.append(svc)
             elif wake < math.inf:
                 heapq.heappush(wakes, (wake, svc.index))
-        self._settling = []
-        ordered = self._ordered
-        while wakes and wakes[0][0] <= now:
-            wake, i = heapq.heappop(wakes)
-            svc = ordered[i]
-            if svc.wake == wake and not svc.due:
-                svc.due = True
-                due.append(svc)
 
     # -- quiet ticks ---------------------------------------------------------------------------
 
@@ -329,10 +336,15 @@ class Scheduler:
                 svc.samples = n
                 svc.due = False
                 svc.ticked_at = now
-            self._settling = due[:]
+            stepped = due[:]
             due.clear()
-            self.quiet = None  # their wake times are worked out at the next tick
-            return True
+            # A quiet tick: their wake times now, not at the next tick (as after an evaluation,
+            # where a busy stream would make them moot), so the next quiet tick is a short one.
+            # An event before the wake leaves a stale heap entry: at worst one more step.
+            self._push_wakes(stepped, now)
+            if due:
+                self.quiet = None
+                return True
         wakes = self._wakes
         mig = policy.spec.mig
         self.quiet = (
