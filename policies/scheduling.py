@@ -63,16 +63,17 @@ def early(until: float) -> float:
     return until - _EARLY * abs(until) if until < math.inf else until
 
 
-def holds_only(svc: ServiceTrack, inv: Inventory) -> bool:
-    """Whether a service whose SLO step changed nothing would, ruled, only hold: it was ruled
-    before and each of its rules says it can only hold with this SLO state and snapshot."""
+def holds_only(svc: ServiceTrack, inv: Inventory, now: float) -> bool:
+    """Whether a service whose SLO step at ``now`` changed nothing would, ruled, only hold: it
+    was ruled before and each of its rules says it can only hold with this SLO state, window
+    and snapshot (until its next step: the window's contents change only then)."""
     if svc.ruled_at is None:
         return False
     workload = inv.service_workload.get(svc.key)
     spec, slo = svc.spec, svc.slo
     return (
         breach_quiet_until(spec, slo, workload) == math.inf
-        and scale_down_quiet_until(spec, slo, workload) == math.inf
+        and scale_down_quiet_until(spec, slo, workload, svc.latency, now) == math.inf
     )
 
 
@@ -169,7 +170,7 @@ class Scheduler:
             if slo is not before or full:
                 changed.append(svc)
                 self._rules.add(svc.index)
-            elif svc.index not in self._unsettled and not holds_only(svc, inv):
+            elif svc.index not in self._unsettled and not holds_only(svc, inv, now):
                 self._rules.add(svc.index)
         self._settling = due
 
@@ -368,7 +369,9 @@ class Scheduler:
         samples = []
         for svc in due:
             level, n = svc.exceed.level(now, svc.q, svc.min_samples)
-            if step(svc.slo, level, now, svc.spec.slo) is not svc.slo or not holds_only(svc, inv):
+            if step(svc.slo, level, now, svc.spec.slo) is not svc.slo or not holds_only(
+                svc, inv, now
+            ):
                 return None
             samples.append(n)
         return samples

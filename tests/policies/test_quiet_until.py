@@ -119,7 +119,7 @@ def test_a_service_rule_that_says_it_can_only_hold_decides_nothing(seed: int) ->
                 rnd_ = fresh_round(now, p, inv)
                 respond_to_breach(rnd_, "serving/chat", spec, slo, win, requests=n)
                 assert rnd_.decisions == [], (spec, slo, workload)
-            if scale_down_quiet_until(spec, slo, workload) == math.inf:
+            if scale_down_quiet_until(spec, slo, workload, win, now) == math.inf:
                 quiet_seen["down"] += 1
                 history = Recommendations()
                 rnd_ = fresh_round(now, p, inv)
