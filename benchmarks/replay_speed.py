@@ -7,7 +7,8 @@ independent of the recording's length; sparse (issue 27) >= 10,000x real time, a
 rate >= 0.6x its floor measured in the same run: decoding the recording and ``Engine.observe``
 on every event alone (the replay's own decoder, batches and garbage-collector setting, an engine
 that has indexed the inferred cluster's snapshot; no ticks). Replay and floor runs alternate,
-each in a fresh process; the ratio printed is the median replay rate over the median floor rate.
+each in a fresh process; the ratio printed is the median replay rate over the median floor rate,
+in wall time and in the processes' CPU time.
 
 The scene: 1,000 GPUs (125 nodes of 8 in pool ``whole``) and 200 inference services. Each
 simulated second every GPU reports its utilization and every service one latency event of 4
@@ -205,9 +206,9 @@ def run_once(path: Path, out: Path, policy_yaml: str) -> dict[str, float]:
     t = time.perf_counter()
     inferred = infer_cluster(path, policy)
     inventory_s = time.perf_counter() - t
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     result = replay(path, policy=policy, cluster=inferred.simulate, out_dir=out)
-    replay_s = time.perf_counter() - t
+    replay_s, replay_cpu_s = time.perf_counter() - t, time.process_time() - cpu
     t = time.perf_counter()
     write_outputs(result, out)
     report_s = time.perf_counter() - t
@@ -219,6 +220,7 @@ def run_once(path: Path, out: Path, policy_yaml: str) -> dict[str, float]:
         "inventory_s": inventory_s,
         "report_s": report_s,
         "events_per_s": s["events"]["total"] / replay_s,
+        "events_per_cpu_s": s["events"]["total"] / replay_cpu_s,
         "ticks_per_s": s["time"]["ticks"] / replay_s,
         "x_real_time": span_s / replay_s,
         "actions": s["actions"]["total"],
@@ -247,15 +249,20 @@ def floor_once(path: Path, policy_yaml: str) -> dict[str, float]:
     gc.set_threshold(max(before[0], GC_THRESHOLD), *before[1:])  # as the replay does
     observe = engine.observe
     events = 0
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     for batch in read_event_batches(path, EventDecoder()):
         for item in batch:
             if type(item) is not Rejection:
                 observe(item)  # type: ignore[arg-type]
                 events += 1
-    floor_s = time.perf_counter() - t
+    floor_s, floor_cpu_s = time.perf_counter() - t, time.process_time() - cpu
     gc.set_threshold(*before)
-    return {"events": events, "floor_s": floor_s, "events_per_s": events / floor_s}
+    return {
+        "events": events,
+        "floor_s": floor_s,
+        "events_per_s": events / floor_s,
+        "events_per_cpu_s": events / floor_cpu_s,
+    }
 
 
 def measure(path: Path, tmp: str, shape: str, runs: int) -> list[dict[str, float]]:
@@ -300,12 +307,26 @@ def sparse(hours: float, runs: int, samples: int) -> None:
             f"peak RSS {max(r['peak_rss_mib'] for r in runs_):,.0f} MiB",
             flush=True,
         )
+        cpu_rate = statistics.median(r["events_per_cpu_s"] for r in runs_)
+        cpu_floor = statistics.median(r["events_per_cpu_s"] for r in floors)
         print(
             f"  floor (decode + observe alone): {floor:,.0f} events/s (median of {len(floors)}: "
             + ", ".join(f"{r['events_per_s']:,.0f}" for r in floors)
             + f"); replay / floor = {rate / floor:.3f} (pairs: "
             + ", ".join(
                 f"{r['events_per_s'] / f['events_per_s']:.3f}"
+                for r, f in zip(runs_, floors, strict=True)
+            )
+            + ")",
+            flush=True,
+        )
+        # CPU seconds of the process (time.process_time): steadier than wall time when other
+        # work shares the cores, which stretches both sides' wall time unevenly.
+        print(
+            f"  per CPU-second: replay {cpu_rate:,.0f}, floor {cpu_floor:,.0f} events/s; "
+            f"replay / floor = {cpu_rate / cpu_floor:.3f} (pairs: "
+            + ", ".join(
+                f"{r['events_per_cpu_s'] / f['events_per_cpu_s']:.3f}"
                 for r, f in zip(runs_, floors, strict=True)
             )
             + ")",
