@@ -145,14 +145,22 @@ def _step(step: Step) -> str:
     return f"{step} replica(s)" if isinstance(step, int) else f"{_pct(step)} of the replicas"
 
 
+#: What each latency metric an objective can be on measures.
+_METRIC = {
+    "e2e": "the whole request's latency",
+    "ttft": "the time to the first token",
+    "tpot": "the time per output token",
+}
+
+
 def _service(s: PolicySpec, name: str, svc: ServiceSpec) -> Item:
     slo = svc.slo
     workload = svc.workload or name
     cooldown = svc.cooldown if svc.cooldown is not None else s.cooldowns.service
     lines = [
         f"in pool {svc.pool}, workload {workload}, {svc.gpus_per_replica} GPU(s) a replica: "
-        f"P{slo.percentile:g} over {_d(slo.window)} (slots of {_d(slo.resolution)}) must stay "
-        f"<= {slo.objective_ms:g}ms.",
+        f"P{slo.percentile:g} of {_METRIC[slo.metric]} over {_d(slo.window)} (slots of "
+        f"{_d(slo.resolution)}) must stay <= {slo.objective_ms:g}ms.",
         f"Breach after {_d(slo.breach_after)} above; recover after {_d(slo.recover_after)} "
         f"below {_pct(slo.recover_below)} of the objective "
         f"({slo.objective_ms * slo.recover_below:g}ms).",

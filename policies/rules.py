@@ -1,4 +1,4 @@
-"""The engine's rules, one function each, sharing one evaluation :class:`Round`.
+"""The engine's service rules, one function each, sharing one evaluation :class:`Round`.
 
 Design:
 
@@ -23,15 +23,15 @@ Design:
 * A workload whose placement Ebbtide cannot read (:attr:`~policies.snapshot.Placement.
   unknown`) has nothing freed for it: a breaching service scales only into free GPUs and says
   why among its alternatives, training does not grow, and it is no MIG revert demand.
-* MIG: elastic training below its maximum is whole-card demand too, so a MIG node converted at
-  night comes back once services have taken training's GPUs in the morning; a node brought
-  back is idle only from then on.
+* The pool rules (training growth, MIG) share the round and live in :mod:`policies.pool_rules`.
+* Each rule answers "until when can I only hold?" beside itself
+  (:func:`breach_quiet_until`): the engine's incremental schedule asks the rule, never a copy.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from policies.budgets import Budgets, Cooldowns
@@ -41,21 +41,18 @@ from policies.decisions import (
     Decision,
     Evict,
     Explanation,
-    MigConvert,
-    MigRevert,
     Scale,
 )
 from policies.indicators import leading_replicas, request_rate
-from policies.inventory import Inventory, TrainingView, note_disrupted
-from policies.mig import IdleTracker, MigFlights, plan_conversions, plan_reverts
-from policies.model import MigSpec, Policy, ServiceSpec, VictimKey, format_duration
+from policies.inventory import Inventory, note_disrupted
+from policies.model import Policy, ServiceSpec, format_duration
 from policies.placement import NVLINK_DOMAIN_LABEL, place, room, slots
-from policies.preemption import Fit, plan_capacity, victim_sort_key
+from policies.preemption import Fit, plan_capacity
 from policies.slo import SloState
-from policies.snapshot import MIG_DISABLED, Placement, Workload
-from policies.windows import LatencyWindow, UtilizationWindow
+from policies.snapshot import Placement, Workload
+from policies.windows import LatencyWindow
 
-__all__ = ["Round", "grow_training", "respond_to_breach", "run_mig", "training_wants"]
+__all__ = ["Round", "breach_quiet_until", "quota_note", "respond_to_breach"]
 
 
 @dataclass(slots=True)
@@ -123,6 +120,24 @@ class Round:
             self.claimed[pool] = self.claimed.get(pool, 0) + n
 
 
+def breach_quiet_until(spec: ServiceSpec, slo: SloState, workload: Workload | None) -> float:
+    """Until when :func:`respond_to_breach` can only hold, whatever the clock, while ``slo``,
+    the service's window and the snapshot (``workload``) stay as they are: for ever
+    (``math.inf``) when it is not breaching and has no leading indicator, or when it scales by
+    the percentile alone and is at ``replicas.max`` already; else ``-math.inf`` (any tick may
+    act: a cooldown or a scale-step budget runs out, ready replicas end a cooldown, a request
+    rate's span grows). The rule itself starts from this answer, so the engine's incremental
+    schedule (:mod:`policies.scheduling`) cannot drift from it."""
+    scale = spec.scale
+    if scale is not None and scale.leading is not None:
+        return -math.inf
+    if slo.state != "breaching":
+        return math.inf
+    bounds = spec.replicas
+    at_max = workload is not None and bounds is not None and workload.replicas >= bounds.max
+    return math.inf if scale is not None and at_max else -math.inf
+
+
 def respond_to_breach(
     rnd: Round,
     key: str,
@@ -137,13 +152,15 @@ def respond_to_breach(
     now, pspec = rnd.now, rnd.policy.spec
     breaching = slo.state == "breaching"
     workload = rnd.inv.service_workload.get(key)
+    if breach_quiet_until(spec, slo, workload) == math.inf:
+        return  # nothing to add: no need to read the percentile
     lead = leading_replicas(spec, requests, window, now)
     if not breaching and (lead is None or workload is None or lead <= workload.replicas):
         return
     bounds = spec.replicas
     at_max = workload is not None and bounds is not None and workload.replicas >= bounds.max
     if lead is None and spec.scale is not None and at_max:
-        return  # nothing to add: no need to read the percentile
+        return  # a leading indicator with too few requests for a rate: as without one
     cooldown = spec.cooldown if spec.cooldown is not None else pspec.cooldowns.service
     if not rnd.cooldowns.ready(key, now, cooldown) and not _served(rnd, key, spec, workload):
         return
@@ -221,7 +238,7 @@ def respond_to_breach(
     if spec.scale is not None and left is not None and gpr > 0 and needed > left:
         # replicas the quota refuses would only wait: never free (or evict) GPUs for them
         inputs["quota_gpus_left"] = left
-        alternatives.append(Alternative(f"scale to {desired}", _quota_note(left, gpr)))
+        alternatives.append(Alternative(f"scale to {desired}", quota_note(left, gpr)))
         desired = current + left // gpr
         needed = (desired - current) * gpr
         if desired <= current:
@@ -436,245 +453,6 @@ def _served(rnd: Round, key: str, spec: ServiceSpec, workload: Workload | None) 
     return sum(1 for p in pods if p.phase == "Running" and p.node is not None) >= workload.replicas
 
 
-def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, float]) -> None:
-    """Grow elastic training into GPUs that stayed free while no service of the pool needed
-    them; one workload, one step, per pool per round."""
-    training = rnd.policy.spec.training
-    now, inv = rnd.now, rnd.inv
-    if training is None:
-        free_since.clear()
-        return
-    pools = sorted(training.pools or rnd.policy.spec.pools)
-    for pool in pools:
-        spare = rnd.free(pool) - inv.pending_whole_gpus
-        if spare <= 0 or pool in busy_pools:
-            free_since.pop(pool, None)
-            continue
-        since = free_since.setdefault(pool, now)
-        grow_after = training.elastic.grow_after
-        cooldown = rnd.policy.spec.cooldowns.training_grow
-        if now - since < grow_after or not rnd.cooldowns.ready(f"pool:{pool}", now, cooldown):
-            continue
-        if rnd.budgets.scale_steps.remaining(now) < 1:
-            continue
-        views = [
-            v
-            for v in inv.training.values()
-            if v.pool_gpus.get(pool, 0) > 0
-            and v.protected is None
-            and v.workload.replicas < v.max_replicas
-            and v.workload.gpus_per_replica <= spare
-            and v.key not in rnd.taken
-        ]
-        if not views:
-            continue
-        views.sort(
-            key=lambda v: _value(v, training.victim_order), reverse=True
-        )  # the last victim is the first to grow back
-        refused: list[Alternative] = []
-        chosen = 0
-        for view in views:
-            w = view.workload
-            gpr = max(1, w.gpus_per_replica)
-            space = rnd.room(pool, w.placement, gpus=gpr)
-            wanted = min(training.elastic.grow_step, view.max_replicas - w.replicas)
-            step, why = _grow_step(
-                wanted,
-                spare=spare,
-                gpr=gpr,
-                fits=slots(space, gpr),
-                left=rnd.quota_left(w.namespace),
-            )
-            if w.placement.unknown is not None:  # admitted nowhere: say why, not "0 fit"
-                step, why = 0, f"where it may run is unknown: {w.placement.unknown}"
-            if step > 0:
-                break
-            refused.append(Alternative(f"grow {w.key}", why))
-            chosen += 1
-        if step <= 0:
-            continue
-        later = [
-            Alternative(f"grow {o.key}", "later in victim order")
-            for o in views[chosen + 1 : chosen + 4]
-        ]
-        if step < wanted:
-            refused.append(Alternative(f"grow {w.key} by {wanted}", why))
-        inputs: dict[str, str | int | float | bool | None] = {
-            "free_gpus": spare,
-            "idle_s": round(now - since, 1),
-            "replicas_fit": slots(space, gpr),
-        }
-        left = rnd.quota_left(w.namespace)
-        if left is not None:
-            inputs["quota_gpus_left"] = left
-        rnd.emit(
-            Scale(
-                now,
-                w.key,
-                w.kind,
-                w.replicas,
-                w.replicas + step,
-                "training",
-                Explanation.of(
-                    "grow-training",
-                    f"{spare} GPUs idle in {pool} for {format_duration(now - since)} with no "
-                    f"service breaching; grow {w.key} {w.replicas}→{w.replicas + step}",
-                    inputs=inputs,
-                    thresholds={
-                        "grow_after": format_duration(grow_after),
-                        "max_replicas": view.max_replicas,
-                        "cooldown": format_duration(cooldown),
-                    },
-                    alternatives=(*refused, *later),
-                ),
-                dry_run=rnd.dry_run,
-                pool=pool,
-            )
-        )
-        rnd.claim(pool, space, gpus=gpr, replicas=step)
-        rnd.charge_quota(w.namespace, step * gpr)
-        rnd.cooldowns.mark(f"pool:{pool}", now)
-        rnd.taken.add(w.key)
-        free_since[pool] = now
-
-
-def _grow_step(
-    wanted: int, *, spare: int, gpr: int, fits: int, left: int | None
-) -> tuple[int, str]:
-    """Replicas a grow of ``wanted`` may add, and what limits it: GPUs left once pending pods
-    are served, replicas that fit on one node each, the namespace's GPU quota."""
-    limits = [
-        (spare // gpr, f"{spare} spare GPUs in the pool"),
-        (fits, f"only {fits} replicas of {gpr} GPUs fit, each on one node"),
-    ]
-    if left is not None:
-        limits.append((left // gpr, _quota_note(left, gpr)))
-    step, why = min(limits, key=lambda lim: lim[0])
-    return (wanted, "") if step >= wanted else (step, why)
-
-
-def _quota_note(left: int, gpr: int) -> str:
+def quota_note(left: int, gpr: int) -> str:
+    """Why a namespace's GPU quota limits a step (an alternative's reason)."""
     return f"namespace GPU quota has {left} left, a replica needs {gpr}"
-
-
-def _value(view: TrainingView, order: Sequence[VictimKey]) -> tuple[float | str, ...]:
-    w = view.workload
-    return victim_sort_key(
-        order, priority=w.priority, created=w.created, progress=view.progress, name=view.key
-    )
-
-
-def training_wants(inv: Inventory, pool: str) -> int:
-    """Whole GPUs elastic training in ``pool`` would grow back into (up to its maximum): the
-    demand that brings MIG nodes back in the morning, once services have taken what it had."""
-    total = 0
-    for v in inv.training.values():
-        w = v.workload
-        if v.pool_gpus.get(pool, 0) > 0 and v.protected is None and w.placement.unknown is None:
-            total += max(0, v.max_replicas - w.replicas) * w.gpus_per_replica
-    return total
-
-
-def run_mig(
-    rnd: Round,
-    *,
-    mig: MigSpec,
-    pool_window: UtilizationWindow,
-    idle: IdleTracker,
-    flights: MigFlights,
-    demand_since: list[float | None],
-    stale_s: float,
-    breaching: bool,
-) -> None:
-    """Revert MIG nodes on sustained whole-card demand, else convert idle whole-card nodes."""
-    now, inv = rnd.now, rnd.inv
-    flights.settle(inv.nodes, now, mig.stuck_after)
-    wants = training_wants(inv, mig.from_pool)
-    unmet = inv.pending_whole_gpus + wants - inv.free.get(mig.from_pool, 0)
-    if unmet > 0:
-        if demand_since[0] is None:
-            demand_since[0] = now
-    else:
-        demand_since[0] = None
-    slots = min(
-        mig.max_concurrent - flights.count(inv.nodes),
-        rnd.budgets.mig_conversions.remaining(now),
-    )
-    if slots <= 0:
-        return
-    reverts, unmet = plan_reverts(
-        now=now,
-        spec=mig,
-        inv=inv,
-        demand_since=demand_since[0],
-        slots=slots,
-        flights=flights,
-        training_wants=wants,
-    )
-    waited = demand_since[0] or now
-    for c in reverts:
-        rnd.emit(
-            MigRevert(
-                now,
-                c.node.name,
-                c.profile,
-                Explanation.of(
-                    "mig-revert",
-                    f"pods and training have waited {format_duration(now - waited)}"
-                    f" for {unmet} whole GPUs more than {mig.from_pool} has free; "
-                    f"revert {c.node.name}",
-                    inputs={**c.inputs, "training_wants_gpus": wants},
-                    thresholds={
-                        "revert_after": format_duration(mig.revert_after),
-                        "max_concurrent": mig.max_concurrent,
-                    },
-                ),
-                dry_run=rnd.dry_run,
-            )
-        )
-        flights.start(c.node.name, now, MIG_DISABLED)
-    if reverts:  # whole again: idle only from now on, not since before it was partitioned
-        back = {c.node.name for c in reverts}
-        idle.forget({n: None for n in inv.nodes if n not in back})
-    if reverts or unmet > 0 or breaching:
-        return
-    oldest = pool_window.oldest(now)
-    # observed for the whole period, give or take one missed reading
-    covered = oldest is not None and oldest <= now - mig.convert_after + stale_s
-    converts, rejected = plan_conversions(
-        now=now,
-        spec=mig,
-        inv=inv,
-        pool_util_pct=pool_window.mean(now),
-        pool_covered=covered,
-        idle=idle,
-        stale_s=stale_s,
-        slots=slots,
-        flights=flights,
-    )
-    for c in converts:
-        rnd.emit(
-            MigConvert(
-                now,
-                c.node.name,
-                c.profile,
-                c.node.gpu_model,
-                Explanation.of(
-                    "mig-convert",
-                    f"{mig.from_pool} below {mig.convert_below:.0%} utilization and "
-                    f"{c.node.name} idle for {format_duration(mig.convert_after)}: "
-                    f"partition as {c.profile}",
-                    inputs=c.inputs,
-                    thresholds={
-                        "convert_below": f"{mig.convert_below:.0%}",
-                        "node_idle_below": f"{mig.node_idle_below:.0%}",
-                        "convert_after": format_duration(mig.convert_after),
-                        "max_concurrent": mig.max_concurrent,
-                        "min_whole_nodes": mig.min_whole_nodes,
-                    },
-                    alternatives=tuple(rejected),
-                ),
-                dry_run=rnd.dry_run,
-            )
-        )
-        flights.start(c.node.name, now, f"{c.profile}")

@@ -55,7 +55,7 @@ from policies.slo import SloState
 from policies.snapshot import Workload
 from policies.windows import LatencyWindow
 
-__all__ = ["RULE", "Recommendations", "scale_down", "step_limit"]
+__all__ = ["RULE", "Recommendations", "scale_down", "scale_down_quiet_until", "step_limit"]
 
 RULE = "slo-scale-down"
 
@@ -126,6 +126,67 @@ def _show_step(max_step: int | float) -> str | int:
     return max_step if isinstance(max_step, int) else f"{max_step:.0%}"
 
 
+def _reads_percentile(slo: SloState, replicas: int, min_replicas: int) -> bool:
+    """Whether a tick may recommend fewer than ``replicas``: ``ok`` with a verdict below the
+    recovery threshold, above ``replicas.min``. Any other tick recommends the replicas."""
+    return slo.state == "ok" and slo.last_level in ("below", "between") and replicas > min_replicas
+
+
+def scale_down_quiet_until(
+    spec: ServiceSpec, slo: SloState, workload: Workload | None, window: LatencyWindow, now: float
+) -> float:
+    """Until when :func:`scale_down` can only hold, recommending the current replicas, while
+    ``slo``, the window's contents and the snapshot (``workload``) stay as they are: for ever
+    (``math.inf``) without ``scale.down`` or a workload, or when this tick's recommendation
+    (:func:`_recommend`, the rule's own) is the current replicas, so
+    :meth:`Recommendations.hold` may record the skipped ticks later; else ``-math.inf``. With a
+    leading indicator the request rate moves with the clock, so only a tick that reads no
+    percentile holds for ever. The rule asks the same questions, so the engine's incremental
+    schedule (:mod:`policies.scheduling`) cannot drift from it."""
+    scale, bounds = spec.scale, spec.replicas
+    if scale is None or scale.down is None or bounds is None or workload is None:
+        return math.inf
+    current = workload.replicas
+    if not _reads_percentile(slo, current, bounds.min):
+        return math.inf
+    if scale.leading is not None:
+        return -math.inf
+    recommended, p, _ = _recommend(spec, slo, window, now, current, samples=0)
+    return math.inf if p is None or recommended >= current else -math.inf
+
+
+def _recommend(
+    spec: ServiceSpec,
+    slo: SloState,
+    window: LatencyWindow,
+    now: float,
+    current: int,
+    *,
+    samples: int,
+) -> tuple[int, float | None, int | None]:
+    """This tick's recommendation for a service at ``current`` replicas (``spec`` has
+    ``scale.down`` and ``replicas``), with the percentile and the request rate's replicas it
+    read (``None`` when it read none)."""
+    scale, bounds = spec.scale, spec.replicas
+    assert scale is not None
+    assert scale.down is not None
+    assert bounds is not None
+    objective = spec.slo.objective_ms
+    p: float | None = None
+    recommended = current
+    lead: int | None = None
+    # At (or below) replicas.min nothing lower can be recommended: no percentile to read.
+    if _reads_percentile(slo, current, bounds.min):
+        p = window.quantile(now, spec.slo.percentile / 100.0)
+        lead = leading_replicas(spec, samples, window, now, margin=scale.tolerance)
+        if p is not None and lead is not None and p < spec.slo.recover_below * objective:
+            recommended = min(current, max(bounds.min, lead))  # the capacity the rate needs
+        elif p is not None and p < scale.down.below * objective:
+            desired = max(bounds.min, math.ceil(max(current, 1) * p / objective))
+            recommended = min(current, desired)
+    return recommended, p, lead
+
+
 def scale_down(
     rnd: Round,
     key: str,
@@ -152,18 +213,7 @@ def scale_down(
         return True
     now, current = rnd.now, workload.replicas
     objective = spec.slo.objective_ms
-    p: float | None = None
-    recommended = current
-    lead: int | None = None
-    # At (or below) replicas.min nothing lower can be recommended: no percentile to read.
-    if slo.state == "ok" and slo.last_level in ("below", "between") and current > bounds.min:
-        p = window.quantile(now, spec.slo.percentile / 100.0)
-        lead = leading_replicas(spec, samples, window, now, margin=scale.tolerance)
-        if p is not None and lead is not None and p < spec.slo.recover_below * objective:
-            recommended = min(current, max(bounds.min, lead))  # the capacity the rate needs
-        elif p is not None and p < down.below * objective:
-            desired = max(bounds.min, math.ceil(max(current, 1) * p / objective))
-            recommended = min(current, desired)
+    recommended, p, lead = _recommend(spec, slo, window, now, current, samples=samples)
     history.add(now, recommended, window_s=down.stabilization)
     if recommended >= current or p is None:
         return True

@@ -543,12 +543,17 @@ class LatencyWindow(_Ring):
         keys (then the merge of :meth:`_sketch` is what defines the answer)."""
         lo, hi = _INF, -_INF
         collapsed = False
+        # Counts are whole numbers, so these sums are exact in any order.
+        zeros = total = 0.0
         for c in live:
             store = c.store
             if store.is_collapsed:
                 collapsed = True
                 break
-            if store.count:
+            zeros += c.zeros
+            n = store.count
+            if n:
+                total += n
                 if store.min_key < lo:
                     lo = store.min_key
                 if store.max_key > hi:
@@ -559,10 +564,7 @@ class LatencyWindow(_Ring):
             return _NO_FAST
         if self._full is not None or self._cold_key:
             self._drop_merges()
-        # As BaseDDSketch.get_quantile_value on the merged store (no negative values); counts
-        # are whole numbers, so these sums are exact.
-        zeros = float(sum(c.zeros for c in live))
-        total = float(sum(c.store.count for c in live))
+        # As BaseDDSketch.get_quantile_value on the merged store (no negative values).
         rank = q * (zeros + total - 1)
         if rank < zeros:
             return 0.0

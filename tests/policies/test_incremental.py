@@ -142,12 +142,34 @@ def samples(rnd: random.Random, ts: float, service: str, mean: float) -> Inferen
     return InferenceLatency(ts=ts, service=service, namespace="serving", samples_ms=values)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_random_stream_with_quiet_stretches_decides_as_ticking_everything(seed: int) -> None:
+def leading_services(rate: float = 2.0, cooldown: str = "10s") -> dict[str, Any]:
+    """:func:`services` with chat scaling on its request rate too (``rate`` requests/s a
+    replica), one replica a step, with a ``cooldown`` shorter than its 30s window, so the rate
+    is still read when the cooldown ends."""
+    out = services()
+    chat = dict(out["chat"])
+    chat["scale"] = dict(chat["scale"], maxStep=1, leading={"ratePerReplica": rate})
+    chat["cooldown"] = cooldown
+    out["chat"] = chat
+    return out
+
+
+@pytest.mark.parametrize(
+    ("seed", "leading"), [(1, False), (2, False), (3, False), (7, True), (8, True)]
+)
+def test_random_stream_with_quiet_stretches_decides_as_ticking_everything(
+    seed: int, leading: bool
+) -> None:
     """Three hours of regimes (silence, one event a minute, steady, slow, fast) per service,
     utilization with silent nodes, snapshot changes (and equal rebuilds), refused decisions,
-    irregular tick gaps, a kill switch and reloads: the same decisions, tick by tick."""
+    irregular tick gaps, a kill switch and reloads: the same decisions, tick by tick. With
+    ``leading``, chat also scales on its request rate (a rule that may act at any tick)."""
     rnd = random.Random(seed)
+    extra = {"services": leading_services()} if leading else {}
+
+    def policy(**overrides: Any) -> Policy:
+        return make_policy(**{"services": services(), **extra, **overrides})
+
     p = policy()
     both = Lockstep(p)
     objective = {"chat": 100.0, "search": 80.0, "embed": 150.0}
@@ -195,7 +217,8 @@ def test_random_stream_with_quiet_stretches_decides_as_ticking_everything(seed: 
                     hold_until=rnd.choice([None, now + 120.0]),
                 )
     rules = {d["rule"] for _, _, ds in both.decided for d in ds}
-    assert {"slo-breach-scale-up", "slo-scale-down", "mig-convert"} <= rules
+    assert {"slo-breach-scale-up", "mig-convert"} <= rules
+    assert ("leading-scale-up" if leading else "slo-scale-down") in rules
 
 
 def quiet_run(
@@ -549,3 +572,18 @@ def test_an_idle_tick_steps_a_due_service_only_when_its_rules_would_hold() -> No
         both.evaluate(T0 + k, snap)
     assert T0 + 180 < both.first("slo-scale-down")[0] < T0 + 200
     assert both.idle_after_events > 10  # search's events, stepped on idle ticks
+
+
+def test_a_leading_scale_up_held_by_its_cooldown_comes_when_the_cooldown_ends() -> None:
+    """200 fast requests in one second, then silence: the request rate scales chat up at
+    once, and again the moment the 10s cooldown ends (the rate, over the span that holds
+    data, still wants more), on a quiet tick, as ticking everything does: the breach rule may
+    act at any tick while it has a leading indicator, so it is never settled."""
+    both = quiet_run(
+        make_policy(services=leading_services()),
+        snapshot(0),
+        lambda t: [latency(t, 20.0)] * 200 if t < T0 + 2 else [],
+        40,
+    )
+    ups = [(now, quiet) for now, quiet, ds in both.decided if ds[-1]["rule"] == "leading-scale-up"]
+    assert ups[:2] == [(T0 + 1, False), (T0 + 11, True)]

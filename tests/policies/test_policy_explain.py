@@ -137,6 +137,7 @@ CHANGES: dict[str, Any] = {
     "spec.services.chat.replicas.max": 12,
     "spec.services.chat.slo.percentile": 95,
     "spec.services.chat.slo.objectiveMs": 250,
+    "spec.services.chat.slo.metric": "ttft",
     "spec.services.chat.slo.window": "2m",
     "spec.services.chat.slo.resolution": "10s",
     "spec.services.chat.slo.breachAfter": "45s",

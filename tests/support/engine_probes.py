@@ -26,7 +26,7 @@ def reload_sources(engine: Engine, sources: Sequence[Source]) -> ReloadResult:
 
 def gpu_utilization(engine: Engine, now: float) -> dict[str, float | None]:
     """Windowed mean utilization per GPU (``node/gpu``), sorted by key."""
-    windows = engine._gpu_windows
+    windows = engine._intake.gpu_windows
     return {k: windows[k].mean(now) for k in sorted(windows)}
 
 
@@ -35,4 +35,4 @@ def cooldown_remaining(engine: Engine, service_key: str, now: float) -> float:
     cooldown = engine._services[service_key].spec.cooldown
     if cooldown is None:
         cooldown = engine.policy.spec.cooldowns.service
-    return engine._cooldowns.remaining_s(service_key, now, cooldown)
+    return engine._decide.cooldowns.remaining_s(service_key, now, cooldown)

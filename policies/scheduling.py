@@ -1,0 +1,377 @@
+"""The engine's schedule: which SLOs a tick steps, which rules it runs, and which ticks are quiet.
+
+Design:
+
+* **A tick costs what changed.** On a sparse stream most ticks change nothing, so a tick steps
+  a service's SLO only when it is due: it received events since it was last stepped, an
+  interval left (or entered) its window (:meth:`~policies.slo.ExceedanceWindow.steady_until`),
+  or one of its SLO timers runs out (:func:`~policies.slo.steady_until`: breachAfter,
+  recoverAfter, staleAfter); a min-heap holds the next of these per service, worked out at the
+  tick after it was stepped and only if no event made it due again.
+* **Rules ask their own rules.** Whether a service's rules would only hold is each rule's own
+  answer, beside the rule (:func:`~policies.rules.breach_quiet_until`,
+  :func:`~policies.scaledown.scale_down_quiet_until`), as is until when the pool rules would
+  decide nothing (:func:`~policies.pool_rules.grow_quiet_until`,
+  :func:`~policies.pool_rules.mig_quiet_until`, asked by :mod:`policies.deciding`): the
+  schedule keeps no copy of a rule's conditions, so a rule changed is a schedule changed.
+* A service's rules run when its SLO was stepped since its rules last ran (unless the step
+  changed nothing and they would only hold), or every tick while it is unsettled (its breach
+  response may act at any tick, or its scale-down did not only hold: cooldowns, budgets and
+  the stabilization window decide); a settled service's skipped ticks would each only have
+  recorded its current replicas as its recommendation, and :meth:`Recommendations.hold
+  <policies.scaledown.Recommendations.hold>` records them in one call when it next runs. A new
+  snapshot, a reload, or a gap between ticks longer than the shortest stabilization window
+  steps every service.
+* The pool rules are skipped while they provably decide nothing: they decided nothing last
+  time, with the same snapshot, policy and busy pools, no outcome or log record came back, none
+  of their timers ran out and, where MIG may convert, the whole-card pool's mean is not below
+  ``convertBelow``.
+* :meth:`Scheduler.idle` answers whether a whole tick would be quiet, so a driver may skip it;
+  after one quiet tick, a run of them costs a few comparisons.
+* The decisions are those of stepping everything (``Engine(…, incremental=False)``, kept for
+  the tests and benchmarks that check exactly that).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Final
+
+from policies.intake import Intake
+from policies.inventory import Inventory
+from policies.model import Policy
+from policies.pool_rules import converts_below
+from policies.rules import breach_quiet_until
+from policies.scaledown import scale_down_quiet_until
+from policies.servicetrack import ServiceTrack
+from policies.slo import steady_until, step
+from policies.snapshot import Snapshot
+
+__all__ = ["PoolsSeen", "Scheduler"]
+
+#: A service is ticked this much (relative to the time) before a computed deadline, so float
+#: rounding never makes it late; ticking early only costs the tick.
+_EARLY: Final = 1e-12
+
+#: What the pool rules saw: the snapshot's inventory, the policy and the busy pools.
+PoolsSeen = tuple[Inventory, Policy, set[str]]
+
+
+def early(until: float) -> float:
+    """``until`` moved a hair earlier (see ``_EARLY``); infinities stay."""
+    return until - _EARLY * abs(until) if until < math.inf else until
+
+
+def holds_only(svc: ServiceTrack, inv: Inventory, now: float) -> bool:
+    """Whether a service whose SLO step at ``now`` changed nothing would, ruled, only hold: it
+    was ruled before and each of its rules says it can only hold with this SLO state, window
+    and snapshot (until its next step: the window's contents change only then)."""
+    if svc.ruled_at is None:
+        return False
+    workload = inv.service_workload.get(svc.key)
+    spec, slo = svc.spec, svc.slo
+    return (
+        breach_quiet_until(spec, slo, workload) == math.inf
+        and scale_down_quiet_until(spec, slo, workload, svc.latency, now) == math.inf
+    )
+
+
+class Scheduler:
+    """What each tick must do. See the module docstring."""
+
+    def __init__(self, intake: Intake, *, incremental: bool) -> None:
+        self._intake = intake
+        self.incremental = incremental
+        self._policy: Policy | None = None
+        self._ordered: list[ServiceTrack] = []
+        #: Services due for an SLO step (events arrived): the intake's list, shared.
+        self._due = intake.due
+        #: (wake, index) deadlines.
+        self._wakes: list[tuple[float, int]] = []
+        #: The services stepped at the last evaluation: their wake time is worked out at the
+        #: next one, and only when no event made them due again (on a busy stream, never).
+        self._settling: list[ServiceTrack] = []
+        #: Indexes of services whose rules run at the next round: stepped since their rules
+        #: last ran, or unsettled.
+        self._rules: set[int] = set()
+        self._unsettled: set[int] = set()
+        #: key -> pool of the services breaching or recovering.
+        self.busy: dict[str, str] = {}
+        #: What the last tick saw; a change steps every service.
+        self._seen: tuple[Inventory, Policy] | None = None
+        #: The services whose SLO state the last evaluation changed.
+        self.changed: list[ServiceTrack] = []
+        #: ``now`` of the last round that ran the rules.
+        self.last_round: float | None = None
+        #: The shortest scale-down stabilization window: a longer gap between rounds steps all.
+        self._gap_s = math.inf
+        #: What the pool rules last saw when they decided nothing (else ``None``: run them),
+        #: and until when they would go on so.
+        self._pools_seen: PoolsSeen | None = None
+        self._pools_wake = -math.inf
+        #: Whether whole-card demand was unmet then (with the same snapshot: MIG converts
+        #: nothing, so the pool's mean need not be read).
+        self._pools_unmet = False
+        #: Whether the whole-card pool's mean was at or above ``convertBelow`` (or unknown),
+        #: for (events taken, the window's slot): neither changed, nor did the mean.
+        self._mean_for = (-1, 0)
+        self._mean_high = False
+        #: After :meth:`idle` found a quiet tick: its snapshot, until when nothing the engine
+        #: follows can wake (a service's wake time, the pool rules' timers) and whether the
+        #: whole-card pool's mean is read; ``None`` once anything else may have changed.
+        self.quiet: tuple[Snapshot, float, bool] | None = None
+
+    def configure(self, policy: Policy, ordered: list[ServiceTrack]) -> None:
+        """Adopt a policy and its services (in order): the next tick steps every service."""
+        self.quiet = None
+        self._policy = policy
+        self._ordered = ordered
+        self._seen = None
+        self._pools_seen = None
+        self._mean_for = (-1, 0)
+        self.busy = {}
+        self._gap_s = min(
+            (
+                s.scale.down.stabilization
+                for s in policy.spec.services.values()
+                if s.scale is not None and s.scale.down is not None
+            ),
+            default=math.inf,
+        )
+
+    def forget_pools(self) -> None:
+        """Feedback came (an outcome, a log record): a budget unit, a cooldown or a MIG slot
+        may have come back, so the pool rules run at the next tick."""
+        self._pools_seen = None
+        self.quiet = None
+
+    # -- one evaluation ------------------------------------------------------------------------
+
+    def step_slos(self, now: float, inv: Inventory) -> None:
+        """Step the SLOs due at ``now`` (every SLO, as far as anyone can tell) and note whose
+        rules the round runs."""
+        self.quiet = None
+        due = self._slo_due(now, inv)
+        changed = self.changed = []
+        full = not self.incremental or due is self._ordered
+        busy = self.busy
+        for svc in due:
+            level, n = svc.exceed.level(now, svc.q, svc.min_samples)
+            before = svc.slo
+            slo = svc.slo = step(before, level, now, svc.spec.slo)
+            svc.samples = n
+            svc.due = False
+            if slo.state == "breaching" or slo.state == "recovering":
+                busy[svc.key] = svc.spec.pool
+            else:
+                busy.pop(svc.key, None)
+            svc.ticked_at = now
+            if slo is not before or full:
+                changed.append(svc)
+                self._rules.add(svc.index)
+            elif svc.index not in self._unsettled and not holds_only(svc, inv, now):
+                self._rules.add(svc.index)
+        self._settling = due
+
+    def take_ruled(self, now: float) -> tuple[list[ServiceTrack], float | None]:
+        """The services whose rules this round runs, in order, and ``now`` of the last round
+        (this one is ``now``)."""
+        ruled = [self._ordered[i] for i in sorted(self._rules | self._unsettled)]
+        self._rules = set()
+        last_round, self.last_round = self.last_round, now
+        return ruled, last_round
+
+    def settle(self, svc: ServiceTrack, settled: bool) -> None:
+        """After ``svc``'s rules ran: ``settled`` when, with the same SLO state and snapshot,
+        they would only hold at every later tick (else they run every tick)."""
+        if settled:
+            self._unsettled.discard(svc.index)
+        else:
+            self._unsettled.add(svc.index)
+
+    def pools_ran(self, decided: bool, seen: PoolsSeen, until: float, unmet: bool) -> None:
+        """The pool rules ran: whether anything was decided, and (from the rules) until when
+        they would decide nothing with these inputs and whether whole-card demand is unmet."""
+        self._pools_seen = None if decided else seen
+        self._pools_wake = early(until)
+        self._pools_unmet = unmet
+
+    def pools_quiet(self, now: float, seen: PoolsSeen) -> bool:
+        """Whether the pool rules (training growth, MIG) would decide nothing and change
+        nothing at ``now``: they did not the last time, with the same snapshot, policy and busy
+        pools, no outcome or log record came back since, none of their timers has run out, and
+        the whole-card pool's utilization (read only while MIG may convert) is not below
+        ``convertBelow``."""
+        last = self._pools_seen
+        if (
+            not self.incremental
+            or last is None
+            or last[0] is not seen[0]
+            or last[1] is not seen[1]
+            or last[2] != seen[2]
+            or now >= self._pools_wake
+        ):
+            return False
+        mig = seen[1].spec.mig
+        if mig is None or not mig.enabled or seen[2] or self._pools_unmet:
+            return True
+        return self._mean_high_at(now)
+
+    def _mean_high_at(self, now: float) -> bool:
+        """Whether the whole-card pool's mean is at or above ``convertBelow`` (or unknown) at
+        ``now``: read again only when a reading came or the window moved a slot."""
+        intake = self._intake
+        key = (intake.observed, int(now // intake.util_interval))  # what the mean depends on
+        if key != self._mean_for:
+            assert self._policy is not None
+            mig = self._policy.spec.mig
+            assert mig is not None
+            self._mean_for = key
+            self._mean_high = not converts_below(mig, intake.pool_windows[mig.from_pool], now)
+        return self._mean_high
+
+    def _slo_due(self, now: float, inv: Inventory) -> list[ServiceTrack]:
+        """The services whose SLO this tick must step (in no particular order: each steps
+        alone, and their rules run in order): all of them after a new snapshot or policy, a
+        long gap or when not incremental; else those with events since and those whose wake
+        time has come."""
+        policy = self._policy
+        last = self.last_round
+        gap = last is not None and now - last > self._gap_s
+        if (
+            not self.incremental
+            or gap
+            or self._seen is None
+            or self._seen[0] is not inv
+            or self._seen[1] is not policy
+        ):
+            assert policy is not None
+            self._seen = (inv, policy)
+            self._due.clear()
+            self._wakes = []
+            self._settling = []
+            self._rules = set(range(len(self._ordered)))
+            self._unsettled = set()
+            return self._ordered
+        self._wake_due(now)
+        due = self._due[:]
+        self._due.clear()
+        return due
+
+    def _wake_due(self, now: float) -> None:
+        """Add to the due list the services whose wake time has come by ``now``, working out
+        the wake of those stepped at the last evaluation first."""
+        self._push_wakes(self._settling, now)
+        self._settling = []
+        due = self._due
+        wakes = self._wakes
+        ordered = self._ordered
+        while wakes and wakes[0][0] <= now:
+            wake, i = heapq.heappop(wakes)
+            svc = ordered[i]
+            if svc.wake == wake and not svc.due:
+                svc.due = True
+                due.append(svc)
+
+    def _push_wakes(self, stepped: list[ServiceTrack], now: float) -> None:
+        """Work out when each of ``stepped`` (stepped, and not written since) must be stepped
+        again: due at once when that is ``now`` already, else on the heap."""
+        due = self._due
+        wakes = self._wakes
+        for svc in stepped:
+            if svc.due:
+                continue  # events again: no need to know when it would have changed
+            # no write since it was stepped: when its reads or its SLO timers change next
+            wake = min(svc.exceed.steady_until(svc.ticked_at), steady_until(svc.slo, svc.spec.slo))
+            svc.wake = wake = early(wake)
+            if wake <= now:
+                svc.due = True
+                due.append(svc)
+            elif wake < math.inf:
+                heapq.heappush(wakes, (wake, svc.index))
+
+    # -- quiet ticks ---------------------------------------------------------------------------
+
+    def idle(self, now: float, snapshot: Snapshot, inv: Inventory | None) -> bool:
+        """See :meth:`policies.engine.Engine.idle`; ``inv`` is the inventory of ``snapshot``
+        under the current policy when the engine has it indexed, else ``None``."""
+        seen, last = self._seen, self.last_round
+        quiet = self.quiet
+        if (
+            quiet is not None
+            and quiet[0] is snapshot
+            and now < quiet[1]
+            and not self._due
+            and not self._settling
+            and last is not None
+            and now - last <= self._gap_s
+        ):
+            if quiet[2] and not self._mean_high_at(now):
+                return False
+            self._record_quiet(now)
+            return True
+        policy = self._policy
+        if (
+            not self.incremental
+            or seen is None
+            or inv is None
+            or seen[0] is not inv
+            or seen[1] is not policy
+            or policy is None
+            or policy.spec.kill_switch
+            or self._rules
+            or self._unsettled
+            or last is None
+            or now - last > self._gap_s
+        ):
+            return False
+        self._wake_due(now)
+        due = self._due
+        samples = self._steps_hold(now, due, inv)
+        if samples is None or not self.pools_quiet(now, (inv, policy, set(self.busy.values()))):
+            return False
+        self._record_quiet(now)
+        if due:  # stepped as evaluate steps them: their state stays, their rules would hold
+            for svc, n in zip(due, samples, strict=True):
+                svc.samples = n
+                svc.due = False
+                svc.ticked_at = now
+            stepped = due[:]
+            due.clear()
+            # A quiet tick: their wake times now, not at the next tick (as after an evaluation,
+            # where a busy stream would make them moot), so the next quiet tick is a short one.
+            # An event before the wake leaves a stale heap entry: at worst one more step.
+            self._push_wakes(stepped, now)
+            if due:
+                self.quiet = None
+                return True
+        wakes = self._wakes
+        mig = policy.spec.mig
+        self.quiet = (
+            snapshot,
+            min(wakes[0][0], self._pools_wake) if wakes else self._pools_wake,
+            mig is not None and mig.enabled and not self.busy and not self._pools_unmet,
+        )
+        return True
+
+    def _record_quiet(self, now: float) -> None:
+        """Record a tick at ``now`` as ``evaluate`` records one that decided nothing."""
+        self._intake.advance(now)
+        self.changed = []
+        self.last_round = now
+
+    def _steps_hold(self, now: float, due: list[ServiceTrack], inv: Inventory) -> list[int] | None:
+        """The samples in each of ``due``'s windows when stepping each SLO at ``now`` would
+        leave its state the same object and its rules would only hold (:func:`holds_only`),
+        so ``evaluate`` would change nothing but when it was stepped; ``None`` otherwise.
+        Reads only: :func:`~policies.slo.step` is pure."""
+        samples = []
+        for svc in due:
+            level, n = svc.exceed.level(now, svc.q, svc.min_samples)
+            if step(svc.slo, level, now, svc.spec.slo) is not svc.slo or not holds_only(
+                svc, inv, now
+            ):
+                return None
+            samples.append(n)
+        return samples
