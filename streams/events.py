@@ -19,7 +19,7 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, Final, Literal, cast
+from typing import Annotated, Final, Literal, cast
 
 import msgspec
 
@@ -314,7 +314,7 @@ class EventDecoder:
     ``inference.load`` events (they must then arrive on ``topics[INFERENCE_LOAD]``, when given).
     """
 
-    __slots__ = ("_by_topic", "_decoder", "_limits", "_topic_of")
+    __slots__ = ("_decoder", "_kinds_on", "_limits", "_topic_of")
 
     def __init__(
         self,
@@ -328,14 +328,14 @@ class EventDecoder:
         )
         self._limits = limits or Limits()
         self._topic_of = topics
-        self._by_topic: dict[str, msgspec.json.Decoder[Any]] = {}
-        """Per topic, a decoder of only the event types that belong on it: a misplaced event
-        fails :meth:`decode_many`'s pass, so that pass needs no topic check of its own."""
-        for topic in set((topics or {}).values()):
-            kinds = [_CLASS_OF[k] for k, on in (topics or {}).items() if on == topic]
-            self._by_topic[topic] = (
-                msgspec.json.Decoder(kinds[0]) if len(kinds) == 1 else self._decoder
-            )
+        self._kinds_on: dict[str, frozenset[type[AnyEvent]]] = {
+            topic: frozenset(_CLASS_OF[k] for k, on in (topics or {}).items() if on == topic)
+            for topic in set((topics or {}).values())
+        }
+        """Per topic, the event types that belong on it (:meth:`decode_many` checks a batch's
+        types against it in one C-level pass). Not a decoder of those types alone: a tagged
+        struct decoded on its own takes a message without its ``type`` tag, which
+        :meth:`decode` refuses."""
 
     @property
     def limits(self) -> Limits:
@@ -397,17 +397,21 @@ class EventDecoder:
         one JSON array would be no faster, and a crafted pair of messages can straddle the
         commas between them, so an array's elements need not be the messages.)"""
         limits = self._limits
-        decoder = (
-            self._decoder if topic is None or self._topic_of is None else self._by_topic.get(topic)
-        )
-        if decoder is not None and values:
+        kinds: frozenset[type[AnyEvent]] | None = None
+        if topic is not None and self._topic_of is not None:
+            kinds = self._kinds_on.get(topic, frozenset())
+        if kinds != frozenset() and values:
             try:
                 fits = max(map(len, values)) <= limits.max_message_bytes  # type: ignore[arg-type]
-                events = list(map(decoder.decode, values)) if fits else None  # type: ignore[arg-type]
+                events = list(map(self._decoder.decode, values)) if fits else None  # type: ignore[arg-type]
             except (msgspec.DecodeError, UnicodeDecodeError, TypeError):  # TypeError: a None
                 events = None
-            if events is not None and self._within_limits(events, now):
-                return events, {}
+            if (
+                events is not None
+                and (kinds is None or kinds.issuperset(map(type, events)))
+                and self._within_limits(events, now)  # type: ignore[arg-type]
+            ):
+                return events, {}  # type: ignore[return-value]
         accepted: list[Event] = []
         refused: dict[int, Rejection] = {}
         for i, value in enumerate(values):
