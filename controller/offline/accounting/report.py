@@ -116,7 +116,13 @@ def _layout(y: str, x_range: list[float], **extra: Any) -> dict[str, Any]:
     return {
         "height": 360,
         "margin": {"l": 70, "r": 20, "t": 40, "b": 100},
-        "xaxis": {"type": "date", "range": x_range, "title": {"text": "event time (UTC)"}},
+        # the standoff keeps the first time label off the y axis' "0"
+        "xaxis": {
+            "type": "date",
+            "range": x_range,
+            "title": {"text": "event time (UTC)"},
+            "ticklabelstandoff": 6,
+        },
         "yaxis": {"title": {"text": y}, "rangemode": "tozero"},
         "legend": {"orientation": "h", "x": 0, "y": -0.45, "yanchor": "top"},
         **extra,
@@ -289,7 +295,7 @@ def build_figures(result: RunResult) -> list[dict[str, Any]]:
                 "line": {"color": _COLORS["reclaimable"], "dash": "dash"},
             }
         ]
-        layout = _layout("GPUs", x_range)
+        layout = _layout("GPUs (count)", x_range)
         # the report does not know which pool a decision's target is in: every decision
         # shows on every pool's GPU chart
         _with_markers(layout, markers)
@@ -355,10 +361,13 @@ def _decisions_figure(markers: list[dict[str, Any]], x_range: list[float]) -> di
         )
     layout = _layout("decision kind (category)", x_range)
     layout["yaxis"] = {
-        "title": {"text": "decision kind (category)"},
+        "title": {"text": "decision kind (category)", "standoff": 8},
+        "automargin": True,  # the kinds' names are wider than the margin for numbers
         "type": "category",
         "categoryorder": "array",
         "categoryarray": ACTIONS,
+        # every kind's row, also one without decisions: a row missing would move the others
+        "range": [-0.5, len(ACTIONS) - 0.5],
     }
     title = "Decisions (hover for target and reason)"
     return {"id": "decisions", "kind": "decisions", "title": title, "data": data,
@@ -550,6 +559,8 @@ def _cell(key: str, value: Any) -> str:
         return f"{100 * value:.2f}%"
     if key == "mean_gpu_util_pct":
         return f"{value:.1f}%"
+    if key == "p99_worst_5min_ms" and value >= TIMEOUT_MS:
+        return f"{value:.0f} (timeout cap)"  # requests gave up: the real value is unknown
     if isinstance(value, float):
         return f"{value:.2f}"
     return html.escape(str(value))
@@ -578,7 +589,13 @@ def comparison_figure(runs: list[tuple[dict[str, Any], RunResult]]) -> dict[str,
     panels += ["pods preempted by the scheduler"]
     step = f"per {runs[0][1].timeline.stride * runs[0][1].timeline.dt:g} s"
     units = [f"P{slo[k]['percentile']:g} (ms, log)" for k in services]
-    units += ["GPUs", "GPUs", "%", f"actions ({step})", f"pods ({step})"]
+    units += [
+        "GPUs (count)",
+        "GPUs (count)",
+        "mean utilization (%)",
+        f"actions ({step})",
+        f"pods ({step})",
+    ]
     peaks = dict.fromkeys(services, 0.0)
     start, end = first["time"]["start"], first["time"]["end"]
     x_range = [start * 1000.0, end * 1000.0] if start is not None else []
@@ -643,7 +660,15 @@ def comparison_figure(runs: list[tuple[dict[str, Any], RunResult]]) -> dict[str,
         "height": 230 * rows,
         "margin": {"l": 70, "r": 20, "t": 70, "b": 50},
         "legend": {"orientation": "h", "x": 0, "y": 1.0 + 22 / (230 * rows), "yanchor": "bottom"},
-        "xaxis": {"type": "date", "range": x_range, "title": {"text": "time (UTC)"}},
+        "xaxis": {
+            "type": "date",
+            "range": x_range,
+            "title": {"text": "time (UTC)"},
+            "ticklabelstandoff": 6,
+            # under the bottom panel (anchored to the first y axis it ran through the panels)
+            "anchor": "free",
+            "position": 0,
+        },
         "hovermode": "x unified",
         "annotations": [],
     }
@@ -755,26 +780,40 @@ def best_row(best: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
+def _fair(row: dict[str, Any]) -> bool:
+    return bool(row.get("fair")) or row.get("controller") == "ebbtide"
+
+
 def verdict(rows: list[dict[str, Any]], pareto: dict[str, Any]) -> str:
-    """Who won, in one line: the runs on the fair trade-off front (SLO attainment and training
-    goodput, oracle and strawman left out), and the run with the best value in the most
-    ranked columns (ties all named)."""
+    """Who won, in one line, among the fair runs (Ebbtide's and the fair peers'; an oracle or
+    a strawman is not a contender): the run best in the most ranked columns (ties all named,
+    with the columns), and the runs on the fair trade-off front (SLO attainment and training
+    goodput)."""
+    fair = [r for r in rows if _fair(r)]
     label = {r["id"]: f"#{r['id']} {r['label']}" for r in rows}
-    front = [label[i] for i in pareto.get("fair_front", []) if i in label]
     wins: dict[int, list[str]] = {}
     for col, b in pareto.get("best", {}).items():
-        for i in b["runs"]:
-            wins.setdefault(i, []).append(col)
+        values = [r[col] for r in fair if r.get(col) is not None]
+        if not values:
+            continue
+        top = max(values) if b["direction"] == "max" else min(values)
+        for r in fair:
+            if r.get(col) == top:
+                wins.setdefault(r["id"], []).append(col)
     if not wins:
-        return "Verdict: no run has a ranked value (no request was evaluated)."
+        return "Verdict: no fair run has a ranked value (no request was evaluated)."
     most = max(len(c) for c in wins.values())
-    leaders = [i for i, c in wins.items() if len(c) == most]
     heads = dict(_COLUMNS)
-    led = "; ".join(f"{label[i]} ({', '.join(heads.get(c, c) for c in wins[i])})" for i in leaders)
-    on_front = ", ".join(front) if front else "no run"
+    led = "; ".join(
+        f"{label[i]} ({', '.join(heads.get(c, c) for c in cols)})"
+        for i, cols in wins.items()
+        if len(cols) == most
+    )
+    front = [label[i] for i in pareto.get("fair_front", []) if i in label]
     return (
-        f"Verdict: best in the most columns ({most} of {len(pareto['best'])}): {led}. "
-        f"On the fair trade-off front (SLO attainment ↑, training goodput ↑): {on_front}."
+        f"Verdict among the fair runs (oracle and strawman aside): best in the most columns "
+        f"({most} of {len(pareto['best'])}): {led}. On the fair trade-off front (SLO "
+        f"attainment ↑, training goodput ↑): {', '.join(front) or 'no run'}."
     )
 
 
