@@ -10,7 +10,14 @@ from typing import Any
 
 from replay_builders import chat_events, one_node_cluster, policy, write_recording
 
-from controller.offline.accounting.report import TIMEOUT_MS, best_row, build_figures, verdict
+from controller.offline.accounting.report import (
+    MAX_LABELLED,
+    TIMEOUT_MS,
+    best_row,
+    build_figures,
+    decision_markers,
+    verdict,
+)
 from controller.offline.experiment.pareto import mark
 from controller.offline.replay.replayer import replay
 
@@ -91,3 +98,24 @@ def test_the_best_row_gives_direction_and_calls_a_capped_p99_a_cap() -> None:
     assert row[0] == "<b>best</b>"
     assert "<b>30000 (timeout cap)</b> (↓ lower is better)" in row
     assert "<b>50.00%</b> (↑ higher is better)" in row
+
+
+def test_past_the_label_limit_markers_show_their_text_on_hover_only() -> None:
+    """Up to MAX_LABELLED decisions on a chart each marker prints kind and target; one more
+    and the texts would pile up, so every marker is a bare arrowhead with the same hover."""
+    ms = [
+        {
+            "ts": 100.0 + i,
+            "action": "scale",
+            "target": f"s/{i}",
+            "outcome": "applied",
+            "reason": "r",
+        }
+        for i in range(MAX_LABELLED + 1)
+    ]
+    assert [n["text"] for n in decision_markers(ms[:-1])] == [
+        f"scale s/{i}" for i in range(MAX_LABELLED)
+    ]
+    many = decision_markers(ms)
+    assert {n["text"] for n in many} == {"▼"}
+    assert many[-1]["hovertext"] == f"scale s/{MAX_LABELLED} (applied)<br>r"

@@ -19,19 +19,30 @@ Figures (each ``{id, kind, title, data, layout}``; ``kind`` is what tests look f
   percentile (per timeline bucket, its maximum), the objective, and breach bands (layout shapes);
   buttons switch the y axis between linear and log, and it starts on log when the peak is more
   than :data:`LOG_SCALE_RATIO` times the objective (a 21 s peak would flatten a 300 ms line);
+  a percentile at the latency model's timeout (:data:`TIMEOUT_MS`) is a cap, not a measurement,
+  and a dotted line labelled so marks it; the decisions about the service (its scaling) sit on
+  the chart as labelled markers (:func:`decision_markers`: kind and target);
 * ``utilization`` — per pool, mean GPU utilization;
 * ``gpus-by-use`` — per pool, stacked GPUs that are inference / training / idle / MIG /
   reconfiguring, and (a dashed line, not stacked) the GPUs held by pods but idle for the whole
-  utilization window: reclaimable by scaling in (sampled once per bucket);
+  utilization window: reclaimable by scaling in (sampled once per bucket); every decision on
+  it as a labelled marker (the report cannot tell a target's pool);
 * ``actions`` — actions per bucket, stacked by type, on the same time axis;
 * ``decisions`` — each decision as a marker (one row per action type), its target, outcome and
   reason on hover; the page also lists them in a table.
+
+Every time chart shares zoom with the others (the page's script applies one's x range to all);
+no figure has a title inside the plot (the heading above it names it) and legends and the
+axis buttons sit under the x axis, so nothing overlaps; every axis title carries its unit. A
+browser test (``tests/replay/test_report_browser.py``, Debian's headless chromium) checks the
+drawn boxes for overlaps, the units, the shared zoom and the console.
 
 ``ebbtide simulate --compare`` writes **one** comparison page instead of a report per run
 (:func:`render_comparison`, ``compare.html``): the figures table of every run, then one figure
 (``kind: comparison``) whose panels — per service latency, training GPUs, inference GPUs, mean
 utilization, actions, scheduler preemptions — are stacked on a single shared time axis, each
-run a colour.
+run a colour. Its table ends with a row giving each ranked column's best value and direction,
+and a verdict line above it (:func:`verdict`) names who won among the fair runs.
 """
 
 from __future__ import annotations
@@ -115,7 +126,9 @@ def _layout(y: str, x_range: list[float], **extra: Any) -> dict[str, Any]:
     axis-scale buttons at the top right or the axis titles; ``y`` carries its unit."""
     return {
         "height": 360,
-        "margin": {"l": 70, "r": 20, "t": 40, "b": 100},
+        # one left margin for all, wide enough for the decisions chart's kind names, so the
+        # time axes of the charts stacked on the page line up
+        "margin": {"l": 110, "r": 20, "t": 40, "b": 100},
         # the standoff keeps the first time label off the y axis' "0"
         "xaxis": {
             "type": "date",
