@@ -204,3 +204,16 @@ def test_compare_page_in_a_real_browser(browser: webdriver.Chrome, tmp_path: Pat
     assert last.startswith("best")
     assert "↑ higher is better" in last
     assert "↓ lower is better" in last
+
+
+def test_the_console_check_catches_an_error(browser: webdriver.Chrome, tmp_path: Path) -> None:
+    """The check the two tests above rely on: a page that logs a console error, or throws,
+    fails it."""
+    for script in ('console.error("drawn wrong")', 'throw new Error("drawn wrong")'):
+        page = tmp_path / "broken.html"
+        page.write_text(
+            "<!DOCTYPE html><html><body><script>document.body.dataset.plotted = '1';"
+            f"{script};</script></body></html>"
+        )
+        with pytest.raises(AssertionError, match="drawn wrong"):
+            _open(browser, page, tmp_path / "broken.png")
