@@ -8,11 +8,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
 
-if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || ! command -v chromedriver >/dev/null; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  $sudo apt-get install -y -qq --no-install-recommends prometheus chromium chromium-driver >/dev/null
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv

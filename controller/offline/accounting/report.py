@@ -19,19 +19,30 @@ Figures (each ``{id, kind, title, data, layout}``; ``kind`` is what tests look f
   percentile (per timeline bucket, its maximum), the objective, and breach bands (layout shapes);
   buttons switch the y axis between linear and log, and it starts on log when the peak is more
   than :data:`LOG_SCALE_RATIO` times the objective (a 21 s peak would flatten a 300 ms line);
+  a percentile at the latency model's timeout (:data:`TIMEOUT_MS`) is a cap, not a measurement,
+  and a dotted line labelled so marks it; the decisions about the service (its scaling) sit on
+  the chart as labelled markers (:func:`decision_markers`: kind and target);
 * ``utilization`` — per pool, mean GPU utilization;
 * ``gpus-by-use`` — per pool, stacked GPUs that are inference / training / idle / MIG /
   reconfiguring, and (a dashed line, not stacked) the GPUs held by pods but idle for the whole
-  utilization window: reclaimable by scaling in (sampled once per bucket);
+  utilization window: reclaimable by scaling in (sampled once per bucket); every decision on
+  it as a labelled marker (the report cannot tell a target's pool);
 * ``actions`` — actions per bucket, stacked by type, on the same time axis;
 * ``decisions`` — each decision as a marker (one row per action type), its target, outcome and
   reason on hover; the page also lists them in a table.
+
+Every time chart shares zoom with the others (the page's script applies one's x range to all);
+no figure has a title inside the plot (the heading above it names it) and legends and the
+axis buttons sit under the x axis, so nothing overlaps; every axis title carries its unit. A
+browser test (``tests/replay/test_report_browser.py``, Debian's headless chromium) checks the
+drawn boxes for overlaps, the units, the shared zoom and the console.
 
 ``ebbtide simulate --compare`` writes **one** comparison page instead of a report per run
 (:func:`render_comparison`, ``compare.html``): the figures table of every run, then one figure
 (``kind: comparison``) whose panels — per service latency, training GPUs, inference GPUs, mean
 utilization, actions, scheduler preemptions — are stacked on a single shared time axis, each
-run a colour.
+run a colour. Its table ends with a row giving each ranked column's best value and direction,
+and a verdict line above it (:func:`verdict`) names who won among the fair runs.
 """
 
 from __future__ import annotations
@@ -46,13 +57,17 @@ from typing import Any, Final
 from controller.offline.accounting.outputs import REPORT_FILE, SUMMARY_FILE, RunResult
 from controller.offline.accounting.summary import ACTIONS, USES
 from controller.offline.models.fit import fit_line
+from controller.offline.models.queueing import ServiceModel
 
 __all__ = [
     "COMPARISON_FILE",
     "FIGURES_ID",
     "LOG_SCALE_RATIO",
+    "MAX_LABELLED",
     "MAX_SERVICE_PLOTS",
+    "TIMEOUT_MS",
     "comparison_figure",
+    "decision_markers",
     "render_comparison",
     "render_report",
     "write_outputs",
@@ -62,13 +77,20 @@ FIGURES_ID: Final = "ebbtide-figures"
 MAX_SERVICE_PLOTS: Final = 24
 #: A latency plot starts with a log y axis when its peak exceeds the objective this many times.
 LOG_SCALE_RATIO: Final = 10.0
+#: Decisions on one chart up to which each marker carries its text (kind and target).
+MAX_LABELLED: Final = 40
+_MARKER_TIERS: Final = 3
+#: The latency models' timeout (:class:`controller.offline.models.queueing.ServiceModel`): no
+#: modelled request takes longer, so a percentile at it is the cap, drawn as such.
+TIMEOUT_MS: Final = ServiceModel(key="", peak_rps=0.0, per_replica_rps=0.0, base_ms=0.0).timeout_ms
 _AXIS_BUTTONS: Final = [
     {
         "type": "buttons",
         "direction": "left",
         "x": 1.0,
         "xanchor": "right",
-        "y": 1.18,
+        "y": -0.45,
+        "yanchor": "top",
         "buttons": [
             {"label": scale, "method": "relayout", "args": [{"yaxis.type": scale}]}
             for scale in ("linear", "log")
@@ -98,16 +120,80 @@ def _ms(times: list[float]) -> list[float]:
     return [t * 1000.0 for t in times]
 
 
-def _layout(title: str, y: str, x_range: list[float], **extra: Any) -> dict[str, Any]:
+def _layout(y: str, x_range: list[float], **extra: Any) -> dict[str, Any]:
+    """A time-axis figure's layout. No title inside the plot (the page's heading above each
+    figure names it), and the legend sits under the x axis title, so neither can overlap the
+    axis-scale buttons at the top right or the axis titles; ``y`` carries its unit."""
     return {
-        "title": {"text": title},
-        "height": 320,
-        "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
-        "xaxis": {"type": "date", "range": x_range, "title": {"text": "event time (UTC)"}},
+        "height": 360,
+        # one left margin for all, wide enough for the decisions chart's kind names, so the
+        # time axes of the charts stacked on the page line up
+        "margin": {"l": 110, "r": 20, "t": 40, "b": 100},
+        # the standoff keeps the first time label off the y axis' "0"
+        "xaxis": {
+            "type": "date",
+            "range": x_range,
+            "title": {"text": "event time (UTC)"},
+            "ticklabelstandoff": 6,
+        },
         "yaxis": {"title": {"text": y}, "rangemode": "tozero"},
-        "legend": {"orientation": "h"},
+        "legend": {"orientation": "h", "x": 0, "y": -0.45, "yanchor": "top"},
         **extra,
     }
+
+
+def _timeout_cap(timeout_ms: float, x_range: list[float]) -> dict[str, Any]:
+    """The line at the latency model's timeout: a percentile drawn on it is the cap (every
+    request past it gave up), not a measured latency, so the line says so."""
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "name": f"timeout cap {timeout_ms / 1000:g} s (requests give up; capped, not measured)",
+        "x": x_range,
+        "y": [timeout_ms] * len(x_range),
+        "line": {"dash": "dot", "color": "#7f7f7f", "width": 1},
+        "hoverinfo": "name",
+    }
+
+
+def _marker_label(m: dict[str, Any]) -> str:
+    return f"{m['action']} {m['target']}"
+
+
+def decision_markers(markers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The decisions as labelled markers along the top edge of a time chart: plotly
+    annotations at each decision's time (``xref: x``, so they follow zoom), an arrow down to
+    the plot, the text its kind and target, hover adding the outcome and reason. Labels step
+    through :data:`_MARKER_TIERS` heights so neighbours do not print on each other; past
+    :data:`MAX_LABELLED` decisions on one chart the texts would still pile up, so each shows
+    as a bare ``▼`` with the same hover."""
+    labelled = len(markers) <= MAX_LABELLED
+    return [
+        {
+            "x": m["ts"] * 1000.0,
+            "xref": "x",
+            "y": 1.0,
+            "yref": "paper",
+            "text": _marker_label(m) if labelled else "▼",
+            "hovertext": f"{_marker_label(m)} ({m['outcome']})<br>" + html.escape(str(m["reason"])),
+            "showarrow": True,
+            "arrowhead": 2,
+            "arrowcolor": _COLORS[str(m["action"])],
+            "ax": 0,
+            "ay": -14 - 13 * (i % _MARKER_TIERS),
+            "font": {"size": 10, "color": _COLORS[str(m["action"])]},
+            "bgcolor": "rgba(255,255,255,0.85)",
+            "name": "decision",
+        }
+        for i, m in enumerate(markers)
+    ]
+
+
+def _with_markers(layout: dict[str, Any], markers: list[Any]) -> None:
+    """Put :func:`decision_markers` on a time chart's layout, room for them above the plot."""
+    if markers:
+        layout["annotations"] = decision_markers(markers)
+        layout["margin"] = {**layout["margin"], "t": 30 + 13 * _MARKER_TIERS}
 
 
 def build_figures(result: RunResult) -> list[dict[str, Any]]:
@@ -118,7 +204,9 @@ def build_figures(result: RunResult) -> list[dict[str, Any]]:
     x = _ms(tl.times())
     start, end = summary["time"]["start"], summary["time"]["end"]
     x_range = [start * 1000.0, end * 1000.0] if start is not None else []
+    interval = tl.stride * tl.dt
     figures: list[dict[str, Any]] = []
+    markers = result.markers
 
     slo = summary["slo"]
     worst = sorted(slo, key=lambda k: (slo[k]["attainment"] is None, slo[k]["attainment"], k))
@@ -143,34 +231,39 @@ def build_figures(result: RunResult) -> list[dict[str, Any]]:
         pct = f"P{s['percentile']:g}"
         ys = [v for v in series.get(f"p:{key}", []) if v is not None]
         log_axis = bool(ys) and max(ys) > LOG_SCALE_RATIO * s["objective_ms"]
-        layout = _layout(f"{key}: windowed {pct} vs objective", "ms", x_range, shapes=bands)
+        layout = _layout(f"windowed {pct} (ms)", x_range, shapes=bands)
         layout["updatemenus"] = _AXIS_BUTTONS
         if log_axis:
-            layout["yaxis"] = {"title": {"text": "ms (log)"}, "type": "log"}
+            layout["yaxis"] = {"title": {"text": f"windowed {pct} (ms, log)"}, "type": "log"}
+        data: list[dict[str, Any]] = [
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": f"windowed {pct}",
+                "x": x,
+                "y": series.get(f"p:{key}", []),
+                "connectgaps": False,
+            },
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": "objective",
+                "x": x_range,
+                "y": [s["objective_ms"]] * len(x_range),
+                "line": {"dash": "dash", "color": "#d62728"},
+            },
+        ]
+        if ys and max(ys) >= TIMEOUT_MS:
+            data.append(_timeout_cap(TIMEOUT_MS, x_range))
+        # the decisions about this service (its scaling) on its own chart
+        _with_markers(layout, [m for m in markers if m["target"] == key])
         figures.append(
             {
                 "id": f"latency-{i}",
                 "kind": "latency",
                 "service": key,
                 "title": f"{key}: windowed {pct} vs objective",
-                "data": [
-                    {
-                        "type": "scatter",
-                        "mode": "lines",
-                        "name": f"windowed {pct}",
-                        "x": x,
-                        "y": series.get(f"p:{key}", []),
-                        "connectgaps": False,
-                    },
-                    {
-                        "type": "scatter",
-                        "mode": "lines",
-                        "name": "objective",
-                        "x": x_range,
-                        "y": [s["objective_ms"]] * len(x_range),
-                        "line": {"dash": "dash", "color": "#d62728"},
-                    },
-                ],
+                "data": data,
                 "layout": layout,
             }
         )
@@ -190,46 +283,50 @@ def build_figures(result: RunResult) -> list[dict[str, Any]]:
                 }
                 for p in pools
             ],
-            "layout": _layout("GPU utilization per pool", "%", x_range),
+            "layout": _layout("mean GPU utilization (%)", x_range),
         }
     )
     for p in pools:
+        data = [
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "stackgroup": "use",
+                "name": u,
+                "x": x,
+                "y": series.get(f"use:{p}:{u}", []),
+                "line": {"color": _COLORS[u]},
+            }
+            for u in USES
+        ] + [
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "name": "reclaimable (held, idle)",
+                "x": x,
+                "y": series.get(f"reclaim:{p}", []),
+                "line": {"color": _COLORS["reclaimable"], "dash": "dash"},
+            }
+        ]
+        layout = _layout("GPUs (count)", x_range)
+        # the report does not know which pool a decision's target is in: every decision
+        # shows on every pool's GPU chart
+        _with_markers(layout, markers)
         figures.append(
             {
                 "id": f"gpus-by-use-{p}",
                 "kind": "gpus-by-use",
                 "pool": p,
                 "title": f"GPUs by use: pool {p}",
-                "data": [
-                    {
-                        "type": "scatter",
-                        "mode": "lines",
-                        "stackgroup": "use",
-                        "name": u,
-                        "x": x,
-                        "y": series.get(f"use:{p}:{u}", []),
-                        "line": {"color": _COLORS[u]},
-                    }
-                    for u in USES
-                ]
-                + [
-                    {
-                        "type": "scatter",
-                        "mode": "lines",
-                        "name": "reclaimable (held, idle)",
-                        "x": x,
-                        "y": series.get(f"reclaim:{p}", []),
-                        "line": {"color": _COLORS["reclaimable"], "dash": "dash"},
-                    }
-                ],
-                "layout": _layout(f"GPUs by use: pool {p}", "GPUs", x_range),
+                "data": data,
+                "layout": layout,
             }
         )
     figures.append(
         {
             "id": "actions",
             "kind": "actions",
-            "title": "Actions",
+            "title": f"Actions per {interval:g} s interval",
             "data": [
                 {
                     "type": "bar",
@@ -240,10 +337,10 @@ def build_figures(result: RunResult) -> list[dict[str, Any]]:
                 }
                 for a in ACTIONS
             ],
-            "layout": _layout("Actions per interval", "actions", x_range, barmode="stack"),
+            "layout": _layout(f"actions (per {interval:g} s)", x_range, barmode="stack"),
         }
     )
-    figures.append(_decisions_figure(result.markers, x_range))
+    figures.append(_decisions_figure(markers, x_range))
     return figures
 
 
@@ -275,9 +372,18 @@ def _decisions_figure(markers: list[dict[str, Any]], x_range: list[float]) -> di
                 "marker": {"color": _COLORS[action], "size": 9, "symbol": "diamond"},
             }
         )
-    layout = _layout("Decisions (hover for target and reason)", "action", x_range)
-    layout["yaxis"] = {"type": "category", "categoryorder": "array", "categoryarray": ACTIONS}
-    return {"id": "decisions", "kind": "decisions", "title": "Decisions", "data": data,
+    layout = _layout("decision kind (category)", x_range)
+    layout["yaxis"] = {
+        "title": {"text": "decision kind (category)", "standoff": 8},
+        "automargin": True,  # the kinds' names are wider than the margin for numbers
+        "type": "category",
+        "categoryorder": "array",
+        "categoryarray": ACTIONS,
+        # every kind's row, also one without decisions: a row missing would move the others
+        "range": [-0.5, len(ACTIONS) - 0.5],
+    }
+    title = "Decisions (hover for target and reason)"
+    return {"id": "decisions", "kind": "decisions", "title": title, "data": data,
             "layout": layout}  # fmt: skip
 
 
@@ -299,14 +405,33 @@ def _json_script(element_id: str, value: Any) -> str:
 
 
 def _plots(figures: list[dict[str, Any]]) -> str:
-    """The figures as JSON and the script that draws each into its element (plotly inlined)."""
+    """The figures as JSON and the script that draws each into its element (plotly inlined).
+    Zoom is shared: a change of one time chart's x range (zoom, pan, double-click reset) is
+    applied to every other time chart, so an incident zoomed on one is read on all. When all
+    are drawn, ``<body data-plotted>`` is set (what a browser test waits for)."""
     return (
         _json_script(FIGURES_ID, figures)
         + f"""
 <script>
-for (const f of JSON.parse(document.getElementById("{FIGURES_ID}").textContent)) {{
-  Plotly.newPlot(f.id, f.data, f.layout, {{responsive: true, displaylogo: false}});
+const figs = JSON.parse(document.getElementById("{FIGURES_ID}").textContent);
+const timed = figs.filter(f => f.layout.xaxis && f.layout.xaxis.type === "date")
+  .map(f => document.getElementById(f.id));
+let syncing = false;
+function share(gd, ev) {{
+  let u = null;
+  if ("xaxis.range[0]" in ev) u = {{"xaxis.range": [ev["xaxis.range[0]"], ev["xaxis.range[1]"]]}};
+  else if ("xaxis.range" in ev) u = {{"xaxis.range": ev["xaxis.range"]}};
+  else if (ev["xaxis.autorange"]) u = {{"xaxis.autorange": true}};
+  if (!u || syncing) return;
+  syncing = true;
+  Promise.all(timed.filter(o => o !== gd).map(o => Plotly.relayout(o, u)))
+    .finally(() => {{ syncing = false; }});
 }}
+Promise.all(figs.map(f => Plotly.newPlot(f.id, f.data, f.layout,
+  {{responsive: true, displaylogo: false}}))).then(() => {{
+  for (const gd of timed) gd.on("plotly_relayout", ev => share(gd, ev));
+  document.body.dataset.plotted = "1";
+}});
 </script>"""
     )
 
@@ -447,6 +572,8 @@ def _cell(key: str, value: Any) -> str:
         return f"{100 * value:.2f}%"
     if key == "mean_gpu_util_pct":
         return f"{value:.1f}%"
+    if key == "p99_worst_5min_ms" and value >= TIMEOUT_MS:
+        return f"{value:.0f} (timeout cap)"  # requests gave up: the real value is unknown
     if isinstance(value, float):
         return f"{value:.2f}"
     return html.escape(str(value))
@@ -470,9 +597,19 @@ def comparison_figure(runs: list[tuple[dict[str, Any], RunResult]]) -> dict[str,
     first = runs[0][1].summary.to_dict()
     slo = first["slo"]
     services = sorted(slo)
-    panels = [f"{k}: windowed P{slo[k]['percentile']:g} (ms)" for k in services]
-    panels += ["training GPUs", "inference GPUs", "mean GPU utilization (%)", "actions"]
+    panels = [f"{k}: windowed P{slo[k]['percentile']:g}" for k in services]
+    panels += ["training GPUs", "inference GPUs", "mean GPU utilization", "actions"]
     panels += ["pods preempted by the scheduler"]
+    step = f"per {runs[0][1].timeline.stride * runs[0][1].timeline.dt:g} s"
+    units = [f"P{slo[k]['percentile']:g} (ms, log)" for k in services]
+    units += [
+        "GPUs (count)",
+        "GPUs (count)",
+        "mean utilization (%)",
+        f"actions ({step})",
+        f"pods ({step})",
+    ]
+    peaks = dict.fromkeys(services, 0.0)
     start, end = first["time"]["start"], first["time"]["end"]
     x_range = [start * 1000.0, end * 1000.0] if start is not None else []
     data: list[dict[str, Any]] = []
@@ -483,6 +620,8 @@ def comparison_figure(runs: list[tuple[dict[str, Any], RunResult]]) -> dict[str,
         n = len(x)
         pools = sorted(result.summary.to_dict()["pools"])
         ys: list[list[float | None]] = [series.get(f"p:{k}", [None] * n) for k in services]
+        for k, y in zip(services, ys, strict=True):
+            peaks[k] = max([peaks[k], *(v for v in y if v is not None)])
         ys.append(_summed(series, [f"use:{p}:training" for p in pools], n))
         ys.append(_summed(series, [f"use:{p}:inference" for p in pools], n))
         util = _summed(series, [f"util:{p}" for p in pools], n)
@@ -505,6 +644,7 @@ def comparison_figure(runs: list[tuple[dict[str, Any], RunResult]]) -> dict[str,
                     "connectgaps": False,
                 }
             )
+    capped = False
     for i, k in enumerate(services):
         data.append(
             {
@@ -519,22 +659,50 @@ def comparison_figure(runs: list[tuple[dict[str, Any], RunResult]]) -> dict[str,
                 "yaxis": "y" if i == 0 else f"y{i + 1}",
             }
         )
+        if peaks[k] >= TIMEOUT_MS:
+            cap = _timeout_cap(TIMEOUT_MS, x_range)
+            axis_id = "y" if i == 0 else f"y{i + 1}"
+            data.append({**cap, "xaxis": "x", "yaxis": axis_id, "showlegend": not capped})
+            capped = True
     rows = len(panels)
     gap = 0.03
     height = (1.0 - gap * (rows - 1)) / rows
+    # no title inside the figure (the page's heading names it); the legend above the first
+    # panel's name, each panel named by an annotation in the gap above it, its unit on its axis
     layout: dict[str, Any] = {
-        "title": {"text": "All runs on one time axis"},
         "height": 230 * rows,
-        "margin": {"l": 70, "r": 20, "t": 60, "b": 40},
-        "legend": {"orientation": "h", "y": 1.0 + 40 / (230 * rows), "yanchor": "bottom"},
-        "xaxis": {"type": "date", "range": x_range, "title": {"text": "time (UTC)"}},
+        "margin": {"l": 70, "r": 20, "t": 70, "b": 50},
+        "legend": {"orientation": "h", "x": 0, "y": 1.0 + 22 / (230 * rows), "yanchor": "bottom"},
+        "xaxis": {
+            "type": "date",
+            "range": x_range,
+            "title": {"text": "time (UTC)"},
+            "ticklabelstandoff": 6,
+            # under the bottom panel (anchored to the first y axis it ran through the panels)
+            "anchor": "free",
+            "position": 0,
+        },
         "hovermode": "x unified",
+        "annotations": [],
     }
-    for i, title in enumerate(panels):
+    for i, (title, unit) in enumerate(zip(panels, units, strict=True)):
         top = 1.0 - i * (height + gap)
+        layout["annotations"].append(
+            {
+                "text": f"<b>{html.escape(title)}</b>",
+                "xref": "paper",
+                "x": 0,
+                "xanchor": "left",
+                "yref": "paper",
+                "y": top,
+                "yanchor": "bottom",
+                "showarrow": False,
+                "font": {"size": 12},
+            }
+        )
         axis: dict[str, Any] = {
             "domain": [max(0.0, top - height), top],
-            "title": {"text": title, "font": {"size": 11}},
+            "title": {"text": unit, "font": {"size": 11}},
             "anchor": "x",
         }
         # latencies span 100 ms to a 30 s timeout: log scale; the rest from zero
@@ -602,15 +770,64 @@ def pareto_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "id": "pareto",
         "kind": "pareto",
-        "title": "Trade-off: SLO attainment against training goodput",
+        "title": _PARETO_TITLE,
         "data": data,
         "layout": {
-            "title": {"text": _PARETO_TITLE},
             "height": 520,
             "xaxis": {"title": {"text": "training goodput (GPU-h)"}},
             "yaxis": {"title": {"text": "SLO attainment (%)"}},
         },
     }
+
+
+_DIRECTION_WORDS: Final = {"max": "↑ higher is better", "min": "↓ lower is better"}
+
+
+def best_row(best: dict[str, Any]) -> list[str]:
+    """The table's last row: per ranked column its best value and which way is better."""
+    return [
+        "<b>best</b>" if k == "id" else
+        f"<b>{_cell(k, best[k]['value'])}</b> ({_DIRECTION_WORDS[best[k]['direction']]})"
+        if k in best else ""
+        for k, _ in _COLUMNS
+    ]  # fmt: skip
+
+
+def _fair(row: dict[str, Any]) -> bool:
+    return bool(row.get("fair")) or row.get("controller") == "ebbtide"
+
+
+def verdict(rows: list[dict[str, Any]], pareto: dict[str, Any]) -> str:
+    """Who won, in one line, among the fair runs (Ebbtide's and the fair peers'; an oracle or
+    a strawman is not a contender): the run best in the most ranked columns (ties all named,
+    with the columns), and the runs on the fair trade-off front (SLO attainment and training
+    goodput)."""
+    fair = [r for r in rows if _fair(r)]
+    label = {r["id"]: f"#{r['id']} {r['label']}" for r in rows}
+    wins: dict[int, list[str]] = {}
+    for col, b in pareto.get("best", {}).items():
+        values = [r[col] for r in fair if r.get(col) is not None]
+        if not values:
+            continue
+        top = max(values) if b["direction"] == "max" else min(values)
+        for r in fair:
+            if r.get(col) == top:
+                wins.setdefault(r["id"], []).append(col)
+    if not wins:
+        return "Verdict: no fair run has a ranked value (no request was evaluated)."
+    most = max(len(c) for c in wins.values())
+    heads = dict(_COLUMNS)
+    led = "; ".join(
+        f"{label[i]} ({', '.join(heads.get(c, c) for c in cols)})"
+        for i, cols in wins.items()
+        if len(cols) == most
+    )
+    front = [label[i] for i in pareto.get("fair_front", []) if i in label]
+    return (
+        f"Verdict among the fair runs (oracle and strawman aside): best in the most columns "
+        f"({most} of {len(pareto['best'])}): {led}. On the fair trade-off front (SLO "
+        f"attainment ↑, training goodput ↑): {', '.join(front) or 'no run'}."
+    )
 
 
 def render_comparison(
@@ -643,6 +860,9 @@ def render_comparison(
                 text += " by " + ", ".join(f"#{i}" for i in row["dominated_by"][:5])
             cells.append(text)
         body.append(cells)
+    if best:
+        body.append(best_row(best))
+    said = f'<p class="verdict"><b>{e(verdict(rows, pareto))}</b></p>' if pareto else ""
     figures = [pareto_figure(rows)] if pareto is not None else []
     figures.append(comparison_figure([(r, res) for r, res in runs if r.get("default", True)]))
     return f"""<!DOCTYPE html>
@@ -661,13 +881,14 @@ th, td {{ border: 1px solid #ccc; padding: 0.3em 0.8em; text-align: left; }}
 <body>
 <h1>{e(title)}</h1>
 <p>{e(context)}</p>
+{said}
 {_table(head, body)}
 <p>Bold: the best value of a column (↑ higher is better, ↓ lower). Pareto: on the front of
 SLO attainment and training goodput, or dominated (by the runs listed). Definitions:
 <code>controller/offline/experiment/figures.py</code>; goodput model:
 <code>controller/offline/experiment/goodput.py</code>; fronts:
 <code>controller/offline/experiment/pareto.py</code>.</p>
-{"".join(f'<div id="{f["id"]}" class="fig"></div>' for f in figures)}
+{"".join(f'<h3>{e(f["title"])}</h3><div id="{f["id"]}" class="fig"></div>' for f in figures)}
 {_plots(figures)}
 </body>
 </html>
