@@ -32,9 +32,13 @@ Design:
   (:mod:`controller.offline.accounting.poolmeter`:
   one dict lookup and two float updates). Per-tick work follows what changed. A tick the engine says
   is idle (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to run, the pool
-  rules quiet) while the simulated cluster's ``advance`` changed nothing, and that is not the first
-  of a timeline bucket, is only accounted: no ``evaluate``, no snapshot; before the cluster's next
-  due time it is not even advanced. Services are accounted when the engine changed their SLO state
+  rules quiet) while the simulated cluster's ``advance`` changed nothing is only accounted: no
+  ``evaluate``, no snapshot; before the cluster's next due time it is not even advanced. Runs of
+  such ticks within a timeline bucket go through one loop with its state in locals
+  (:meth:`_Replay._quiet_ticks`); the first tick of a bucket (a sample tick) is accounted in full
+  but not evaluated either (:meth:`_Replay._quiet_sample`). A :class:`TickHook` or ``speed``
+  turns the short ways off (``tests/replay/test_quiet_ticks.py`` checks they agree).
+  Services are accounted when the engine changed their SLO state
   (:meth:`~policies.engine.Engine.changed`), when their breach's peak is due (once per window slot)
   or when the plot samples them; the others' unchanged ticks are accounted in bulk when they next
   change or at the end (:meth:`~controller.offline.accounting.summary.ServiceAccount.repeat`), and
