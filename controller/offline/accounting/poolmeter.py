@@ -89,7 +89,7 @@ class PoolMeter:
             if i >= 0:
                 sums[i] += cell[1]
                 counts[i] += 1
-        self.sums, self.counts = sums, counts
+        self.sums[:], self.counts[:] = sums, counts  # in place: callers may hold the lists
 
     def report(self, ev: GpuUtilization) -> None:
         """Hold ``ev`` as its device's reading."""

@@ -113,6 +113,12 @@ class Timeline:
         every tick (the channel object outlives every halving)."""
         return self._channels[name].add
 
+    def cells(self, name: str) -> tuple[list[float], list[int]]:
+        """Channel ``name``'s per-bucket values and counts, for a caller that adds to one bucket
+        many times in a loop and writes back once (the lists outlive every halving)."""
+        ch = self._channels[name]
+        return ch.value, ch.count
+
     def add_many(self, name: str, bucket: int, value: float, n: int) -> None:
         """Add ``value`` ``n`` times (``n`` ticks of one bucket that saw the same value); exact
         for integer values, as repeated :meth:`add` calls would be."""

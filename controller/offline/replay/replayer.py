@@ -32,9 +32,13 @@ Design:
   (:mod:`controller.offline.accounting.poolmeter`:
   one dict lookup and two float updates). Per-tick work follows what changed. A tick the engine says
   is idle (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to run, the pool
-  rules quiet) while the simulated cluster's ``advance`` changed nothing, and that is not the first
-  of a timeline bucket, is only accounted: no ``evaluate``, no snapshot; before the cluster's next
-  due time it is not even advanced. Services are accounted when the engine changed their SLO state
+  rules quiet) while the simulated cluster's ``advance`` changed nothing is only accounted: no
+  ``evaluate``, no snapshot; before the cluster's next due time it is not even advanced. Runs of
+  such ticks within a timeline bucket go through one loop with its state in locals
+  (:meth:`_Replay._quiet_ticks`); the first tick of a bucket (a sample tick) is accounted in full
+  but not evaluated either (:meth:`_Replay._quiet_sample`). A :class:`TickHook` or ``speed``
+  turns the short ways off (``tests/replay/test_quiet_ticks.py`` checks they agree).
+  Services are accounted when the engine changed their SLO state
   (:meth:`~policies.engine.Engine.changed`), when their breach's peak is due (once per window slot)
   or when the plot samples them; the others' unchanged ticks are accounted in bulk when they next
   change or at the end (:meth:`~controller.offline.accounting.summary.ServiceAccount.repeat`), and
@@ -171,8 +175,10 @@ class _Replay:
         self.levels: list[str] = ["none"] * len(self.services)
         self.since = [0] * len(self.services)
         self.above: dict[int, float] = {}
-        #: Per pool: its utilization channel's ``add`` (from :meth:`_start`) and its account.
+        #: Per pool: its utilization channel's ``add`` (from :meth:`_start`) and its account;
+        #: and for :meth:`_quiet_ticks`, its index, that channel's cells and its account.
         self.util_sinks: list[tuple[Callable[[int, float], None], PoolAccount]] = []
+        self.util_cells: list[tuple[int, list[float], list[int], PoolAccount]] = []
         #: The GPUs by use per pool (from ``usage``), and the ticks of bucket ``uses_bucket``
         #: not yet accounted with them (see :meth:`_flush_uses`).
         self.usage: Mapping[str, GpuUse] | None = None
@@ -207,44 +213,76 @@ class _Replay:
 
     # -- the loop ---------------------------------------------------------------------------
 
-    def _quiet(self, now: float) -> bool:
-        """Run the tick at ``now`` the short way when nothing can change but the accounting: not
-        a sample tick, the simulated cluster unchanged by ``advance`` and the engine idle
-        (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to run).
-        ``False`` (and nothing done but the cluster's ``advance``, which the full tick repeats
-        as a no-op) otherwise. Before the cluster's next due time (``SimCluster.next_due``, as
-        of the last tick) ``advance`` would change nothing but its clock, which the next full
-        tick's ``advance`` moves on: it is not called."""
-        tl, cluster = self.timeline, self.cluster
+    def _quiet_ticks(self, ts: float) -> None:
+        """Run the ticks before ``ts`` the short way while nothing can change but the accounting:
+        not a sample tick, the simulated cluster unchanged by ``advance`` and the engine idle
+        (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to run). Stops at
+        the first tick that is not quiet (``next_tick`` is then that tick; its cluster
+        ``advance`` done, which the full tick repeats as a no-op). Before the cluster's next due
+        time (``SimCluster.next_due``, as of the last tick) ``advance`` would change nothing but
+        its clock, which the next full tick's ``advance`` moves on: it is not called.
+
+        One loop with its state in locals, written back when it stops: the sparse day's replay
+        is mostly quiet ticks, and a method call per step of each was a sizeable share of it.
+        Every tick of a run falls in one timeline bucket ``b`` (the first tick of a bucket is a
+        sample tick, never quiet); the pools' utilization is added as :meth:`_end_tick` adds it
+        (the same floats in the same order), straight into the channels' cells."""
+        tl, cluster, summary = self.timeline, self.cluster, self.summary
         assert tl is not None
         assert cluster is not None
-        k = self.k
-        if k % tl.stride == 0:
-            return False  # a sample tick: GPUs by use are flushed, every service accounted
+        k, now = self.k, self.next_tick
+        stride = tl.stride
+        if now >= ts or k % stride == 0:
+            return  # a sample tick: GPUs by use are flushed, every service accounted
         snap = self.snap
-        if now >= self.cluster_due:
-            cluster.advance(now)
-            self.cluster_due = cluster.next_due()
-            if cluster.snapshot() is not snap or cluster.gpus_by_use() is not self.usage:
-                return False
         assert snap is not None
-        if not self.engine.idle(now, snap):
-            return False
-        b = tl.bucket(k)
-        for i in self._peaks_due(now):
-            self._account(i, now, b, sample=False)
-        self.uses_ticks += 1
+        b = k // stride
+        idle, advance, above = self.engine.idle, self.engine.advance, self.above
+        t0, dt, due = self.t0, self.dt, self.cluster_due
+        sums, counts, cells = self.meter.sums, self.meter.counts, self.util_cells
+        first = k
+        while True:
+            if now >= due:
+                cluster.advance(now)
+                due = self.cluster_due = cluster.next_due()
+                if cluster.snapshot() is not snap or cluster.gpus_by_use() is not self.usage:
+                    break
+            if not idle(now, snap):
+                break
+            if above:
+                self.k = k
+                for i in self._peaks_due(now):
+                    self._account(i, now, b, sample=False)
+            for i, values, reads, account in cells:
+                c = counts[i]
+                if c:
+                    util = sums[i] / c
+                    values[b] += util
+                    reads[b] += 1
+                    account.util_sum += util
+                    account.util_ticks += 1
+            k += 1
+            last, now = now, t0 + k * dt
+            advance(now)  # events up to the next tick are on time
+            if now >= ts or k % stride == 0:
+                break
+        self.k, self.next_tick = k, now
+        n = k - first
+        if not n:
+            return
+        for _, _, _, account in cells:
+            account.ticks += n
+        tl.bucket(k - 1)  # the timeline's last tick (no new bucket: the run's are in b)
+        self.uses_ticks += n
         self.uses_bucket = b
-        self._end_tick(now, b)
-        return True
+        summary.last_tick = last
+        summary.ticks += n
 
     def _tick(self, now: float) -> None:
         if self.speed is not None:
             delay = self.wall0 + (now - self.t0) / self.speed - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-        elif self.hook is None and self._quiet(now):
-            return
         cluster, engine, summary, loop = self.cluster, self.engine, self.summary, self.loop
         assert cluster is not None
         assert loop is not None
@@ -270,15 +308,7 @@ class _Replay:
             snap = cluster.snapshot()
             if snap is not self.snap:
                 self._refresh_pools(snap)
-        sample = tl.is_sample_tick(self.k)
-        # The others' level is unchanged (and a breach's peak not due): accounted in bulk, later.
-        active = {self.index[key] for key in engine.changed()}
-        active.update(self._peaks_due(now))
-        if sample:  # and those the plot samples in this bucket
-            every = self.plot_every
-            active.update(range(b % every, len(self.services), every))
-        for i in sorted(active):
-            self._account(i, now, b, sample=sample)
+        self._account_changed({self.index[key] for key in engine.changed()}, now, b)
         usage = cluster.gpus_by_use()
         if usage is not self.usage:
             self._flush_uses()
@@ -290,6 +320,44 @@ class _Replay:
         self.uses_bucket = b
         self.cluster_due = cluster.next_due()
         self._end_tick(now, b)
+
+    def _account_changed(self, active: set[int], now: float, b: int) -> None:
+        """Account the services of ``active`` (those whose SLO state changed), those whose
+        breach's peak is due and, on a sample tick, those the plot samples in bucket ``b``. The
+        others' level is unchanged: accounted in bulk, later."""
+        active.update(self._peaks_due(now))
+        sample = self.timeline is not None and self.timeline.is_sample_tick(self.k)
+        if sample:
+            every = self.plot_every
+            active.update(range(b % every, len(self.services), every))
+        for i in sorted(active):
+            self._account(i, now, b, sample=sample)
+
+    def _quiet_sample(self, now: float) -> bool:
+        """Run the sample tick at ``now`` (the first of a timeline bucket) the short way when
+        the cluster is unchanged and the engine idle, as :meth:`_quiet_ticks` runs the others:
+        its accounting in full (GPUs by use flushed, the plot's services, reclaimable GPUs) but
+        no ``evaluate``, which would decide nothing. ``False``, with nothing done but the
+        cluster's ``advance``, otherwise."""
+        cluster, tl, snap = self.cluster, self.timeline, self.snap
+        assert cluster is not None
+        assert tl is not None
+        if snap is None:
+            return False  # the first tick: nothing indexed yet
+        if now >= self.cluster_due:
+            cluster.advance(now)
+            self.cluster_due = cluster.next_due()
+            if cluster.snapshot() is not snap or cluster.gpus_by_use() is not self.usage:
+                return False
+        if not self.engine.idle(now, snap):
+            return False
+        self._flush_uses()  # before the bucket (and maybe the stride) changes
+        b = tl.bucket(self.k)
+        self._account_changed(set(), now, b)
+        self.uses_ticks += 1
+        self.uses_bucket = b
+        self._end_tick(now, b)
+        return True
 
     def _account(self, i: int, now: float, b: int, *, sample: bool) -> None:
         """Service ``i``'s SLO accounting at the tick ``now`` (in timeline bucket ``b``): its
@@ -356,16 +424,29 @@ class _Replay:
         tl = self.timeline = Timeline(start=self.t0, dt=dt, capacity=self.points)
         for key, _, _ in self.services:
             tl.channel(f"p:{key}", "max")
-        self.util_sinks = []
+        self.util_sinks, self.util_cells = [], []
         for name in self.pool_names:
             tl.channel(f"util:{name}", "mean")
             tl.channel(f"reclaim:{name}", "mean")
             for u in USES:
                 tl.channel(f"use:{name}:{u}", "mean")
             self.util_sinks.append((tl.adder(f"util:{name}"), self.summary.pools[name]))
+            cells = tl.cells(f"util:{name}")
+            self.util_cells.append((len(self.util_cells), *cells, self.summary.pools[name]))
 
     def _until(self, ts: float) -> None:
+        """Run every tick before ``ts``: the quiet ones the short way (:meth:`_quiet_ticks`;
+        not when paced or hooked), the others in full."""
+        short = self.speed is None and self.hook is None
         while self.next_tick < ts:
+            if short:
+                self._quiet_ticks(ts)
+                if self.next_tick >= ts:
+                    return
+                tl = self.timeline
+                assert tl is not None
+                if tl.is_sample_tick(self.k) and self._quiet_sample(self.next_tick):
+                    continue
             self._tick(self.next_tick)
 
     def run(
@@ -410,7 +491,7 @@ class _Replay:
         self.summary.accepted = accepted
         self.summary.latency_matched = matched
         if self.timeline is not None:  # every event is at or before next_tick: one more covers them
-            self._tick(self.next_tick)
+            self._until(math.nextafter(self.next_tick, math.inf))  # that one tick
             self._flush_uses()
             end = self.t0 + self.k * self.dt
             for i, (_, acc, _) in enumerate(self.services):
