@@ -8,7 +8,11 @@ decision with its reason, and ``blockedBy``: every reason no action would be tak
 (breachAfter still running, cooldown left, a budget spent, too few samples, stale, at
 replicas.max); globally the kill switch, dry-run, "not the leader", a decisions log not yet read
 back, a cluster cache not synced. Per pool: utilization, free (idle) and reclaimable GPUs, and
-the MIG flows on its nodes with their phase.
+the MIG flows on its nodes with their phase. With ServiceObjectives watched, each service says
+where it comes from (``source``: the policy file or its object), a pause set on its object is
+what blocks it first, and ``objectives`` lists every object watched and whether it joined the
+policy (:func:`controller.kube.objective_crd.with_objectives`'s verdicts); the objects' own
+status is written from these entries (:mod:`controller.process.objective_status`).
 
 Every replica answers, the followers too: their engines are fed the same events, and the last
 decisions come from the shared decisions log (:meth:`StatusBoard.note`, told of each record
