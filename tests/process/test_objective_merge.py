@@ -114,3 +114,30 @@ async def test_objects_join_change_and_leave_the_policy(
         assert controller.merge_objectives()
     assert sorted(controller.policy.spec.services) == ["chat"]
     assert [(e["event"], e["object"]) for e in logs] == [("objective.removed", "team-a/search")]
+
+
+async def test_only_the_leader_writes_status(
+    kubeapi: KubeAPIServer, controller: Controller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every replica merges; a follower writes no status, the leader writes each object's (the
+    refused one's too: its Ready condition says why)."""
+    objectives = controller.objectives
+    assert objectives is not None
+    version = objectives.version
+    await kubeapi.create(objective("search", SPEC))
+    await kubeapi.create(objective("chat", SPEC))
+    await _moved(controller, version)
+    assert controller.merge_objectives()
+    monkeypatch.setattr(controller.runtime, "is_leader", lambda: False)
+    assert await controller.write_objective_status() == []
+    assert not kubeapi.requests_matching(method="PATCH", path_regex="/status$")
+    monkeypatch.setattr(controller.runtime, "is_leader", lambda: True)
+    assert await controller.write_objective_status() == ["team-a/chat", "team-a/search"]
+    chat = kubeapi.get("ServiceObjective", "team-a", "chat")
+    assert chat is not None
+    (ready,) = [c for c in chat["status"]["conditions"] if c["type"] == "Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "NameTaken")
+    search = kubeapi.get("ServiceObjective", "team-a", "search")
+    assert search is not None
+    assert search["status"]["objective"] == "P99 <= 300ms"
+    assert search["status"]["observedGeneration"] == 1
