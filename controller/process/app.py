@@ -417,6 +417,7 @@ class Controller:
         for gone in before.keys() - {v.key for v in verdicts}:
             log.info("objective.removed", object=gone)
         self.verdicts = verdicts
+        self.metrics.set_objectives(v.reason for v in verdicts)
         if policy.digest() == self.policy.digest():
             return "same"
         result = self.engine.reload(policy)
@@ -453,7 +454,9 @@ class Controller:
                 old=obj.get("status"),
                 now=datetime.fromtimestamp(self._clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             )
-        return await objectives.write(statuses)
+        written = await objectives.write(statuses)
+        self.metrics.objective_status_writes.inc(len(written))
+        return written
 
     # -- readiness and reload -------------------------------------------------------------------
 

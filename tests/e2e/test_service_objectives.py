@@ -160,6 +160,10 @@ async def test_objectives_join_the_policy_report_their_status_and_pause(world: W
     last = search["lastDecision"]
     assert (last["action"], last["target"]) == ("scale", "team-a/search")
     assert last["to"] > 1
+    assert controller.metric("ebbtide_service_objectives", reason="NameTaken") == 1
+    assert controller.metric("ebbtide_service_objectives", reason="Accepted") == 1
+    counted = controller.metric("ebbtide_objective_status_writes_total")
+    assert 2 <= counted <= len(kubeapi.requests_matching(method="PATCH", path_regex=STATUS))
     elapsed = time.monotonic() - started
     assert controller.stop() == 0
 
