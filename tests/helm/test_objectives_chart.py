@@ -117,3 +117,12 @@ def test_the_authorizer_grants_status_only_where_allowed() -> None:
     assert authorizer.refusal("PATCH", base.format("team-a") + "/search", {}) is not None
     assert authorizer.refusal("GET", base.format("team-b"), {}) is not None
     assert authorizer.refusal("GET", "/apis/ebbtide.io/v1alpha1/serviceobjectives", {}) is not None
+
+
+def test_not_with_sharded_ingest(chart: Any) -> None:
+    """shards.enabled with ServiceObjectives fails the render with the reason."""
+    values = {"serviceObjectives": {"namespaces": ["team-a"]}, "shards": {"enabled": True}}
+    with pytest.raises(
+        Exception, match=r"serviceObjectives\.namespaces needs shards\.enabled: false"
+    ):
+        render(chart, values)
