@@ -183,6 +183,7 @@ class Controller:
         )
         await self.warm_start()
         await self.journal.restore()
+        await self.read_objectives()
         rewind_s = longest_window_s(self.policy) + s.kafka.rewind_margin_s
         async with KafkaProducer(kafka, linger_ms=20) as producer:
             self.journal.producer = producer
@@ -383,6 +384,26 @@ class Controller:
         return await self.loop.tick(self._clock())
 
     # -- ServiceObjectives ----------------------------------------------------------------------
+
+    async def read_objectives(self) -> None:
+        """List the ServiceObjectives once and merge them before the consumer's rewind is set
+        from the longest window, so an objective's window is as complete after a restart as a
+        policy file's. Bounded by ``shutdown_timeout_s``: an API server that does not answer
+        delays the start by that much, then the watch (started with the cluster's) catches up."""
+        objectives = self.objectives
+        if objectives is None:
+            return
+        listing = asyncio.create_task(objectives.run(), name="ebbtide-objectives-first-list")
+        try:
+            async with asyncio.timeout(self.settings.shutdown_timeout_s):
+                await objectives.informer.wait_synced()
+        except TimeoutError:
+            log.warning("objectives.not_listed", waited_s=self.settings.shutdown_timeout_s,
+                        hint="the rewind covers the policy files' windows only")  # fmt: skip
+        finally:
+            objectives.stop()
+            await listing
+        self.merge_objectives()
 
     def merge_objectives(self) -> bool:
         """When the watched ServiceObjectives changed: merge them with the policy files' and

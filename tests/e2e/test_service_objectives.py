@@ -26,7 +26,7 @@ SEARCH = {
     "pool": "whole",
     "gpusPerReplica": 1,
     "replicas": {"min": 1, "max": 3},
-    "slo": {"percentile": 99, "objectiveMs": 300, "window": "4s", "resolution": "1s",
+    "slo": {"percentile": 99, "objectiveMs": 300, "window": "8s", "resolution": "1s",
             "breachAfter": "2s", "recoverAfter": "2s", "minSamples": 10},
     "scale": {"maxStep": 1},
 }  # fmt: skip
@@ -102,6 +102,11 @@ async def test_objectives_join_the_policy_report_their_status_and_pause(world: W
     )
     started = time.monotonic()
     await ready(controller)
+    (start,) = [
+        json.loads(line) for line in controller.log.read_text().splitlines()
+        if '"controller.started"' in line
+    ]  # fmt: skip
+    assert start["rewind_s"] == 8 + 30  # search's window (the files' is 4s) + the margin
 
     # Paused: breaching, decided, refused as paused; nothing changes in the cluster.
     def paused_and_breaching() -> bool:
