@@ -148,9 +148,12 @@ def run(
     from controller.process.app import Controller
 
     async def main() -> None:
+        from controller.kube.kube_runtime import KubeRuntime
+
         runtime = await make_runtime(resolved, policy)
+        objectives = runtime.objectives if isinstance(runtime, KubeRuntime) else None
         try:
-            controller = Controller(resolved, runtime, policy)
+            controller = Controller(resolved, runtime, policy, objectives=objectives)
             tune_gc()
             await controller.run()
         finally:

@@ -3,7 +3,8 @@
 Reads a replica's ``/status`` (:mod:`controller.process.status`), leader or follower, e.g.
 through ``kubectl -n ebbtide-system port-forward svc/ebbtide 9108``. ``WHAT`` narrows it:
 ``services``, ``pools``, one service (``serving/chat``) or one pool (``pool/whole``); ``-o json``
-or ``-o yaml`` print the same data for scripts.
+or ``-o yaml`` print the same data for scripts. With ServiceObjectives watched, a table lists each
+one and whether it joined the policy (``Ready``), and a service paused on its object says so.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def select(data: dict[str, Any], what: str | None) -> dict[str, Any]:
     if what == "services":
         return {k: v for k, v in data.items() if k != "pools"}
     if what == "pools":
-        return {k: v for k, v in data.items() if k != "services"}
+        return {k: v for k, v in data.items() if k not in ("services", "objectives")}
     if what.startswith("pool/"):
         found = [p for p in data["pools"] if p["name"] == what.removeprefix("pool/")]
         key, names = "pools", [f"pool/{p['name']}" for p in data["pools"]]
@@ -41,7 +42,8 @@ def select(data: dict[str, Any], what: str | None) -> dict[str, Any]:
         raise click.UsageError(
             f"no {what!r} in the status; known: {', '.join(names) or 'none'} (or services, pools)"
         )
-    return {k: v for k, v in data.items() if k not in ("services", "pools")} | {key: found}
+    rest = {k: v for k, v in data.items() if k not in ("services", "pools", "objectives")}
+    return rest | {key: found}
 
 
 def _ago(ts: object, now: float) -> str:
@@ -102,6 +104,12 @@ def render_table(data: dict[str, Any]) -> str:
                 ]
             )
         out += ["", *_table(rows), "(replicas: current/desired/min/max)"]
+    if objectives := data.get("objectives"):
+        rows = [["SERVICEOBJECTIVE", "READY", "REASON", "MESSAGE"]]
+        for o in objectives:
+            ready = "True" if o["accepted"] else "False"
+            rows.append([o["object"], ready, o["reason"], o["message"]])
+        out += ["", *_table(rows)]
     if "pools" in data:
         rows = [["POOL", "KIND", "NODES", "GPUS", "FREE", "RECLAIMABLE", "UTIL", "MIG FLOWS"]]
         for p in data["pools"]:

@@ -3,8 +3,11 @@
 :class:`KubeRuntime` is what ``ebbtide run --cluster kube`` hands the controller: the cluster
 port (a snapshot from :class:`~controller.kube.state.KubeClusterState`, decisions carried out by
 :class:`~controller.kube.actuator.KubeActuator` behind a :class:`~controller.loop.gate.SafetyGate`),
-leadership from a Lease (:class:`~controller.kube.leader.LeaderElector`), and the per-tick
-upkeep that moves MIG conversions along. Every replica watches; only the leader writes.
+leadership from a Lease (:class:`~controller.kube.leader.LeaderElector`), the per-tick
+upkeep that moves MIG conversions along, and, where the ``kube.objective_namespaces`` setting
+allows any, the ServiceObjectives (:class:`~controller.kube.objectives.ObjectiveSync`): the
+cluster counts as synced only once they are listed too, so no decision is made without the
+objectives and pauses teams set. Every replica watches; only the leader writes.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from controller.kube.actuator import KubeActuator, MigFlowSettings
 from controller.kube.client import connect
 from controller.kube.kube_settings import KubeSettings
 from controller.kube.leader import LeaderElector, LeaseSettings
+from controller.kube.objectives import ObjectiveSync
 from controller.kube.state import ClusterStateSettings, KubeClusterState, workload_kinds
 from controller.loop.gate import SafetyGate
 from controller.loop.port import ActionResult, Cluster
@@ -32,13 +36,19 @@ __all__ = ["KubeCluster", "KubeRuntime"]
 class KubeCluster:
     """The cluster port over the watch cache and the actuator."""
 
-    def __init__(self, state: KubeClusterState, actuator: KubeActuator) -> None:
+    def __init__(
+        self,
+        state: KubeClusterState,
+        actuator: KubeActuator,
+        objectives: ObjectiveSync | None = None,
+    ) -> None:
         self.state = state
         self.actuator = actuator
+        self.objectives = objectives
 
     @property
     def synced(self) -> bool:
-        return self.state.synced
+        return self.state.synced and (self.objectives is None or self.objectives.synced)
 
     def snapshot(self) -> Snapshot:
         return self.state.snapshot()
@@ -88,7 +98,13 @@ class KubeRuntime:
             mig=mig,
             owners=self.state.owners,
         )
-        self._cluster = KubeCluster(self.state, actuator)
+        self.objectives = (
+            ObjectiveSync(api, k.objective_namespaces, every_s=k.objective_status_every_s)
+            if k.objective_namespaces
+            else None
+        )
+        """The ServiceObjectives (``None`` in the ConfigMap-only mode)."""
+        self._cluster = KubeCluster(self.state, actuator, self.objectives)
 
     @classmethod
     async def connect(cls, kube: KubeSettings, policy: Policy, *, dry_run: bool) -> KubeRuntime:
@@ -111,7 +127,8 @@ class KubeRuntime:
         self.gate.reconfigure(policy)
 
     async def run(self) -> None:
-        await asyncio.gather(self.state.run(), self.elector.run())
+        extra = [self.objectives.run()] if self.objectives is not None else []
+        await asyncio.gather(self.state.run(), self.elector.run(), *extra)
 
     async def tick(self, now: float) -> list[ActionResult]:
         """Move MIG conversions along and clear expired checkpoint notices (the leader only:
@@ -124,4 +141,6 @@ class KubeRuntime:
 
     async def close(self) -> None:
         self.state.stop()
+        if self.objectives is not None:
+            self.objectives.stop()
         await self._api.close()

@@ -52,9 +52,23 @@ class KubeSettings(BaseModel):
     """A node the MIG manager reports ``rebooting`` gets at least this long before a rollback."""
     mig_advertise_timeout_s: float = Field(300.0, gt=0)
     """...and this long after ``success`` for the device plugin to advertise the layout."""
+    objective_namespaces: tuple[str, ...] = ()
+    """Namespaces whose ServiceObjectives join the policy (the chart's
+    ``serviceObjectives.namespaces``; JSON list in the environment): empty, none is watched
+    (the ConfigMap-only mode); ``["*"]``, every namespace. RBAC follows it: the chart grants
+    the resource and its status only there."""
+    objective_status_every_s: float = Field(15.0, gt=0)
+    """A ServiceObjective's status is written at most once per this many seconds, and only when
+    it changed (the HPA writes its status once per sync period, 15 s by default:
+    kube-controller-manager's ``--horizontal-pod-autoscaler-sync-period``)."""
 
     @model_validator(mode="after")
     def _distinct_kinds(self) -> KubeSettings:
         if len(set(self.workload_kinds)) != len(self.workload_kinds):
             raise ValueError(f"workload_kinds lists a kind twice: {list(self.workload_kinds)}")
+        if "*" in self.objective_namespaces and len(self.objective_namespaces) > 1:
+            raise ValueError(
+                "objective_namespaces: '*' (every namespace) stands alone; got "
+                f"{list(self.objective_namespaces)}"
+            )
         return self

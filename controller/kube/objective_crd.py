@@ -313,7 +313,7 @@ def with_objectives(
             owner = services[name].namespace
             where = "the policy file" if name in policy.spec.services else "another objective"
             refuse("NameTaken", f"service {name!r} is already defined by {where} (namespace "
-                   f"{owner}); service names are unique across namespaces")  # fmt: skip
+                   f"{owner}), which wins; service names are unique across namespaces")  # fmt: skip
             continue
         spec = obj.get("spec")
         if not isinstance(spec, Mapping):

@@ -32,10 +32,12 @@ import signal
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
+from controller.kube.objective_crd import Admission, with_objectives
+from controller.kube.objectives import ObjectiveSync
 from controller.loop.port import ActionResult, ClusterRuntime, Outcome
 from controller.loop.tick import Loop
 from controller.process.aggregate import (
@@ -47,6 +49,7 @@ from controller.process.aggregate import (
 from controller.process.health import HealthServer
 from controller.process.journal import DecisionsJournal
 from controller.process.metrics import Metrics, StateSources
+from controller.process.objective_status import objective_status
 from controller.process.settings import Settings
 from controller.process.status import StatusBoard, StatusSources
 from controller.process.transitions import Transitions
@@ -85,12 +88,20 @@ class Controller:
         runtime: ClusterRuntime,
         policy: Policy,
         *,
+        objectives: ObjectiveSync | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings.for_policy(policy)
         self.runtime = runtime
         self._clock = clock
         self.policy = policy
+        """The policy in effect: the files' merged with the admitted ServiceObjectives."""
+        self._file_policy = policy
+        self.objectives = objectives
+        """The ServiceObjectives watched (``None``: the ConfigMap-only mode)."""
+        self._objectives_seen = -1
+        self.verdicts: list[Admission] = []
+        """Each watched ServiceObjective: joined the policy, or why not."""
         self.engine = Engine(policy, ledger=runtime.ledger)
         self._policy_text = self._read_policy_text()
         self._consumer: EventConsumer | None = None
@@ -133,6 +144,8 @@ class Controller:
                 dry_run=lambda: bool(self.settings.dry_run),
                 identity=self.settings.kube.identity,
                 clock=clock,
+                paused_objectives=objectives.paused if objectives is not None else dict,
+                objectives=lambda: self.verdicts,
             )
         )
         """Answers /status; told of every decision record (this replica's and the log's)."""
@@ -170,6 +183,7 @@ class Controller:
         )
         await self.warm_start()
         await self.journal.restore()
+        await self.read_objectives()
         rewind_s = longest_window_s(self.policy) + s.kafka.rewind_margin_s
         async with KafkaProducer(kafka, linger_ms=20) as producer:
             self.journal.producer = producer
@@ -359,13 +373,111 @@ class Controller:
             self._wake.clear()
             if self._stopping.is_set():
                 return
+            self.merge_objectives()
             await self.evaluate_once()
             self.transitions.check(self._clock())
+            await self.write_objective_status()
 
     async def evaluate_once(self) -> list[ActionResult]:
         """One tick (:meth:`controller.loop.tick.Loop.tick`): upkeep, evaluate, act when
         leading, feedback, journal."""
         return await self.loop.tick(self._clock())
+
+    # -- ServiceObjectives ----------------------------------------------------------------------
+
+    async def read_objectives(self) -> None:
+        """List the ServiceObjectives once and merge them before the consumer's rewind is set
+        from the longest window, so an objective's window is as complete after a restart as a
+        policy file's. Bounded by ``shutdown_timeout_s``: an API server that does not answer
+        delays the start by that much, then the watch (started with the cluster's) catches up."""
+        objectives = self.objectives
+        if objectives is None:
+            return
+        listing = asyncio.create_task(objectives.run(), name="ebbtide-objectives-first-list")
+        try:
+            async with asyncio.timeout(self.settings.shutdown_timeout_s):
+                await objectives.informer.wait_synced()
+        except TimeoutError:
+            log.warning("objectives.not_listed", waited_s=self.settings.shutdown_timeout_s,
+                        hint="the rewind covers the policy files' windows only")  # fmt: skip
+        finally:
+            objectives.stop()
+            await listing
+        self.merge_objectives()
+
+    def merge_objectives(self) -> bool:
+        """When the watched ServiceObjectives changed: merge them with the policy files' and
+        adopt the result (True when the policy in effect changed)."""
+        objectives = self.objectives
+        if (
+            objectives is None
+            or not objectives.synced
+            or objectives.version == self._objectives_seen
+        ):
+            return False
+        self._objectives_seen = objectives.version
+        return self._adopt(self._file_policy) == "adopted"
+
+    def _adopt(self, files: Policy) -> Literal["adopted", "same", "rejected"]:
+        """Adopt ``files`` merged with the ServiceObjectives: one log line per object whose
+        verdict changed (a name the policy file already uses: the file's service wins, and the
+        object is refused with both namespaces named)."""
+        policy, verdicts = files, list[Admission]()
+        if self.objectives is not None and self.objectives.synced:
+            policy, verdicts = with_objectives(
+                files, self.objectives.objects(), self.objectives.namespaces
+            )
+        before = {v.key: v for v in self.verdicts}
+        for v in verdicts:
+            if before.get(v.key) != v:
+                if v.accepted:
+                    log.info("objective.accepted", object=v.key, message=v.message)
+                else:
+                    log.warning("objective.refused", object=v.key, reason=v.reason,
+                                message=v.message)  # fmt: skip
+        for gone in before.keys() - {v.key for v in verdicts}:
+            log.info("objective.removed", object=gone)
+        self.verdicts = verdicts
+        self.metrics.set_objectives(v.reason for v in verdicts)
+        if policy.digest() == self.policy.digest():
+            return "same"
+        result = self.engine.reload(policy)
+        if not result.accepted:
+            log.error("policy.rejected", errors=list(result.errors), kept=self.policy.digest())
+            return "rejected"
+        self.policy = policy
+        self.runtime.reconfigure(policy)
+        self.metrics.set_policy(policy.metadata.name, policy.digest())
+        return "adopted"
+
+    async def write_objective_status(self) -> list[str]:
+        """The leader writes each ServiceObjective's status where it is due (at most once a
+        sync period) and changed (:class:`~controller.kube.objectives.ObjectiveSync`);
+        followers never write. Returns the objects written."""
+        objectives = self.objectives
+        if objectives is None or not self.verdicts or not self.runtime.is_leader():
+            return []
+        if not any(objectives.due(v.key) for v in self.verdicts):
+            return []
+        board = self.status.status()
+        services = {s["service"]: s for s in board["services"]}
+        blocked = [b for b in board["blockedBy"] if not b.startswith("not the leader")]
+        statuses = {}
+        for v in self.verdicts:
+            obj = objectives.informer.get(v.key)
+            if obj is None:
+                continue
+            statuses[v.key] = objective_status(
+                v,
+                services.get(v.key) if v.accepted else None,
+                blocked=blocked,
+                generation=(obj.get("metadata") or {}).get("generation"),
+                old=obj.get("status"),
+                now=datetime.fromtimestamp(self._clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            )
+        written = await objectives.write(statuses)
+        self.metrics.objective_status_writes.inc(len(written))
+        return written
 
     # -- readiness and reload -------------------------------------------------------------------
 
@@ -427,22 +539,21 @@ class Controller:
                 self.reload()
 
     def reload(self) -> bool:
-        """Validate the policy files and swap them in; keep the old policy if invalid."""
-        policy, errors = check_policy(read_sources(self.settings.policies))
-        if policy is None:
+        """Validate the policy files and swap them in (merged with the ServiceObjectives);
+        keep the old policy if invalid."""
+        files, errors = check_policy(read_sources(self.settings.policies))
+        if files is None:
             self.metrics.policy_reloads.labels("rejected").inc()
             log.error("policy.rejected", errors=[str(e) for e in errors], kept=self.policy.digest())
             return False
-        result = self.engine.reload(policy)
-        if not result.accepted:
+        if self._adopt(files) == "rejected":
             self.metrics.policy_reloads.labels("rejected").inc()
-            log.error("policy.rejected", errors=list(result.errors), kept=self.policy.digest())
             return False
-        self.policy = policy
-        self.runtime.reconfigure(policy)
+        self._file_policy = files
         self.metrics.policy_reloads.labels("accepted").inc()
-        self.metrics.set_policy(policy.metadata.name, policy.digest())
-        log.info("policy.reloaded", policy=policy.metadata.name, policy_hash=policy.digest())
+        log.info(
+            "policy.reloaded", policy=self.policy.metadata.name, policy_hash=self.policy.digest()
+        )
         return True
 
 

@@ -13,7 +13,8 @@ Two kinds, on one private registry:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -244,6 +245,18 @@ class Metrics:
             "count in no window (a replay of old data, a stalled producer, a wrong clock).",
             registry=r,
         )
+        self.objective_status_writes = Counter(
+            "ebbtide_objective_status_writes",
+            "ServiceObjective status writes (at most one per object per status period, only "
+            "on change).",
+            registry=r,
+        )
+        self.objectives = Gauge(
+            "ebbtide_service_objectives",
+            "ServiceObjectives watched, by their Ready reason (Accepted, NameTaken, InvalidSpec…).",
+            ["reason"],
+            registry=r,
+        )
         self._stale_warned_at = -math.inf
         r.register(_StateCollector(sources))
         # Series exist from the start at 0, so rate() sees the first failure of each action.
@@ -258,6 +271,12 @@ class Metrics:
             return False
         self._stale_warned_at = now
         return True
+
+    def set_objectives(self, reasons: Iterable[str]) -> None:
+        """The watched ServiceObjectives' Ready reasons: one series per reason seen."""
+        self.objectives.clear()
+        for reason, count in Tally(reasons).items():
+            self.objectives.labels(reason).set(count)
 
     def set_policy(self, name: str, digest: str) -> None:
         self.policy_info.clear()

@@ -27,7 +27,11 @@ Verbs per resource, and who needs them:
   every kind (the preemption's mark). :func:`cluster_rules` derives them from the setting; the
   chart renders the same rules from the same values (``controller.workloadKinds``,
   ``controller.kueue``), and a test renders the chart for many settings and compares;
-* leases (in the controller's own namespace only: a Role) — get/create/update (leader election).
+* leases (in the controller's own namespace only: a Role) — get/create/update (leader election);
+* ServiceObjectives, only in the namespaces the ``kube.objective_namespaces`` setting names (the
+  chart's ``serviceObjectives.namespaces``: a Role in each, or a ClusterRole for ``*``; nothing
+  when it is empty) — list/watch, and patch of their ``/status`` subresource only
+  (:data:`OBJECTIVE_RULES`).
 """
 
 from __future__ import annotations
@@ -35,12 +39,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from controller.kube.objective_crd import GROUP, PLURAL
 from controller.kube.state import workload_kinds
 from controller.kube.translate import WorkloadKind
 from controller.kube.workloads import ADAPTERS, Adapter, kueue
 from controller.process.settings import DEFAULT_WORKLOAD_KINDS
 
-__all__ = ["CLUSTER_RULES", "LEASE_RULES", "Rule", "allowed", "cluster_rules", "kind_rules"]
+__all__ = [
+    "CLUSTER_RULES",
+    "LEASE_RULES",
+    "OBJECTIVE_RULES",
+    "Rule",
+    "allowed",
+    "cluster_rules",
+    "kind_rules",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +121,14 @@ CLUSTER_RULES: tuple[Rule, ...] = cluster_rules(workload_kinds(DEFAULT_WORKLOAD_
 #: The Role in the controller's namespace: its leader-election Lease.
 LEASE_RULES: tuple[Rule, ...] = (
     Rule("coordination.k8s.io", ("leases",), ("get", "create", "update")),
+)
+
+
+#: In each namespace where ServiceObjectives may be defined: read them, write their status (a
+#: team's spec is never written).
+OBJECTIVE_RULES: tuple[Rule, ...] = (
+    Rule(GROUP, (PLURAL,), ("list", "watch")),
+    Rule(GROUP, (f"{PLURAL}/status",), ("patch",)),
 )
 
 

@@ -218,6 +218,12 @@ class Settings(BaseSettings):
     def _cluster_mode(self) -> Settings:
         if self.cluster != "kube" and not self.cluster.startswith("sim:"):
             raise ValueError(f"cluster must be 'kube' or 'sim:SCENARIO', not {self.cluster!r}")
+        if self.kube.objective_namespaces and self.shards.role != "all":
+            raise ValueError(
+                f"kube.objective_namespaces: ServiceObjectives need shards.role 'all', not "
+                f"{self.shards.role!r}: the aggregators fold only the policy files' services, so "
+                "an objective's events would never reach the deciders"
+            )
         return self
 
     @classmethod

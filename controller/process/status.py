@@ -8,7 +8,11 @@ decision with its reason, and ``blockedBy``: every reason no action would be tak
 (breachAfter still running, cooldown left, a budget spent, too few samples, stale, at
 replicas.max); globally the kill switch, dry-run, "not the leader", a decisions log not yet read
 back, a cluster cache not synced. Per pool: utilization, free (idle) and reclaimable GPUs, and
-the MIG flows on its nodes with their phase.
+the MIG flows on its nodes with their phase. With ServiceObjectives watched, each service says
+where it comes from (``source``: the policy file or its object), a pause set on its object is
+what blocks it first, and ``objectives`` lists every object watched and whether it joined the
+policy (:func:`controller.kube.objective_crd.with_objectives`'s verdicts); the objects' own
+status is written from these entries (:mod:`controller.process.objective_status`).
 
 Every replica answers, the followers too: their engines are fed the same events, and the last
 decisions come from the shared decisions log (:meth:`StatusBoard.note`, told of each record
@@ -19,13 +23,13 @@ sketch, as a metrics scrape does), never on the decision path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from controller.kube.migannotation import FLOW_ANNOTATION, FlowRecord
-from controller.kube.objective_crd import PAUSED_ANNOTATION
+from controller.kube.objective_crd import PAUSED_ANNOTATION, Admission
 from controller.loop.port import Cluster
 from policies.decisions import Decision
 from policies.engine import Engine
@@ -57,6 +61,11 @@ class StatusSources:
     """The controller's ``--dry-run`` (the policy's own ``spec.dryRun`` is read too)."""
     identity: str
     clock: Callable[[], float]
+    paused_objectives: Callable[[], Mapping[str, str]] = dict
+    """Services paused on their ServiceObjective (``ebbtide.io/paused``), by service key, with
+    the words to show."""
+    objectives: Callable[[], Sequence[Admission]] = tuple
+    """Every ServiceObjective watched and whether it joined the policy (none without them)."""
 
 
 class StatusBoard:
@@ -77,21 +86,26 @@ class StatusBoard:
                 self._last[str(key)] = brief
 
     def paused(self, decision: Decision) -> str | None:
-        """Why ``decision`` must not be carried out: its service's workload carries
-        ``ebbtide.io/paused: "true"`` (as KEDA's ``autoscaling.keda.sh/paused``); ``None``
-        when it may. Checked on the cluster cache at the moment of acting."""
+        """Why ``decision`` must not be carried out: its service's ServiceObjective or its
+        workload carries ``ebbtide.io/paused: "true"`` (as KEDA's
+        ``autoscaling.keda.sh/paused``); ``None`` when it may. Checked on the caches at the
+        moment of acting."""
         cluster = self._s.cluster()
         if not cluster.synced:
             return None
+        objectives = self._s.paused_objectives()
         paused = _paused_workloads(cluster.snapshot())
-        if not paused:
+        if not paused and not objectives:
             return None
         policy = self._s.engine().policy
         for name, svc in policy.spec.services.items():
             key = policy.service_key(name)
             workload = _workload_key(key, svc)
-            if workload in paused and (decision.cause == key or decision.target == workload):
-                return f"paused: {workload} carries {PAUSED_ANNOTATION}=true"
+            if decision.cause == key or decision.target == workload:
+                if key in objectives:
+                    return objectives[key]
+                if workload in paused:
+                    return f"paused: {workload} carries {PAUSED_ANNOTATION}=true"
         return None
 
     def status(self) -> dict[str, Any]:
@@ -122,12 +136,18 @@ class StatusBoard:
             blocking.append("cluster cache not synced")
         statuses = {st.key: st for st in engine.service_status(now)}
         paused = _paused_workloads(snapshot) if snapshot is not None else set()
+        verdicts = self._s.objectives()
+        joined = {v.key for v in verdicts if v.accepted}
+        objectives = self._s.paused_objectives()
         services = []
         for name, svc in sorted(spec.services.items()):
             key = policy.service_key(name)
-            services.append(
-                self._service(engine, key, svc, statuses[key], snapshot, budgets, paused, now)
-            )
+            entry = self._service(engine, key, svc, statuses[key], snapshot, budgets, paused, now)
+            entry["source"] = f"ServiceObjective {key}" if key in joined else "policy file"
+            if key in objectives:
+                entry["paused"] = True
+                entry["blockedBy"].insert(0, objectives[key])
+            services.append(entry)
         return {
             "replica": s.identity,
             "role": "leader" if leading else "follower",
@@ -150,6 +170,10 @@ class StatusBoard:
                 for b in budgets.values()
             ],
             "services": services,
+            "objectives": [
+                {"object": v.key, "accepted": v.accepted, "reason": v.reason, "message": v.message}
+                for v in verdicts
+            ],
             "pools": self._pools(engine, policy, snapshot, now),
         }
 

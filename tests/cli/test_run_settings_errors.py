@@ -101,3 +101,14 @@ def test_a_bad_metrics_address_from_the_environment_is_a_usage_error(
     assert code == 2
     assert "http.address" in lines[-1]
     assert "HOST:PORT" in lines[-1]
+
+
+def test_objectives_with_sharded_ingest_is_one_line() -> None:
+    """ServiceObjectives with a decider: refused in one line saying why (the aggregators fold
+    only the policy files' services); with the default role they are accepted."""
+    env = {"EBBTIDE_KUBE__OBJECTIVE_NAMESPACES": '["team-a"]'}
+    code, lines = _invoke(["run", "--policy", str(BALANCED), "--role", "decide"], env=env)
+    assert code == 2
+    (line,) = [ln for ln in lines if ln.startswith("Error:")]
+    assert "ServiceObjectives need shards.role 'all', not 'decide'" in line
+    assert load_settings(policies=[BALANCED], kube={"objective_namespaces": ["*"]}).kube

@@ -103,4 +103,8 @@ def test_the_tide_scale_down_mig_at_night_and_back_in_the_morning(tmp_path: Path
     marked = [m["action"] for m in result.markers]
     assert "mig_convert" in marked
     assert "mig_revert" in marked
+    for flow in (m for m in result.markers if m["action"] in ("mig_convert", "mig_revert")):
+        # the flow's final outcome, once it ended on its node, not its in_progress start
+        assert flow["outcome"] == "applied", flow
+        assert float(str(flow["finished"])) > float(str(flow["ts"]))
     assert result.summary.pools["mig"].use_sum["mig"] > 0  # the converted node's cards, by use

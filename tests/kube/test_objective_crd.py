@@ -255,8 +255,8 @@ def test_validate_with_objectives(tmp_path: Path) -> None:
     lines = result.stderr.strip().splitlines()
     assert lines == [
         f"{mixed}:3:1: ServiceObjective team-b/chat: NameTaken: service 'chat' is already "
-        "defined by the policy file (namespace serving); service names are unique across "
-        "namespaces",
+        "defined by the policy file (namespace serving), which wins; service names are unique "
+        "across namespaces",
         f"{mixed}:5:1: ServiceObjective team-c/embed: InvalidSpec: spec.pool: undefined pool "
         "'gpu' (pools: mig, whole)",
     ]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from controller.cli.status_command import select, status
+from controller.cli.status_command import render_table, select, status
 from controller.kube.migannotation import FLOW_ANNOTATION, FlowRecord
 from controller.process.app import Controller, load_policy_files
 from controller.process.settings import load_settings
@@ -247,3 +247,26 @@ async def test_a_paused_workload_is_not_acted_on_and_says_so(tmp_path: Path) -> 
     assert service["paused"] is True
     assert service["blockedBy"][0] == "paused: serving/chat carries ebbtide.io/paused=true"
     assert service["state"] == "breaching"
+
+
+def test_the_table_lists_the_objectives_and_who_joined() -> None:
+    """With ServiceObjectives watched, the table lists each with READY and why; narrowing to
+    pools drops them, and `services` keeps them."""
+    data = {
+        "replica": "r0", "role": "leader", "at": "2026-12-04T10:00:00+00:00",
+        "policy": {"name": "p", "digest": "d"}, "blockedBy": [], "budgets": [], "services": [],
+        "objectives": [
+            {"object": "team-a/chat", "accepted": False, "reason": "NameTaken",
+             "message": "service 'chat' is already defined by the policy file"},
+            {"object": "team-a/search", "accepted": True, "reason": "Accepted",
+             "message": "service team-a/search is in the policy"},
+        ],
+        "pools": [],
+    }  # fmt: skip
+    lines = render_table(data).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("SERVICEOBJECTIVE"))
+    assert lines[at].split() == ["SERVICEOBJECTIVE", "READY", "REASON", "MESSAGE"]
+    assert lines[at + 1].split()[:3] == ["team-a/chat", "False", "NameTaken"]
+    assert lines[at + 2].split()[:3] == ["team-a/search", "True", "Accepted"]
+    assert "objectives" not in select(data, "pools")
+    assert "objectives" in select(data, "services")

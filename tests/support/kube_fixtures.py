@@ -23,14 +23,15 @@ from support.mig_manager import A100_80GB_PROFILES, MigManager
 
 def authorizer_for(request: pytest.FixtureRequest) -> Authorizer | None:
     """The authorizer for the test's ``kube_rbac`` marker: ``kube_rbac(kinds=…, kueue=…,
-    namespace=…)`` (:class:`RbacSettings`), ``kube_rbac(None)`` for none; the chart's defaults
-    without a marker."""
+    objectives=…, namespace=…)`` (:class:`RbacSettings`), ``kube_rbac(None)`` for none; the
+    chart's defaults without a marker."""
     marker = request.node.get_closest_marker("kube_rbac")
     if marker is not None and marker.args == (None,):
         return None
     values = dict(marker.kwargs) if marker is not None else {}
-    if "kinds" in values:
-        values["kinds"] = tuple(values["kinds"])
+    for key in ("kinds", "objectives"):
+        if key in values:
+            values[key] = tuple(values[key])
     return chart_authorizer(RbacSettings(**values))
 
 

@@ -9,7 +9,8 @@ apiserver would, and remembers each refusal for the fixture to fail the test on.
 
 * **The roles are the chart's**, rendered with the real Helm engine (helm-python-sdk) for the
   settings under test (:class:`RbacSettings`: ``controller.workloadKinds``,
-  ``controller.kueue``, the release namespace), once per settings.
+  ``controller.kueue``, ``serviceObjectives.namespaces``, the release namespace), once per
+  settings: every ClusterRole and Role bound to the controller's ServiceAccount.
 * **The decision** is RBAC's (kubernetes ``plugin/pkg/auth/authorizer/rbac/rbac.go``
   ``RuleAllows``): a rule allows a request when its apiGroups, resources (``pods/eviction`` for a
   subresource) and verbs contain the request's (or ``*``), and its resourceNames, when set,
@@ -69,6 +70,8 @@ class RbacSettings:
     """``controller.kueue``."""
     namespace: str = "ebbtide-system"
     """The release namespace: where the leader-election Role (and so the Lease) is."""
+    objectives: tuple[str, ...] = ()
+    """``serviceObjectives.namespaces``: where ServiceObjectives are granted (``*``: all)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,8 @@ class Roles:
     namespace: str
     namespaced: tuple[Rule, ...]
     """The Role's rules: in :attr:`namespace` only."""
+    elsewhere: tuple[tuple[str, tuple[Rule, ...]], ...] = ()
+    """Other Roles bound to it (the ServiceObjectives'), as (namespace, rules)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +154,9 @@ class Authorizer:
         rules = self.roles.cluster
         if a.namespace == self.roles.namespace:
             rules = (*rules, *self.roles.namespaced)
+        for namespace, more in self.roles.elsewhere:
+            if a.namespace == namespace:
+                rules = (*rules, *more)
         if any(rule.allows(a) for rule in rules):
             return None
         base = a.resource.partition("/")[0]
@@ -186,7 +194,10 @@ def _rules(role: Mapping[str, Any]) -> tuple[Rule, ...]:
 def chart_roles(settings: RbacSettings) -> Roles:
     """The controller's ClusterRole and Role as the chart renders them for ``settings``, and the
     ServiceAccount its bindings name."""
-    values = {"controller": {"workloadKinds": list(settings.kinds), "kueue": settings.kueue}}
+    values = {
+        "controller": {"workloadKinds": list(settings.kinds), "kueue": settings.kueue},
+        "serviceObjectives": {"namespaces": list(settings.objectives)},
+    }
     chart = helm.Chart.load(CHART)
     try:
         out = chart.render(values, name=RELEASE, namespace=settings.namespace, is_install=True)
@@ -196,22 +207,22 @@ def chart_roles(settings: RbacSettings) -> Roles:
         d for d in YAML(typ="safe", pure=True).load_all(out["ebbtide/templates/rbac.yaml"]) if d
     ]
 
-    def controller(kind: str) -> Mapping[str, Any]:
-        (found,) = [
+    def controller(kind: str) -> list[Mapping[str, Any]]:
+        return [
             d
             for d in docs
             if d["kind"] == kind
             and d["metadata"]["labels"].get("app.kubernetes.io/component") == "controller"
         ]
-        return found
 
-    (subject,) = controller("ClusterRoleBinding")["subjects"]
-    role = controller("Role")
+    (subject,) = controller("ClusterRoleBinding")[0]["subjects"]
+    (role, *others) = controller("Role")
     return Roles(
         user=f"system:serviceaccount:{subject['namespace']}:{subject['name']}",
-        cluster=_rules(controller("ClusterRole")),
+        cluster=tuple(r for cluster in controller("ClusterRole") for r in _rules(cluster)),
         namespace=role["metadata"]["namespace"],
         namespaced=_rules(role),
+        elsewhere=tuple((o["metadata"]["namespace"], _rules(o)) for o in others),
     )
 
 

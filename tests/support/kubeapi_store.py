@@ -143,6 +143,16 @@ PYTORCHJOB = ResourceType(
 )
 """The default custom resource: Kubeflow's PyTorchJob, scaled through its Worker replicas."""
 
+SERVICEOBJECTIVE = ResourceType(
+    group="ebbtide.io", version="v1alpha1", plural="serviceobjectives", kind="ServiceObjective"
+)
+"""Ebbtide's own ServiceObjective (helm/ebbtide/crds/serviceobjectives.yaml), with its status
+subresource as the CRD declares it (``subresources: {status: {}}``): as apiextensions-apiserver
+serves a custom resource (``pkg/registry/customresource/strategy.go`` ``PrepareForUpdate``
+keeps the stored status on a write to the object; ``status_strategy.go`` copies the stored
+object and takes only ``status`` from a write to ``/status``), which :meth:`Store.update` does
+for every resource with ``has_status``."""
+
 _PODS = ("", "pods")
 _PDBS = ("policy", "poddisruptionbudgets")
 _IMMUTABLE_META = (

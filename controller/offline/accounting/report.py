@@ -29,7 +29,10 @@ Figures (each ``{id, kind, title, data, layout}``; ``kind`` is what tests look f
   it as a labelled marker (the report cannot tell a target's pool);
 * ``actions`` — actions per bucket, stacked by type, on the same time axis;
 * ``decisions`` — each decision as a marker (one row per action type), its target, outcome and
-  reason on hover; the page also lists them in a table.
+  reason on hover; the page also lists them in a table. A MIG conversion or reversion shows its
+  flow's final outcome (``applied`` or ``failed`` at the time the flow ended on its node, or
+  ``unfinished`` when the run ended first), not the ``in_progress`` it had when decided
+  (:func:`~controller.offline.accounting.outputs.settle_flows`).
 
 Every time chart shares zoom with the others (the page's script applies one's x range to all);
 no figure has a title inside the plot (the heading above it names it) and legends and the
@@ -175,7 +178,7 @@ def decision_markers(markers: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "y": 1.0,
             "yref": "paper",
             "text": _marker_label(m) if labelled else "▼",
-            "hovertext": f"{_marker_label(m)} ({m['outcome']})<br>" + html.escape(str(m["reason"])),
+            "hovertext": f"{_marker_label(m)} ({_outcome(m)})<br>" + html.escape(str(m["reason"])),
             "showarrow": True,
             "arrowhead": 2,
             "arrowcolor": _COLORS[str(m["action"])],
@@ -344,10 +347,21 @@ def build_figures(result: RunResult) -> list[dict[str, Any]]:
     return figures
 
 
+def _outcome(marker: dict[str, Any]) -> str:
+    """A decision's outcome; a MIG flow's final one with when it ended (``settle_flows``)."""
+    finished = marker.get("finished")
+    if finished is None:
+        return str(marker["outcome"])
+    return f"{marker['outcome']} at {_iso(float(finished))}"
+
+
 def _decision_rows(markers: list[dict[str, Any]]) -> list[list[str]]:
     """The decision list's table rows, HTML-escaped."""
-    keys = ("action", "target", "outcome", "reason")
-    return [[_iso(m["ts"]), *(html.escape(str(m[k])) for k in keys)] for m in markers]
+    return [
+        [_iso(m["ts"]), *(html.escape(str(m[k])) for k in ("action", "target")),
+         html.escape(_outcome(m)), html.escape(str(m["reason"]))]
+        for m in markers
+    ]  # fmt: skip
 
 
 def _decisions_figure(markers: list[dict[str, Any]], x_range: list[float]) -> dict[str, Any]:
@@ -365,7 +379,7 @@ def _decisions_figure(markers: list[dict[str, Any]], x_range: list[float]) -> di
                 "x": [m["ts"] * 1000.0 for m in mine],
                 "y": [action] * len(mine),
                 "text": [
-                    f"{m['target']} ({m['outcome']})<br>{html.escape(str(m['reason']))}"
+                    f"{m['target']} ({_outcome(m)})<br>{html.escape(str(m['reason']))}"
                     for m in mine
                 ],
                 "hovertemplate": "%{x}<br>%{text}<extra>%{fullData.name}</extra>",

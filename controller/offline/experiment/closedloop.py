@@ -73,6 +73,7 @@ from controller.offline.accounting.outputs import (
     RunResult,
     count_action,
     decision_line,
+    settle_flows,
 )
 from controller.offline.accounting.summary import MODELLED, USES, Summary, sample_reclaimable
 from controller.offline.accounting.timeline import Timeline
@@ -749,6 +750,7 @@ def run_controller(
         if recorder is not None:
             recorder.close()
     wall = time.perf_counter() - started
+    settle_flows(loop.markers, loop.sim.effects)
     result = RunResult(loop.summary, loop.timeline, loop.markers, wall, command="simulate")
     if spec.controller == "ebbtide":
         lag = bench.lag

@@ -72,6 +72,7 @@ from controller.offline.accounting.outputs import (
     clear_outputs,
     count_action,
     decision_line,
+    settle_flows,
 )
 from controller.offline.accounting.poolmeter import PoolMeter
 from controller.offline.accounting.summary import USES, PoolAccount, Summary, sample_reclaimable
@@ -563,4 +564,5 @@ def replay(
         clear_outputs(out_dir)
         raise
     timeline = run.timeline or Timeline(start=0.0, dt=settings.evaluate_every)
+    settle_flows(run.markers, run.cluster.effects if run.cluster is not None else ())
     return RunResult(run.summary, timeline, run.markers, time.perf_counter() - started)
