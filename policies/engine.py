@@ -238,7 +238,7 @@ class Engine:
         if not ruled and schedule.pools_quiet(now, seen):
             return []  # a quiet tick: every rule would decide nothing and change nothing
         decide = self._decide
-        rnd = decide.round(now, self._policy, inv)
+        rnd = decide.round(now, self._policy, inv, self._intake)
         for svc, settled in decide.rule_services(rnd, ruled, last_round):
             schedule.settle(svc, settled)
         if rnd.decisions or not schedule.pools_quiet(now, seen):
