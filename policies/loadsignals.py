@@ -33,7 +33,9 @@ Design:
   ``settle`` later it reads them again. A probe counts when the rate per replica fell by at
   least ``loadDrop``; it is *flat* when the percentile's elasticity to the load per replica
   (``ln(p0/p1) / ln(l0/l1)``), extrapolated to ``replicas.max``, still leaves it above the
-  objective: no number of replicas would meet it. ``afterSteps`` flat probes in a row make the
+  objective: no number of replicas would meet it (while the queue-depth signal is over its
+  target the probe waits: a percentile behind a draining queue says nothing about the work).
+  ``afterSteps`` flat probes in a row make the
   service work-bound: latency stops driving it (no breach scale-up, no veto on scale-down) and
   its load signals alone size it. It ends when the percentile rises well past the level it
   was declared at (half again: queueing is back) or falls within the objective.
@@ -139,8 +141,11 @@ class WorkBound:
         p_ms: float | None,
         rate: float | None,
         spec: ServiceSpec,
+        queued: bool = False,
     ) -> bool:
-        """One round's look at the service; ``True`` when it became work-bound or stopped."""
+        """One round's look at the service; ``True`` when it became work-bound or stopped.
+        While ``queued`` (the queue-depth signal over its target) a probe waits: a percentile
+        read behind a draining queue says nothing about the work."""
         scale, bounds = spec.scale, spec.replicas
         assert scale is not None
         assert scale.work_bound is not None
@@ -160,7 +165,13 @@ class WorkBound:
         elif before is not None and replicas < before:
             self.probe = None
         probe = self.probe
-        if probe is not None and now - probe.at >= settle and p_ms is not None and rate:
+        if (
+            probe is not None
+            and now - probe.at >= settle
+            and p_ms is not None
+            and rate
+            and not queued
+        ):
             self.probe = None
             per_replica = rate / probe.to
             if probe.per_replica > 0 and per_replica <= probe.per_replica * (1.0 - wb.load_drop):
@@ -351,7 +362,13 @@ def tick_round(
     scale = spec.scale
     if scale is None or scale.work_bound is None or spec.replicas is None or replicas is None:
         return False
-    return sig.work_bound.tick(now, replicas=replicas, p_ms=p_ms, rate=rate, spec=spec)
+    queued = False
+    if scale.signals is not None and scale.signals.waiting is not None:
+        waiting = sig.fresh("waiting", now, scale.signals.stale_after)
+        queued = sum(waiting) > scale.signals.waiting * max(replicas, 1)
+    return sig.work_bound.tick(
+        now, replicas=replicas, p_ms=p_ms, rate=rate, spec=spec, queued=queued
+    )
 
 
 def verdicts(
