@@ -381,3 +381,13 @@ def test_incremental_equals_full(gauges: dict[str, float] | None) -> None:
         runs.append(log)
     assert runs[0] == runs[1]
     assert runs[0]
+
+
+def test_rewind_covers_the_longest_objective() -> None:
+    """A restarted controller rewinds over the longest window of any objective: a further
+    objective's 20m window, not only the primary's 30s (or the 10m utilization window)."""
+    from controller.process.aggregate import longest_window_s
+
+    assert longest_window_s(chat_policy()) == 600.0
+    longer = chat_policy(objectives=[{**TPOT, "window": "20m", "resolution": "10s"}])
+    assert longest_window_s(longer) == 1200.0
