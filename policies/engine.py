@@ -201,6 +201,23 @@ class Engine:
         """Services whose latency histograms end below the objective -> that last bound."""
         return self._intake.unresolved
 
+    @property
+    def load_dropped(self) -> dict[str, int]:
+        """``inference.load`` events not used, by reason (:attr:`policies.intake.Intake.
+        load_dropped`)."""
+        return self._intake.load_dropped
+
+    def work_bound(self) -> dict[str, str | None]:
+        """Services with the work-bound check (``scale.workBound``) -> why their latency is
+        taken as set by the work while it is, else ``None`` (:mod:`policies.loadsignals`)."""
+        out: dict[str, str | None] = {}
+        for key, sig in sorted(self._intake.signals.items()):
+            scale = sig.spec.scale
+            if scale is not None and scale.work_bound is not None:
+                wb = sig.work_bound
+                out[key] = wb.evidence if wb.active else None
+        return out
+
     # -- decisions ---------------------------------------------------------------------------
 
     def _index(self, snapshot: Snapshot) -> Inventory:

@@ -391,3 +391,46 @@ def test_rewind_covers_the_longest_objective() -> None:
     assert longest_window_s(chat_policy()) == 600.0
     longer = chat_policy(objectives=[{**TPOT, "window": "20m", "resolution": "10s"}])
     assert longest_window_s(longer) == 1200.0
+
+
+def test_work_bound_is_logged_and_scraped() -> None:
+    """Turning work-bound is one ``latency.work_bound`` log event with its evidence, and
+    ``ebbtide_service_work_bound{service}`` reads 1 (0 before); unusable load events are
+    counted in ``ebbtide_load_events_dropped_total{reason}``."""
+    from prometheus_client import generate_latest
+    from structlog.testing import capture_logs
+
+    from controller.process.metrics import Metrics, StateSources
+    from controller.process.transitions import Transitions
+
+    data = policy_dict()
+    data["spec"]["services"]["chat"]["scale"].update(WORK_BOUND)
+    data["spec"]["services"]["chat"]["cooldown"] = "60s"
+    engine = Engine(load_policy_text(to_yaml(data), "test.yaml"))
+    engine.observe(InferenceLoad(ts=T0, service="nope", version=1, waiting=1.0))
+    clock = [T0]
+    sources = StateSources(
+        engine=lambda: engine, consumer=lambda: None, is_leader=lambda: True, clock=lambda: clock[0]
+    )
+    metrics = Metrics(sources)
+    assert (
+        'ebbtide_service_work_bound{service="serving/chat"} 0.0'
+        in generate_latest(metrics.registry).decode()
+    )
+    watch = Transitions(lambda: engine, lambda: False)
+    replicas = 2
+    with capture_logs() as logs:
+        for s in range(300):
+            now = T0 + s
+            feed_latency(engine, now, now + 1, 500.0)
+            for d in engine.evaluate(now + 1, cluster(replicas)):
+                if isinstance(d, Scale) and d.role == "inference":
+                    replicas = d.to_replicas
+            watch.check(now + 1)
+    events = [e for e in logs if e["event"] == "latency.work_bound"]
+    assert len(events) == 1
+    assert events[0]["service"] == "serving/chat"
+    assert "would still be" in str(events[0]["evidence"])
+    text = generate_latest(metrics.registry).decode()
+    assert 'ebbtide_service_work_bound{service="serving/chat"} 1.0' in text
+    assert 'ebbtide_load_events_dropped_total{reason="unknown_service"} 1.0' in text
