@@ -6,14 +6,16 @@ through the engine: scale up to the most any signal asks, down only when every o
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
 from policy_fixtures import T0, WHOLE, feed_latency, policy_dict, to_yaml, training
 
+from policies.casetest import load_cases, run_cases
 from policies.decisions import Decision, Scale
 from policies.engine import Engine
-from policies.loader import PolicyLoadError, load_policy_text
+from policies.loader import PolicyLoadError, Source, load_policy, load_policy_text, read_sources
 from policies.model import Policy
 from policies.snapshot import Snapshot, SnapshotBuilder
 from streams.events import GpuUtilization, InferenceLatency, InferenceLoad
@@ -434,3 +436,36 @@ def test_work_bound_is_logged_and_scraped() -> None:
     text = generate_latest(metrics.registry).decode()
     assert 'ebbtide_service_work_bound{service="serving/chat"} 1.0' in text
     assert 'ebbtide_load_events_dropped_total{reason="unknown_service"} 1.0' in text
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize(
+    ("policy", "cases", "count"),
+    [("policy-llm-signals.yaml", "policy-llm-signals.cases.yaml", 4)],
+)
+def test_the_example_passes_its_cases(policy: str, cases: str, count: int) -> None:
+    """examples/policy-llm-signals.yaml against its case file: TPOT breaching scales by its
+    own ratio, a queue scales up with both latencies fine, the KV cache holds replicas the
+    objectives would give back, and with every signal low a replica goes."""
+    loaded = load_policy(read_sources((EXAMPLES / policy,)))
+    path = EXAMPLES / cases
+    parsed, errors = load_cases(Source(str(path), path.read_text()))
+    assert not errors
+    assert parsed is not None
+    results = run_cases(loaded, parsed)
+    assert [r.name for r in results if not r.passed] == []
+    assert len(results) == count
+
+
+def test_a_case_event_is_latency_or_load_never_both() -> None:
+    text = """cases:
+  - name: x
+    snapshot: {nodes: [{name: w0}]}
+    events: [{service: chat, at: 1s, latencyMs: 5, waiting: 3}]
+    expect: [{at: 1s, count: 0}]
+"""
+    parsed, errors = load_cases(Source("c.cases.yaml", text))
+    assert parsed is None
+    assert "a load event (waiting, running, kvCachePct) carries no latency" in str(errors[0])
