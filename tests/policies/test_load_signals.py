@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from policy_fixtures import T0, WHOLE, feed_latency, policy_dict, to_yaml, training
+from policy_fixtures import T0, feed_latency, policy_dict, to_yaml
+from test_scaledown import chat_cluster as cluster
 
 from policies.casetest import load_cases, run_cases
 from policies.decisions import Decision, Scale
 from policies.engine import Engine
 from policies.loader import PolicyLoadError, Source, load_policy, load_policy_text, read_sources
 from policies.model import Policy
-from policies.snapshot import Snapshot, SnapshotBuilder
 from streams.events import GpuUtilization, InferenceLatency, InferenceLoad
 
 DOWN = {"stabilization": "20s", "below": "50%", "maxStep": 10, "cooldown": "1s"}
@@ -32,15 +32,6 @@ def chat_policy(*, objectives: list[dict[str, Any]] | None = None, **scale: Any)
     if objectives:
         chat["objectives"] = objectives
     return load_policy_text(to_yaml(data), "test.yaml")
-
-
-def cluster(replicas: int) -> Snapshot:
-    b = SnapshotBuilder()
-    for name in ("w0", "w1"):
-        b.node(name, gpus=8, labels=WHOLE)
-    b.workload("serving", "chat", replicas=replicas, nodes=["w0"])
-    training(b, "elastic", replicas=4, nodes=["w1"], min_replicas=1, max_replicas=8)
-    return b.build()
 
 
 def load(ts: float, pod: str, **gauges: float) -> InferenceLoad:
