@@ -250,7 +250,10 @@ class Engine:
         if self._policy.spec.kill_switch:
             return []
         ruled, last_round = schedule.take_ruled(now)
-        busy_pools = set(schedule.busy.values())
+        # a work-bound service's breach wants no GPUs (replicas do not help it): it does not
+        # hold training growth or MIG conversion back (policies.loadsignals)
+        bound = {k for k, sig in self._intake.signals.items() if sig.work_bound.active}
+        busy_pools = {pool for key, pool in schedule.busy.items() if key not in bound}
         seen = (inv, self._policy, busy_pools)
         if not ruled and schedule.pools_quiet(now, seen):
             return []  # a quiet tick: every rule would decide nothing and change nothing

@@ -19,6 +19,7 @@ Design:
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from typing import Annotated, Any, Final, Literal
 
@@ -615,7 +616,17 @@ class Policy(_Model):
     def sha256(self) -> str:
         """sha256 of the canonical policy (its JSON by alias): equal for equal policies,
         whatever the YAML layout, comments or file split."""
-        canonical = self.model_dump_json(by_alias=True, exclude_none=False)
+        data = self.model_dump(mode="json", by_alias=True, exclude_none=False)
+        for svc in data["spec"]["services"].values():
+            # keys added later, at their defaults: out, so a policy that does not use them
+            # keeps the digest it had before they existed (logs, metrics, the decisions log)
+            if not svc["objectives"]:
+                del svc["objectives"]
+            scale = svc["scale"]
+            for key in ("signals", "workBound"):
+                if scale is not None and scale[key] is None:
+                    del scale[key]
+        canonical = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def digest(self) -> str:

@@ -460,3 +460,13 @@ def test_a_case_event_is_latency_or_load_never_both() -> None:
     parsed, errors = load_cases(Source("c.cases.yaml", text))
     assert parsed is None
     assert "a load event (waiting, running, kvCachePct) carries no latency" in str(errors[0])
+
+
+def test_policies_without_the_new_keys_keep_their_digest() -> None:
+    """The digest (logs, metrics, the decisions log) of a policy that uses none of objectives,
+    signals or workBound is the one it had before they existed; using one changes it."""
+    library = Path(__file__).resolve().parents[2] / "policies/library"
+    balanced = load_policy(read_sources((library / "balanced.yaml",)))
+    assert balanced.digest() == "5f9f2559578e719d"  # as on main before this change
+    assert chat_policy().digest() != chat_policy(signals={"waiting": 4}).digest()
+    assert chat_policy().digest() != chat_policy(objectives=[TPOT]).digest()
