@@ -45,20 +45,23 @@ def replicas_by_minute(decisions: Path, start: float, minutes: int, initial: int
     return out
 
 
-def run(seed: int, hours: int) -> dict[str, list[int]]:
+def run(seed: int, hours: int) -> tuple[dict[str, list[int]], dict[str, dict[str, float]]]:
+    """Each policy's replicas by minute, and its pool's mean GPUs by use."""
     scenario = load_scenario(ROOT / "examples/scenario-genai.yaml")
     llm = LlmServing(mix_of((), (64, 256)), metric="e2e")
     settings = SimulateSettings(duration_s=hours * 3600.0, seed=seed, start_of_day_s=0.0)
     out: dict[str, list[int]] = {}
+    use: dict[str, dict[str, float]] = {}
     for name, file in POLICIES.items():
         policy = load_policy_text((ROOT / "examples" / file).read_text(), file)
         bench = Bench.of(scenario, policy, lambda s: Diurnal(start=s), settings, llm=llm)
         startup = scenario.with_startup(bench.workloads, DEFAULT_SERVING_STARTUP_S)
         bench = replace(bench, scenario=startup)
         with tempfile.TemporaryDirectory() as tmp:
-            run_controller(bench, "ebbtide", Path(tmp))
+            done = run_controller(bench, "ebbtide", Path(tmp))
             out[name] = replicas_by_minute(Path(tmp) / "decisions.jsonl", EPOCH, hours * 60, 2)
-    return out
+        use[name] = done.result.summary.to_dict()["pools"]["whole"]["mean_gpus"]
+    return out, use
 
 
 def main() -> None:
@@ -66,7 +69,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hours", type=int, default=24)
     args = parser.parse_args()
-    runs = run(args.seed, args.hours)
+    runs, use = run(args.seed, args.hours)
     names = list(runs)
     print(f"{SERVICE} replicas at each hour (seed {args.seed})")
     print("hour  " + "  ".join(f"{n:>13}" for n in names))
@@ -80,6 +83,9 @@ def main() -> None:
         f"{gpu_h['signals']:.1f}; ratio signals / latency only "
         f"{gpu_h['signals'] / gpu_h['latency only']:.3f}"
     )
+    for n in names:
+        gpus = ", ".join(f"{k} {v:.2f}" for k, v in use[n].items() if k != "reconfiguring")
+        print(f"mean GPUs by use, {n}: {gpus}")
     print(
         f"night (00:00-06:00) mean replicas: latency only {sum(before[night]) / 360:.2f}, "
         f"signals {sum(after[night]) / 360:.2f}; ratio "
