@@ -323,11 +323,12 @@ class Intake:
         if not svc.due:
             svc.due = True
             self.due.append(svc)
-        sig = self.signals.get(svc.key)
-        if sig is not None:
-            for track in sig.objectives:
-                if track.spec.metric == event.objective:
-                    _into(track.latency, track.exceed, ts, event)
+        if self.signals:  # the common policy has no further objective: no lookup
+            sig = self.signals.get(svc.key)
+            if sig is not None:
+                for track in sig.objectives:
+                    if track.spec.metric == event.objective:
+                        _into(track.latency, track.exceed, ts, event)
         self.observed += 1
         return True
 
