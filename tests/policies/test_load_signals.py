@@ -470,3 +470,23 @@ def test_policies_without_the_new_keys_keep_their_digest() -> None:
     assert balanced.digest() == "5f9f2559578e719d"  # as on main before this change
     assert chat_policy().digest() != chat_policy(signals={"waiting": 4}).digest()
     assert chat_policy().digest() != chat_policy(objectives=[TPOT]).digest()
+
+
+def test_a_reload_keeps_what_an_unchanged_objective_and_gauges_hold() -> None:
+    """Reloading with the same TPOT objective keeps its window and the gauges; a changed one
+    starts afresh; a policy without signals drops the service's signals."""
+    engine = Engine(chat_policy(objectives=[TPOT], signals={"waiting": 4}))
+    tpot(engine, T0, 70.0)
+    engine.observe(load(T0, "chat-0", waiting=3.0))
+    sig = engine._intake.signals["serving/chat"]
+    track = sig.objectives[0]
+    assert engine.reload(chat_policy(objectives=[TPOT], signals={"waiting": 8})).accepted
+    kept = engine._intake.signals["serving/chat"]
+    assert kept is sig
+    assert kept.objectives[0] is track
+    assert kept.gauges["waiting"]["chat-0"] == (T0, 3.0)
+    changed = {**TPOT, "objectiveMs": 60}
+    assert engine.reload(chat_policy(objectives=[changed], signals={"waiting": 8})).accepted
+    assert engine._intake.signals["serving/chat"].objectives[0] is not track
+    assert engine.reload(chat_policy()).accepted
+    assert engine._intake.signals == {}
