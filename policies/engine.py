@@ -248,6 +248,8 @@ class Engine:
         inv = self._index(snapshot)
         schedule.step_slos(now, inv)
         if self._policy.spec.kill_switch:
+            for sig in self._intake.signals.values():
+                sig.tick(now)  # further objectives keep their state, as the primary does
             return []
         ruled, last_round = schedule.take_ruled(now)
         # a work-bound service's breach wants no GPUs (replicas do not help it): it does not

@@ -490,3 +490,16 @@ def test_a_reload_keeps_what_an_unchanged_objective_and_gauges_hold() -> None:
     assert engine._intake.signals["serving/chat"].objectives[0] is not track
     assert engine.reload(chat_policy()).accepted
     assert engine._intake.signals == {}
+
+
+def test_the_kill_switch_still_steps_further_objectives() -> None:
+    """With the kill switch on nothing is decided, but a further objective's state keeps
+    updating (as the primary's does): TPOT over its objective for breachAfter breaches."""
+    data = policy_dict(killSwitch=True)
+    data["spec"]["services"]["chat"]["objectives"] = [TPOT]
+    engine = Engine(load_policy_text(to_yaml(data), "test.yaml"))
+    for s in range(15):
+        feed_latency(engine, T0 + s, T0 + s + 1, 20.0)
+        tpot(engine, T0 + s, 70.0)
+        assert engine.evaluate(T0 + s + 1, cluster(2)) == []
+    assert engine._intake.signals["serving/chat"].objectives[0].state.state == "breaching"
