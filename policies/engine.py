@@ -254,8 +254,16 @@ class Engine:
         ruled, last_round = schedule.take_ruled(now)
         # a work-bound service's breach wants no GPUs (replicas do not help it): it does not
         # hold training growth or MIG conversion back (policies.loadsignals)
-        bound = {k for k, sig in self._intake.signals.items() if sig.work_bound.active}
+        signals = self._intake.signals
+        bound = {k for k, sig in signals.items() if sig.work_bound.active}
         busy_pools = {pool for key, pool in schedule.busy.items() if key not in bound}
+        # a further objective breaching (or recovering) is the service's breach too
+        busy_pools |= {
+            sig.spec.pool
+            for key, sig in signals.items()
+            if key not in bound
+            and any(t.state.state in ("breaching", "recovering") for t in sig.objectives)
+        }
         seen = (inv, self._policy, busy_pools)
         if not ruled and schedule.pools_quiet(now, seen):
             return []  # a quiet tick: every rule would decide nothing and change nothing

@@ -503,3 +503,22 @@ def test_the_kill_switch_still_steps_further_objectives() -> None:
         tpot(engine, T0 + s, 70.0)
         assert engine.evaluate(T0 + s + 1, cluster(2)) == []
     assert engine._intake.signals["serving/chat"].objectives[0].state.state == "breaching"
+
+
+def test_a_further_objective_breaching_holds_training_growth() -> None:
+    """Free GPUs and no primary breach would grow training after growAfter; TPOT breaching
+    holds it, as a primary breach does (chat at replicas.max: nothing else holds it)."""
+    data = policy_dict()
+    data["spec"]["services"]["chat"]["objectives"] = [TPOT]
+    data["spec"]["services"]["chat"]["replicas"] = {"min": 1, "max": 2}
+    policy = load_policy_text(to_yaml(data), "test.yaml")
+    grew = {}
+    for name, ms in (("tpot fine", 10.0), ("tpot breaching", 70.0)):
+        engine = Engine(policy)
+        got: list[Decision] = []
+        for s in range(150):
+            feed_latency(engine, T0 + s, T0 + s + 1, 20.0)
+            tpot(engine, T0 + s, ms)
+            got += engine.evaluate(T0 + s + 1, cluster(2))
+        grew[name] = any(d.explanation.rule == "grow-training" for d in got)
+    assert grew == {"tpot fine": True, "tpot breaching": False}
