@@ -38,7 +38,7 @@ from policies.engine import Engine
 from policies.loader import PolicyError, Source, validate_document
 from policies.model import Duration, Policy, PositiveDuration, _Model, format_duration
 from policies.snapshot import ANYWHERE, Placement, PodPhase, Snapshot, SnapshotBuilder
-from streams.events import Event, GpuUtilization, InferenceLatency
+from streams.events import Event, GpuUtilization, InferenceLatency, InferenceLoad, Objective
 
 __all__ = ["CaseFile", "CaseResult", "load_cases", "run_case", "run_cases"]
 
@@ -159,7 +159,8 @@ class SnapshotSpec(_Model):
 
 
 class EventSpec(_Model):
-    """One event (``at``) or a series (``from``, ``to``, ``every``) of latency or utilization."""
+    """One event (``at``) or a series (``from``, ``to``, ``every``) of latency, load (a
+    service's ``inference.load`` gauges) or utilization."""
 
     at: Duration | None = None
     from_: Annotated[Duration | None, Field(alias="from")] = None
@@ -169,6 +170,13 @@ class EventSpec(_Model):
     namespace: str = "default"
     latency_ms: float | None = None
     samples_ms: list[float] | None = None
+    objective: Objective = "e2e"
+    """What a latency event measures (``e2e``, ``ttft``, ``tpot``)."""
+    pod: str | None = None
+    """The pod a load event is from (its gauges replace that pod's last ones)."""
+    waiting: float | None = None
+    running: float | None = None
+    kv_cache_pct: float | None = None
     node: str | None = None
     gpu: int | None = None
     gpus: int | None = None
@@ -184,7 +192,15 @@ class EventSpec(_Model):
             raise ValueError("a series needs from, to and every")
         if (self.service is None) == (self.node is None):
             raise ValueError("give either service (latency) or node (utilization)")
-        if self.service is not None and (self.latency_ms is None) == (self.samples_ms is None):
+        load = (self.waiting, self.running, self.kv_cache_pct) != (None, None, None)
+        latency = self.latency_ms is not None or self.samples_ms is not None
+        if self.service is not None and load and latency:
+            raise ValueError("a load event (waiting, running, kvCachePct) carries no latency")
+        if (
+            self.service is not None
+            and not load
+            and (self.latency_ms is None) == (self.samples_ms is None)
+        ):
             raise ValueError("a latency event needs latencyMs or samplesMs")
         if self.node is not None and self.util_pct is None:
             raise ValueError("a utilization event needs utilPct")
@@ -202,8 +218,21 @@ class EventSpec(_Model):
             yield t
             i += 1
 
-    def events(self, t: float) -> list[Event]:
+    def events(self, t: float) -> list[Event | InferenceLoad]:
         ts = EPOCH + t
+        if self.service is not None and (self.latency_ms is None and self.samples_ms is None):
+            return [
+                InferenceLoad(
+                    ts=ts,
+                    service=self.service,
+                    namespace=self.namespace,
+                    version=1,
+                    pod=self.pod,
+                    waiting=self.waiting,
+                    running=self.running,
+                    kv_cache_pct=self.kv_cache_pct,
+                )
+            ]
         if self.service is not None:
             return [
                 InferenceLatency(
@@ -212,6 +241,7 @@ class EventSpec(_Model):
                     namespace=self.namespace,
                     latency_ms=self.latency_ms,
                     samples_ms=self.samples_ms,
+                    objective=self.objective,
                 )
             ]
         assert self.node is not None

@@ -28,12 +28,14 @@ import math
 
 from policies.budgets import Budgets, Cooldowns, Ledger, LogRecord
 from policies.decisions import Decision, Evict, MigConvert, MigRevert, Scale
+from policies.indicators import request_rate
 from policies.intake import Intake
 from policies.inventory import Inventory, note_disrupted
+from policies.loadsignals import tick_round
 from policies.mig import MigFlights
 from policies.model import Policy
 from policies.pool_rules import grow_quiet_until, grow_training, mig_quiet_until, run_mig
-from policies.rules import Round, breach_quiet_until, respond_to_breach
+from policies.rules import Round, breach_quiet_until, respond_to_breach, responds
 from policies.scaledown import scale_down
 from policies.servicetrack import ServiceTrack
 
@@ -64,8 +66,11 @@ class Decider:
         self.ledger.reconfigure(policy.spec.budgets)
         self.cooldowns.forget(keep)
 
-    def round(self, now: float, policy: Policy, inv: Inventory) -> Round:
-        """A new round at ``now``; pods and workloads whose hold ran out are free again."""
+    def round(
+        self, now: float, policy: Policy, inv: Inventory, intake: Intake | None = None
+    ) -> Round:
+        """A new round at ``now``; pods and workloads whose hold ran out are free again. The
+        intake's signals (further objectives, load gauges, pod GPU readings) come with it."""
         self._held = {pod: hold for pod, hold in self._held.items() if hold[0] > now}
         self._resize_held = {w: hold for w, hold in self._resize_held.items() if hold[0] > now}
         return Round(
@@ -77,6 +82,8 @@ class Decider:
             held={pod: why for pod, (_, why) in self._held.items()},
             resize_held={w: why for w, (_, why) in self._resize_held.items()},
             disrupted=self.disrupted,
+            signals={} if intake is None else intake.signals,
+            pod_util={} if intake is None else intake.pod_util,
         )
 
     def rule_services(
@@ -86,8 +93,20 @@ class Decider:
         returns each with whether it is settled: with the same SLO state and snapshot, its
         rules would only hold at every later tick."""
         for svc in ruled:
-            scale = svc.spec.scale
-            if svc.slo.state == "breaching" or (scale is not None and scale.leading is not None):
+            sig = rnd.signals.get(svc.key)
+            if sig is not None:  # its further objectives and work-bound check, every round
+                wb = svc.spec.scale is not None and svc.spec.scale.work_bound is not None
+                wb = wb and svc.samples >= svc.min_samples  # too few requests: no verdict
+                workload = rnd.inv.service_workload.get(svc.key)
+                tick_round(
+                    sig,
+                    svc.spec,
+                    rnd.now,
+                    p_ms=svc.latency.quantile(rnd.now, svc.q) if wb else None,
+                    rate=request_rate(svc.spec, svc.samples, svc.latency, rnd.now) if wb else None,
+                    replicas=None if workload is None else workload.replicas,
+                )
+            if responds(svc.spec, svc.slo):
                 respond_to_breach(
                     rnd, svc.key, svc.spec, svc.slo, svc.latency, requests=svc.samples
                 )

@@ -201,6 +201,23 @@ class Engine:
         """Services whose latency histograms end below the objective -> that last bound."""
         return self._intake.unresolved
 
+    @property
+    def load_dropped(self) -> dict[str, int]:
+        """``inference.load`` events not used, by reason (:attr:`policies.intake.Intake.
+        load_dropped`)."""
+        return self._intake.load_dropped
+
+    def work_bound(self) -> dict[str, str | None]:
+        """Services with the work-bound check (``scale.workBound``) -> why their latency is
+        taken as set by the work while it is, else ``None`` (:mod:`policies.loadsignals`)."""
+        out: dict[str, str | None] = {}
+        for key, sig in sorted(self._intake.signals.items()):
+            scale = sig.spec.scale
+            if scale is not None and scale.work_bound is not None:
+                wb = sig.work_bound
+                out[key] = wb.evidence if wb.active else None
+        return out
+
     # -- decisions ---------------------------------------------------------------------------
 
     def _index(self, snapshot: Snapshot) -> Inventory:
@@ -231,14 +248,27 @@ class Engine:
         inv = self._index(snapshot)
         schedule.step_slos(now, inv)
         if self._policy.spec.kill_switch:
+            for sig in self._intake.signals.values():
+                sig.tick(now)  # further objectives keep their state, as the primary does
             return []
         ruled, last_round = schedule.take_ruled(now)
-        busy_pools = set(schedule.busy.values())
+        # a work-bound service's breach wants no GPUs (replicas do not help it): it does not
+        # hold training growth or MIG conversion back (policies.loadsignals)
+        signals = self._intake.signals
+        bound = {k for k, sig in signals.items() if sig.work_bound.active}
+        busy_pools = {pool for key, pool in schedule.busy.items() if key not in bound}
+        # a further objective breaching (or recovering) is the service's breach too
+        busy_pools |= {
+            sig.spec.pool
+            for key, sig in signals.items()
+            if key not in bound
+            and any(t.state.state in ("breaching", "recovering") for t in sig.objectives)
+        }
         seen = (inv, self._policy, busy_pools)
         if not ruled and schedule.pools_quiet(now, seen):
             return []  # a quiet tick: every rule would decide nothing and change nothing
         decide = self._decide
-        rnd = decide.round(now, self._policy, inv)
+        rnd = decide.round(now, self._policy, inv, self._intake)
         for svc, settled in decide.rule_services(rnd, ruled, last_round):
             schedule.settle(svc, settled)
         if rnd.decisions or not schedule.pools_quiet(now, seen):

@@ -167,6 +167,14 @@ def _service(s: PolicySpec, name: str, svc: ServiceSpec) -> Item:
         f"Fewer than {slo.min_samples} requests in the window give no verdict; a breach with "
         f"no verdict for {_d(slo.stale_after)} goes stale and expires.",
     ]
+    for o in svc.objectives:
+        lines.append(
+            f"Also P{o.percentile:g} of {_METRIC[o.metric]} over {_d(o.window)} must stay <= "
+            f"{o.objective_ms:g}ms (breach after {_d(o.breach_after)}, recover below "
+            f"{_pct(o.recover_below)} for {_d(o.recover_after)}, {o.min_samples} requests for "
+            f"a verdict, stale after {_d(o.stale_after)}): breaching when any objective "
+            "breaches, recovered when all have."
+        )
     if svc.scale is not None and svc.replicas is not None:
         lines += _scale(svc.scale, svc, workload, cooldown)
     else:
@@ -195,6 +203,39 @@ def _scale(sc: ScaleSpec, svc: ServiceSpec, workload: str, cooldown: float) -> l
         )
     else:
         lines.append("No leading indicator: scale-up waits for the percentile to breach.")
+    if sc.signals is not None:
+        sg = sc.signals
+        named = [
+            f"{what} {value}"
+            for what, value in (
+                ("waiting requests", None if sg.waiting is None else f"{sg.waiting:g}"),
+                ("running requests", None if sg.running is None else f"{sg.running:g}"),
+                ("KV-cache usage", None if sg.kv_cache is None else _pct(sg.kv_cache)),
+                (
+                    "GPU utilization",
+                    None if sg.gpu_utilization is None else _pct(sg.gpu_utilization),
+                ),
+            )
+            if value is not None
+        ]
+        lines.append(
+            f"Load signals, a replica's target: {', '.join(named)}. Scale up to the most any "
+            "signal or objective asks for; scale down only when every one agrees (a signal "
+            f"with no reading for {_d(sg.stale_after)} vetoes it)."
+        )
+    if sc.work_bound is not None:
+        wb = sc.work_bound
+        settle = (
+            _d(wb.settle)
+            if wb.settle is not None
+            else f"{_d(svc.slo.window + svc.slo.breach_after)} (window + breachAfter)"
+        )
+        lines.append(
+            f"Work-bound latency: after {wb.after_steps} scale-up(s) in a row that cut the "
+            f"request rate per replica by {_pct(wb.load_drop)} or more and, read {settle} "
+            "later, leave the percentile above the objective even at replicas.max, latency "
+            "stops driving the service: hold, then size it by its load signals."
+        )
     if sc.ready_ends_cooldown:
         lines.append(
             "A scale-up's cooldown ends early once every replica runs and breachAfter has passed."

@@ -25,6 +25,14 @@ Design:
   it late, blinding that service's SLO. Before the first ``now`` nothing is known and no event
   is bounded; a caller with a wall clock calls ``advance`` before each batch so the bound is
   the clock, not the last tick.
+* **Load and further objectives** (:mod:`policies.loadsignals`). An ``inference.load`` event
+  goes to its service's gauges (the last reading per pod; stale ones expire there), a latency
+  event of a metric other than the primary ``slo``'s to the service's further objectives on that
+  metric, and a GPU reading that names its pod to :attr:`Intake.pod_util` (the service's own GPU
+  utilization signal). A load event the policy cannot use is counted in
+  :attr:`Intake.load_dropped` by reason (``unknown_service``: a service the policy does not
+  name; ``unused``: a service with no load signal; ``stale``: older than its signals'
+  ``staleAfter`` when it arrived), never fatal.
 * **Sharded ingest.** Aggregators merge events into partials (:mod:`policies.partials`); the
   decider puts each merged interval in place (:meth:`Intake.put_latency`,
   :meth:`Intake.put_utilization`, :meth:`Intake.merge_idle`), as if it had observed the events.
@@ -39,11 +47,13 @@ from typing import Final
 from ddsketch.store import CollapsingLowestDenseStore
 
 from policies.inventory import Inventory
+from policies.loadsignals import ServiceSignals
 from policies.mig import IdleTracker
 from policies.model import Policy
 from policies.servicetrack import ServiceTrack
-from policies.windows import UtilizationWindow
-from streams.events import Event, GpuUtilization, InferenceLatency
+from policies.slo import ExceedanceWindow
+from policies.windows import LatencyWindow, UtilizationWindow
+from streams.events import Event, GpuUtilization, InferenceLatency, InferenceLoad
 
 __all__ = ["DEFAULT_UTIL_WINDOW_S", "MAX_DEVICES_PER_NODE", "UTIL_SLOTS", "Intake"]
 
@@ -118,6 +128,12 @@ class Intake:
         #: Services whose latency histograms end below the objective -> that last bound: their
         #: overflow counts as over the objective, so the objective cannot be judged.
         self.unresolved: dict[str, float] = {}
+        #: Services with further objectives, load signals or the work-bound check, by key.
+        self.signals: dict[str, ServiceSignals] = {}
+        #: ``namespace/pod`` -> (time, percent) of the last GPU reading naming the pod.
+        self.pod_util: dict[str, tuple[float, float]] = {}
+        #: ``inference.load`` events not used, by reason (see the module docstring).
+        self.load_dropped: dict[str, int] = {}
 
     def configure(self, policy: Policy, services: dict[str, ServiceTrack]) -> None:
         """Adopt a policy: its services, its utilization window (the MIG section's
@@ -126,6 +142,14 @@ class Intake:
         self.services = services
         self.unresolved = {}  # said afresh under the new objectives, by the next histogram
         self._by_name = {svc.name: svc for svc in services.values()}
+        signals: dict[str, ServiceSignals] = {}
+        for key, svc in services.items():
+            if svc.spec.has_signals():
+                kept = self.signals.get(key)
+                if kept is not None:
+                    kept.respec(svc.spec)
+                signals[key] = kept if kept is not None else ServiceSignals(key, svc.spec)
+        self.signals = signals
         self._devices = {}
         spec = policy.spec
         mig = spec.mig
@@ -158,6 +182,9 @@ class Intake:
         for node in [n for n in self._node_devices if n not in inv.nodes]:
             del self._node_devices[node]
             self._reclaimed.pop(node, None)
+        if self.pod_util:
+            pods = {p.key for p in inv.snapshot.pods}
+            self.pod_util = {k: v for k, v in self.pod_util.items() if k in pods}
 
     @property
     def stale_s(self) -> float:
@@ -177,8 +204,10 @@ class Intake:
         if self.clock == _NO_CLOCK or now > self.clock:
             self.clock = now
 
-    def observe(self, event: Event) -> bool:
+    def observe(self, event: Event | InferenceLoad) -> bool:
         """Feed one event; ``False`` when it was late or names no known service."""
+        if type(event) is InferenceLoad:
+            return self._observe_load(event)
         if type(event) is GpuUtilization:
             ev = event
             dev = self._devices.get(
@@ -200,9 +229,56 @@ class Intake:
                 self.idle.add(dev.node, dev.gpu, ts, util)
             if dev.pool is not None:
                 dev.pool.add(ts, util)
+            if ev.pod is not None:
+                self.pod_util[ev.pod] = (ts, util)
             self.observed += 1
             return True
         return self._observe_latency(event)  # type: ignore[arg-type]  # the other event kind
+
+    def _observe_load(self, event: InferenceLoad) -> bool:
+        svc = self._by_name.get(event.service)
+        if svc is None or svc.namespace != event.namespace:
+            return self._drop_load("unknown_service")
+        sig = self.signals.get(svc.key)
+        scale = svc.spec.scale
+        signals = scale.signals if scale is not None else None
+        if sig is None or signals is None:
+            return self._drop_load("unused")
+        ts = event.time
+        if ts > self.clock + svc.interval:
+            self.skewed += 1
+            ts = self.clock
+        elif self.clock != _NO_CLOCK and self.clock - ts > signals.stale_after:
+            return self._drop_load("stale")
+        sig.add_load(ts, event)
+        self.observed += 1
+        return True
+
+    def _drop_load(self, reason: str) -> bool:
+        self.load_dropped[reason] = self.load_dropped.get(reason, 0) + 1
+        return False
+
+    def _observe_other(self, svc: ServiceTrack, event: InferenceLatency) -> bool:
+        """A latency event of a further objective's metric into each of them."""
+        sig = self.signals.get(svc.key)
+        tracks = (
+            [] if sig is None else [t for t in sig.objectives if t.spec.metric == event.objective]
+        )
+        if not tracks:
+            self.other_metric += 1
+            return False
+        ts: float = event.ts  # type: ignore[assignment]  # a float once decoded (events.py)
+        if ts > self.clock + svc.interval:
+            self.skewed += 1
+            ts = self.clock
+        taken = False
+        for track in tracks:
+            taken = _into(track.latency, track.exceed, ts, event) or taken
+        if not taken:
+            self.late += 1
+            return False
+        self.observed += 1
+        return True
 
     def observe_many(self, events: Iterable[Event]) -> int:
         """Feed events in order, as :meth:`observe` one by one would; returns how many were
@@ -220,8 +296,7 @@ class Intake:
             self.unknown += 1
             return False
         if event.objective != svc.metric:
-            self.other_metric += 1
-            return False
+            return self._observe_other(svc, event)
         ts: float = event.ts  # type: ignore[assignment]  # a float once decoded (events.py)
         if ts > self.clock + svc.interval:
             self.skewed += 1
@@ -248,6 +323,12 @@ class Intake:
         if not svc.due:
             svc.due = True
             self.due.append(svc)
+        if self.signals:  # the common policy has no further objective: no lookup
+            sig = self.signals.get(svc.key)
+            if sig is not None:
+                for track in sig.objectives:
+                    if track.spec.metric == event.objective:
+                        _into(track.latency, track.exceed, ts, event)
         self.observed += 1
         return True
 
@@ -385,3 +466,24 @@ class Intake:
         self.idle.add(node, gpu, last, 0.0)
         if busy is not None:
             self.idle.add(node, gpu, busy, math.inf)
+
+
+def _into(
+    latency: LatencyWindow, exceed: ExceedanceWindow, ts: float, event: InferenceLatency
+) -> bool:
+    """Whichever latency form ``event`` carries into a further objective's windows; ``False``
+    when it was late."""
+    if event.latency_ms is not None:
+        if not latency.add(ts, event.latency_ms):
+            return False
+        exceed.add(ts, event.latency_ms)
+    elif event.samples_ms is not None:
+        if not latency.add_many(ts, event.samples_ms):
+            return False
+        exceed.add_many(ts, event.samples_ms)
+    elif event.histogram is not None:
+        h = event.histogram
+        if not latency.add_histogram(ts, h.bounds_ms, h.counts):
+            return False
+        exceed.add_histogram(ts, h.bounds_ms, h.counts)
+    return True

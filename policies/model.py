@@ -19,6 +19,7 @@ Design:
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from typing import Annotated, Any, Final, Literal
 
@@ -58,11 +59,13 @@ __all__ = [
     "ScaleDownSpec",
     "ScaleSpec",
     "ServiceSpec",
+    "SignalsSpec",
     "SloSpec",
     "Step",
     "TaintSpec",
     "TrainingSpec",
     "VictimKey",
+    "WorkBoundSpec",
     "format_duration",
     "format_loc",
     "format_percent",
@@ -308,6 +311,65 @@ class LeadingSpec(_Model):
     never scale down below it."""
 
 
+class SignalsSpec(_Model):
+    """Load signals beside the percentile, each with a per-replica target, read from the
+    ``inference.load`` events the agent's scraper publishes (docs/events.md) and from the
+    service's own pod-attributed GPU readings. Each asks for the replicas that bring it to its
+    target (the HPA's ``ceil(replicas * value / target)``); the service scales up to the most
+    any signal (or objective) asks for and down only when every one agrees (kubernetes
+    ``pkg/controller/podautoscaler/horizontal.go``, ``computeReplicasForMetrics``)."""
+
+    waiting: Annotated[float, Field(gt=0)] | None = None
+    """Requests waiting (queue depth) per replica: ask for ``ceil(sum of waiting / this)``."""
+    running: Annotated[float, Field(gt=0)] | None = None
+    """Requests being served (concurrency) per replica: ask for ``ceil(sum / this)``."""
+    kv_cache: Percent | None = None
+    """Mean KV-cache usage of the replicas: ask for ``ceil(replicas * mean / this)``."""
+    gpu_utilization: Percent | None = None
+    """Mean utilization of the GPUs the service's own pods hold (``gpu.utilization`` readings
+    that name the pod): ask for ``ceil(replicas * mean / this)``."""
+    stale_after: PositiveDuration = 30.0
+    """A pod's last reading older than this no longer counts; a signal with no fresh reading
+    asks for nothing and never agrees to a scale-down."""
+
+    @model_validator(mode="after")
+    def _some(self) -> SignalsSpec:
+        if (
+            self.waiting is None
+            and self.running is None
+            and self.kv_cache is None
+            and self.gpu_utilization is None
+        ):
+            raise ValueError("name at least one signal: waiting, running, kvCache, gpuUtilization")
+        for name, value in (("kvCache", self.kv_cache), ("gpuUtilization", self.gpu_utilization)):
+            if value is not None and value <= 0.0:
+                raise ValueError(f"{name} must be above 0%")
+        return self
+
+
+class WorkBoundSpec(_Model):
+    """When added replicas do not move the percentile: the latency is set by the work (a
+    diffusion step, a long generation), not by queueing. After ``afterSteps`` scale-ups in a
+    row that cut the load per replica by at least ``loadDrop`` and leave the percentile, as
+    extrapolated to ``replicas.max``, above the objective, the service stops climbing on its
+    latency, holds, says so, and scales on its load signals only (down too) until the
+    percentile moves with the load again."""
+
+    after_steps: Annotated[int, Field(ge=1)] = 2
+    """Scale-ups in a row that did not help before latency stops driving the service."""
+    load_drop: Percent = 0.2
+    """A scale-up is judged only when it cut the request rate per replica by at least this."""
+    settle: Duration | None = None
+    """How long after a scale-up the percentile is read again; defaults to the SLO window plus
+    ``breachAfter`` (the window then holds only requests served at the new size)."""
+
+    @model_validator(mode="after")
+    def _drop(self) -> WorkBoundSpec:
+        if not 0.0 < self.load_drop < 1.0:
+            raise ValueError("loadDrop must be above 0% and below 100%")
+        return self
+
+
 class ScaleSpec(_Model):
     kind: str = "Deployment"
     """Kind of the workload to scale through its /scale subresource."""
@@ -319,7 +381,14 @@ class ScaleSpec(_Model):
     """Give capacity back when the service is comfortably within its objective; without it
     Ebbtide never scales the service down."""
     leading: LeadingSpec | None = None
-    """Scale on the request rate too, ahead of the percentile; off when absent."""
+    """Scale on the request rate too, ahead of the percentile; off when absent. It is the
+    request-rate signal of ``signals``, combined with them the same way."""
+    signals: SignalsSpec | None = None
+    """Scale on load signals too (queue depth, concurrency, KV cache, GPU utilization);
+    off when absent."""
+    work_bound: WorkBoundSpec | None = None
+    """Notice when added replicas do not move the percentile, stop climbing on it and scale on
+    the load signals; off when absent."""
     ready_ends_cooldown: bool = False
     """End the service's cooldown early once every replica runs and ``slo.breachAfter`` has
     passed since the last action: a burst is met at the pace pods start, not one ``maxStep``
@@ -352,7 +421,13 @@ class ServiceSpec(_Model):
     replicas: ReplicaBounds | None = None
     """Bounds on the service's replicas; required when ``scale`` is set."""
     slo: SloSpec
-    """The service level objective."""
+    """The service level objective (the primary one: it sizes the breach response and names
+    the service's percentile in reports)."""
+    objectives: list[SloSpec] = []
+    """Further objectives, each on its own metric or percentile (e.g. ``tpot`` beside a
+    ``ttft`` ``slo``): the service breaches when any objective breaches and has recovered
+    only when every one has; each sizes a scale-up by its own ratio and must agree to a
+    scale-down."""
     scale: ScaleSpec | None = None
     """Give Ebbtide the service as a scale target; without it Ebbtide only frees GPUs for the
     service's pending pods (another autoscaler scales it)."""
@@ -364,6 +439,18 @@ class ServiceSpec(_Model):
         if self.scale is not None and self.replicas is None:
             raise ValueError("replicas (min/max) is required when scale is set")
         return self
+
+    def all_objectives(self) -> list[SloSpec]:
+        """``slo`` then ``objectives``: every objective the service has."""
+        return [self.slo, *self.objectives]
+
+    def has_signals(self) -> bool:
+        """Whether the service is ruled on more than its one percentile (further objectives,
+        load signals, the work-bound check): its rules then run every tick."""
+        scale = self.scale
+        return bool(self.objectives) or (
+            scale is not None and (scale.signals is not None or scale.work_bound is not None)
+        )
 
 
 class ElasticSpec(_Model):
@@ -529,7 +616,17 @@ class Policy(_Model):
     def sha256(self) -> str:
         """sha256 of the canonical policy (its JSON by alias): equal for equal policies,
         whatever the YAML layout, comments or file split."""
-        canonical = self.model_dump_json(by_alias=True, exclude_none=False)
+        data = self.model_dump(mode="json", by_alias=True, exclude_none=False)
+        for svc in data["spec"]["services"].values():
+            # keys added later, at their defaults: out, so a policy that does not use them
+            # keeps the digest it had before they existed (logs, metrics, the decisions log)
+            if not svc["objectives"]:
+                del svc["objectives"]
+            scale = svc["scale"]
+            for key in ("signals", "workBound"):
+                if scale is not None and scale[key] is None:
+                    del scale[key]
+        canonical = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def digest(self) -> str:
@@ -553,6 +650,18 @@ class Policy(_Model):
         for name in sorted(spec.services):
             svc = spec.services[name]
             pool_ref(("spec", "services", name, "pool"), svc.pool)
+            pairs = {(svc.slo.metric, svc.slo.percentile)}
+            for i, obj in enumerate(svc.objectives):
+                pair = (obj.metric, obj.percentile)
+                if pair in pairs:
+                    out.append(
+                        Problem(
+                            loc=("spec", "services", name, "objectives", i),
+                            message=f"a second objective on the P{obj.percentile:g} "
+                            f"{obj.metric}: give each metric and percentile one objective",
+                        )
+                    )
+                pairs.add(pair)
             key = f"{svc.namespace}/{name}"
             if key in seen:
                 out.append(Problem(loc=("spec", "services", name), message=f"duplicate {key}"))

@@ -45,14 +45,15 @@ from policies.decisions import (
 )
 from policies.indicators import leading_replicas, request_rate
 from policies.inventory import Inventory, note_disrupted
-from policies.model import Policy, ServiceSpec, format_duration
+from policies.loadsignals import Ask, ServiceSignals, Verdicts, verdicts
+from policies.model import Policy, ServiceSpec, SloSpec, format_duration
 from policies.placement import NVLINK_DOMAIN_LABEL, place, room, slots
 from policies.preemption import Fit, plan_capacity
 from policies.slo import SloState
 from policies.snapshot import Placement, Workload
 from policies.windows import LatencyWindow
 
-__all__ = ["Round", "breach_quiet_until", "quota_note", "respond_to_breach"]
+__all__ = ["Round", "breach_quiet_until", "quota_note", "respond_to_breach", "responds"]
 
 
 @dataclass(slots=True)
@@ -78,6 +79,30 @@ class Round:
     """Free whole GPUs per node that decisions of this round will take."""
     quota_claimed: dict[str, int] = field(default_factory=dict)
     """GPUs of each namespace's quota that replicas added by this round will take."""
+    signals: Mapping[str, ServiceSignals] = field(default_factory=dict)
+    """The intake's further objectives, load gauges and work-bound checks, by service key
+    (:mod:`policies.loadsignals`)."""
+    pod_util: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """The intake's last GPU reading per pod that names it: (time, percent)."""
+
+    def verdicts(
+        self, key: str, spec: ServiceSpec, replicas: int, *, margin: float
+    ) -> Verdicts | None:
+        """What ``key``'s signals say this round (``None`` for a service without any)."""
+        sig = self.signals.get(key)
+        if sig is None:
+            return None
+        workload = self.inv.service_workload.get(key)
+        pods = () if workload is None else self.inv.pods_by_workload.get(workload.key, ())
+        return verdicts(
+            sig,
+            spec,
+            self.now,
+            replicas,
+            gpu_util=self.pod_util,
+            pods=[p.key for p in pods if p.phase == "Running"],
+            margin=margin,
+        )
 
     @property
     def dry_run(self) -> bool:
@@ -129,13 +154,35 @@ def breach_quiet_until(spec: ServiceSpec, slo: SloState, workload: Workload | No
     rate's span grows). The rule itself starts from this answer, so the engine's incremental
     schedule (:mod:`policies.scheduling`) cannot drift from it."""
     scale = spec.scale
-    if scale is not None and scale.leading is not None:
+    if (scale is not None and scale.leading is not None) or spec.has_signals():
         return -math.inf
     if slo.state != "breaching":
         return math.inf
     bounds = spec.replicas
     at_max = workload is not None and bounds is not None and workload.replicas >= bounds.max
     return math.inf if scale is not None and at_max else -math.inf
+
+
+def responds(spec: ServiceSpec, slo: SloState) -> bool:
+    """Whether :func:`respond_to_breach` runs for the service this round: it breaches, or it
+    scales on more than its percentile (a leading indicator, load signals, further
+    objectives)."""
+    scale = spec.scale
+    return (
+        slo.state == "breaching"
+        or (scale is not None and scale.leading is not None)
+        or spec.has_signals()
+    )
+
+
+def _top(asks: list[Ask]) -> Ask | None:
+    """The ask for the most replicas (the first named on a tie: the request rate, then the
+    signals in their documented order)."""
+    best: Ask | None = None
+    for a in asks:
+        if best is None or a.replicas > best.replicas:
+            best = a
+    return best
 
 
 def respond_to_breach(
@@ -155,6 +202,17 @@ def respond_to_breach(
     if breach_quiet_until(spec, slo, workload) == math.inf:
         return  # nothing to add: no need to read the percentile
     lead = leading_replicas(spec, requests, window, now)
+    seen = rnd.verdicts(key, spec, workload.replicas, margin=0.0) if workload is not None else None
+    top: Ask | None = None
+    if seen is not None:
+        by_rate = (
+            [Ask("request_rate", lead, 0.0, 0.0)]
+            if lead is not None and spec.scale is not None and spec.scale.leading is not None
+            else []
+        )
+        top = _top([*by_rate, *seen.asks])
+        lead = None if top is None else top.replicas
+        breaching = (breaching or bool(seen.breaching)) and not seen.work_bound
     if not breaching and (lead is None or workload is None or lead <= workload.replicas):
         return
     bounds = spec.replicas
@@ -166,12 +224,19 @@ def respond_to_breach(
         return
     q = spec.slo.percentile / 100.0
     p = window.quantile(now, q)
-    if p is None and lead is None:
+    if p is None and lead is None and (seen is None or not seen.breaching):
         return
     # In a histogram's overflow bucket the percentile is only known to exceed the last bound.
     floor = window.above_bound(now, q)
     objective = spec.slo.objective_ms
     ratio = p / objective if p is not None else 0.0
+    worst = spec.slo  # the objective whose ratio sizes the response
+    if seen is not None:
+        for o, po in seen.breaching:
+            if po is not None and po / o.objective_ms > ratio:
+                worst, ratio = o, po / o.objective_ms
+        if worst is not spec.slo:
+            floor = None  # the primary's overflow bound says nothing about this objective
     pool = spec.pool
     gpr = spec.gpus_per_replica
     pct = f"p{spec.slo.percentile:g}"
@@ -187,6 +252,8 @@ def respond_to_breach(
         "objective_ms": objective,
         "breach_after": format_duration(spec.slo.breach_after),
     }
+    if seen is not None:
+        _signal_inputs(seen, worst, spec, inputs, thresholds)
     alternatives: list[Alternative] = []
     current = desired = ahead = 0
     led = False
@@ -202,12 +269,20 @@ def respond_to_breach(
             desired = max(math.ceil(max(current, 1) * ratio), current + 1)
         elif breaching and ratio > 1.0 + tolerance:
             desired = math.ceil(max(current, 1) * ratio)
-        if lead is not None and spec.scale.leading is not None:
-            inputs["request_rate"] = round(request_rate(spec, requests, window, now), 2)
-            inputs["leading_replicas"] = lead
-            thresholds["rate_per_replica"] = spec.scale.leading.rate_per_replica
+        if lead is not None and (spec.scale.leading is not None or seen is not None):
+            if spec.scale.leading is not None:
+                inputs["request_rate"] = round(request_rate(spec, requests, window, now), 2)
+                inputs["leading_replicas"] = lead
+                thresholds["rate_per_replica"] = spec.scale.leading.rate_per_replica
             led = lead > desired
             desired = max(desired, lead)
+        if seen is not None and seen.work_bound and slo.state == "breaching":
+            alternatives.append(
+                Alternative(
+                    "scale up on the latency",
+                    f"latency is set by the work, not by queueing: {_evidence(rnd, key)}",
+                )
+            )
         if desired <= current:
             return
         bounds = spec.replicas
@@ -334,7 +409,21 @@ def respond_to_breach(
         p_now = f"P{spec.slo.percentile:g} > {floor:g}ms (above the histogram's last bound)"
         cause_text = f"{key} breaching ({p_now}; objective {objective:g}ms)"
         how = f"desired max(ceil({current} * {ratio:.2f}), {current} + 1) bounded = {desired}"
-    if led and spec.scale is not None and spec.scale.leading is not None:
+    if worst is not spec.slo and not led:
+        pw = next((po for o, po in seen.breaching if o is worst), None) if seen else None
+        name = f"P{worst.percentile:g} {worst.metric}"
+        cause_text = (
+            f"{key} breaching ({name} {pw or 0:.0f}ms > objective {worst.objective_ms:g}ms)"
+        )
+        how = f"desired ceil({current} * {ratio:.2f}) bounded = {desired}"
+    if led and top is not None and top.signal != "request_rate":
+        rule = "signal-scale-up"
+        cause_text = (
+            f"{key} {top.signal} {top.value:.3g} wants {top.replicas} replicas at "
+            f"{_per(top)} a replica ({p_now})"
+        )
+        how = f"desired = the most any signal asks, bounded = {desired}"
+    elif led and spec.scale is not None and spec.scale.leading is not None:
         rate, per = request_rate(spec, requests, window, now), spec.scale.leading.rate_per_replica
         rule = "leading-scale-up"
         cause_text = f"{key} request rate {rate:.1f}/s wants {lead} replicas ({p_now})"
@@ -425,6 +514,40 @@ def respond_to_breach(
         )
     rnd.cooldowns.mark(key, now)
     rnd.cooldowns.mark(f"pool:{pool}", now)
+
+
+def _per(ask: Ask) -> str:
+    """An ask's per-replica target as the policy wrote it."""
+    if ask.signal in ("kv_cache", "gpu_utilization"):
+        return f"{ask.target:g}%"
+    return f"{ask.target:g}"
+
+
+def _evidence(rnd: Round, key: str) -> str:
+    sig = rnd.signals.get(key)
+    return sig.work_bound.evidence if sig is not None else ""
+
+
+def _signal_inputs(
+    seen: Verdicts,
+    worst: SloSpec,
+    spec: ServiceSpec,
+    inputs: dict[str, str | int | float | bool | None],
+    thresholds: dict[str, str | int | float | bool | None],
+) -> None:
+    """The signals' readings and targets, into an explanation."""
+    for a in seen.asks:
+        inputs[a.signal] = round(a.value, 3)
+        inputs[f"{a.signal}_replicas"] = a.replicas
+        thresholds[f"{a.signal}_per_replica"] = _per(a)
+    if seen.missing:
+        inputs["signals_without_readings"] = ", ".join(seen.missing)
+    for o, p in seen.breaching:
+        inputs[f"p{o.percentile:g}_{o.metric}_ms"] = None if p is None else round(p, 2)
+        thresholds[f"{o.metric}_objective_ms"] = o.objective_ms
+    if worst is not spec.slo:
+        thresholds["objective_ms"] = worst.objective_ms
+    inputs["work_bound"] = seen.work_bound
 
 
 def _being_freed(inv: Inventory, pool: str) -> int:

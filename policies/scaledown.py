@@ -48,6 +48,7 @@ from collections import deque
 
 from policies.decisions import Alternative, Explanation, Scalar, Scale
 from policies.indicators import leading_replicas, request_rate
+from policies.loadsignals import Verdicts
 from policies.model import ServiceSpec, format_duration
 from policies.placement import NVLINK_DOMAIN_LABEL, give_back
 from policies.rules import Round
@@ -146,6 +147,8 @@ def scale_down_quiet_until(
     scale, bounds = spec.scale, spec.replicas
     if scale is None or scale.down is None or bounds is None or workload is None:
         return math.inf
+    if spec.has_signals():
+        return -math.inf  # load gauges and further objectives move without the window
     current = workload.replicas
     if not _reads_percentile(slo, current, bounds.min):
         return math.inf
@@ -187,6 +190,52 @@ def _recommend(
     return recommended, p, lead
 
 
+def _agree(
+    spec: ServiceSpec,
+    slo: SloState,
+    window: LatencyWindow,
+    now: float,
+    current: int,
+    seen: Verdicts,
+    samples: int,
+) -> tuple[int, float | None, int | None, list[tuple[str, int]]]:
+    """The recommendation of a service with signals (:mod:`policies.loadsignals`): the most
+    that any vote asks for, where every objective (unless the latency is work-bound) and every
+    configured load signal votes, and a signal without a fresh reading or an objective not well
+    within itself votes for the current replicas (the HPA's rule for several metrics:
+    ``horizontal.go``, ``computeReplicasForMetrics``). Returns the recommendation, the primary
+    percentile, the request rate's replicas and each vote as ``(name, replicas)``."""
+    scale, bounds = spec.scale, spec.replicas
+    assert scale is not None
+    assert bounds is not None
+    votes: list[tuple[str, int]] = []
+    p: float | None = None
+    lead: int | None = None
+    if current <= bounds.min:
+        return current, None, None, []
+    if not seen.work_bound:
+        latency, p, lead = _recommend(spec, slo, window, now, current, samples=samples)
+        if p is None or seen.held:
+            latency = current  # no verdict, or a further objective not well within itself
+        votes.append((f"p{spec.slo.percentile:g}", latency))
+    elif scale.leading is not None:
+        lead = leading_replicas(spec, samples, window, now, margin=scale.tolerance)
+        votes.append(("request_rate", current if lead is None else lead))
+    if seen.work_bound and scale.leading is None and not seen.asks:
+        return current, p, lead, []  # nothing left to size it by: hold
+    for a in seen.asks:
+        votes.append((a.signal, a.replicas))
+    for name in seen.missing:
+        votes.append((name, current))
+    recommended = min(current, max(bounds.min, max(n for _, n in votes)))
+    return recommended, p, lead, votes
+
+
+def _evidence(seen: Verdicts, rnd: Round, key: str) -> str:
+    sig = rnd.signals.get(key)
+    return sig.work_bound.evidence if sig is not None and seen.work_bound else ""
+
+
 def scale_down(
     rnd: Round,
     key: str,
@@ -213,9 +262,14 @@ def scale_down(
         return True
     now, current = rnd.now, workload.replicas
     objective = spec.slo.objective_ms
-    recommended, p, lead = _recommend(spec, slo, window, now, current, samples=samples)
+    seen = rnd.verdicts(key, spec, current, margin=scale.tolerance)
+    if seen is None:
+        recommended, p, lead = _recommend(spec, slo, window, now, current, samples=samples)
+        agreed: list[tuple[str, int]] = []
+    else:
+        recommended, p, lead, agreed = _agree(spec, slo, window, now, current, seen, samples)
     history.add(now, recommended, window_s=down.stabilization)
-    if recommended >= current or p is None:
+    if recommended >= current or (p is None and not agreed):
         return True
     stab = down.stabilization
     if not history.covers(now, stab):
@@ -238,7 +292,7 @@ def scale_down(
     target = max(stabilized, current - step, bounds.min)
     if target >= current:
         return False
-    ratio = p / objective
+    ratio = (p or 0.0) / objective
     pct = f"p{spec.slo.percentile:g}_ms"
     span = format_duration(stab)
     alternatives: list[Alternative] = []
@@ -257,7 +311,7 @@ def scale_down(
         )
         alternatives.append(Alternative(f"scale to {stabilized}", why))
     inputs: dict[str, Scalar] = {
-        pct: round(p, 2),
+        pct: None if p is None else round(p, 2),
         "ratio": round(ratio, 3),
         "samples": samples,
         "replicas": current,
@@ -276,11 +330,25 @@ def scale_down(
         "recover_after": format_duration(spec.slo.recover_after),
     }
     why = (
-        f"{key} well within its objective (P{spec.slo.percentile:g} {p:.0f}ms < "
+        f"{key} well within its objective (P{spec.slo.percentile:g} {p or 0:.0f}ms < "
         f"{down.below:.0%} of {objective:g}ms): desired ceil({current} * {ratio:.2f}) "
         f"= {recommended}"
     )
-    if lead is not None and scale.leading is not None:
+    if seen is not None:
+        votes = ", ".join(f"{name} {n}" for name, n in agreed)
+        latency = (
+            f"latency set by the work, not counted ({_evidence(seen, rnd, key)})"
+            if seen.work_bound
+            else f"P{spec.slo.percentile:g} {p or 0:.0f}ms"
+        )
+        why = (
+            f"{key}: every signal agrees on fewer replicas ({votes}; {latency}): desired = the "
+            f"most any asks = {recommended}"
+        )
+        for name, n in agreed:
+            inputs[f"{name}_replicas"] = n
+        inputs["work_bound"] = seen.work_bound
+    elif lead is not None and scale.leading is not None:
         rate = request_rate(spec, samples, window, now)
         inputs["request_rate"] = round(rate, 2)
         thresholds["rate_per_replica"] = scale.leading.rate_per_replica

@@ -62,11 +62,13 @@ RETENTION_MARGIN_S: Final = 3600.0
 
 
 def longest_window_s(policy: Policy) -> float:
-    """How far back the engine's windows reach: the longest SLO window, or the utilization
-    window (MIG ``convertAfter``, else the engine's default)."""
+    """How far back the engine's windows reach: the longest window of any objective (further
+    ones included), or the utilization window (MIG ``convertAfter``, else the engine's
+    default)."""
     spec = policy.spec
     util = spec.mig.convert_after if spec.mig is not None else DEFAULT_UTIL_WINDOW_S
-    return max([util, *(svc.slo.window for svc in spec.services.values())])
+    windows = (o.window for svc in spec.services.values() for o in svc.all_objectives())
+    return max([util, *windows])
 
 
 def aggregates_retention_s(policy: Policy, settings: Settings) -> float:

@@ -176,6 +176,8 @@ class Controller:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         topics = [s.kafka.latency_topic, s.kafka.gpu_topic, s.kafka.deadletter_topic]
+        loads = (s.kafka.load_topic,) if s.kafka.load_topic else ()
+        topics += loads
         await ensure_topics(
             kafka,
             topics + ([s.kafka.decisions_topic] if s.kafka.decisions_topic else []),
@@ -212,11 +214,11 @@ class Controller:
                     group_id=None,
                     rewind_s=rewind_s,
                     partitions_refresh_s=s.kafka.partitions_refresh_s,
-                    topics=(s.kafka.latency_topic, s.kafka.gpu_topic),
+                    topics=(s.kafka.latency_topic, s.kafka.gpu_topic, *loads),
                     drain_timeout_s=s.shutdown_timeout_s / 4,
                     close_timeout_s=s.shutdown_timeout_s / 8,
                 ),
-                decoder=EventDecoder(s.kafka.limits(), topics=s.kafka.topics()),
+                decoder=EventDecoder(s.kafka.limits(), topics=s.kafka.topics(), load=bool(loads)),
                 dead_letter=DeadLetter(producer, topic=s.kafka.deadletter_topic),
                 clock=self._clock,
             )

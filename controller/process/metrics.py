@@ -170,6 +170,24 @@ class _StateCollector(Collector):
         )
         for reason, n in sorted(engine.dropped.items()):
             dropped.add_metric([reason], n)
+        loads = CounterMetricFamily(
+            "ebbtide_load_events_dropped",
+            "inference.load events the engine did not use, by reason: unknown_service (a "
+            "service the policy does not name), unused (a service without load signals), stale "
+            "(older than its signals' staleAfter on arrival).",
+            labels=["reason"],
+        )
+        for reason, n in sorted(engine.load_dropped.items()):
+            loads.add_metric([reason], n)
+        work_bound = GaugeMetricFamily(
+            "ebbtide_service_work_bound",
+            "1 while the service's latency is taken as set by the work, not by queueing "
+            "(scale.workBound: added replicas did not move the percentile): latency neither "
+            "scales it up nor holds it from scaling down; its load signals size it.",
+            labels=["service"],
+        )
+        for key, why in engine.work_bound().items():
+            work_bound.add_metric([key], 0.0 if why is None else 1.0)
         unresolved = GaugeMetricFamily(
             "ebbtide_histogram_last_bound_below_objective_ms",
             "Services whose latency histograms end (last bucket bound, the value) below the SLO "
@@ -189,6 +207,8 @@ class _StateCollector(Collector):
             budget,
             skewed,
             dropped,
+            loads,
+            work_bound,
             unresolved,
         )
 

@@ -30,7 +30,7 @@ from controller.controller_errors import ControllerError
 from controller.kube.kube_settings import DEFAULT_WORKLOAD_KINDS, KubeSettings, WorkloadKindName
 from policies.model import Policy
 from streams.connection import KafkaConfig, Secret
-from streams.events import Limits
+from streams.events import INFERENCE_LOAD, LOAD_TOPIC, Limits
 
 __all__ = [
     "DEFAULT_WORKLOAD_KINDS",
@@ -63,6 +63,9 @@ class KafkaSettings(_Group):
     added later (``kafka-topics --alter --partitions``) are read, from their beginning."""
     latency_topic: str = "ebbtide.inference.latency"
     gpu_topic: str = "ebbtide.gpu.utilization"
+    load_topic: str | None = LOAD_TOPIC
+    """``inference.load`` events (the agent's scraper, the OTLP bridge): the gauges the
+    policy's load signals read (docs/policies.md); empty: not consumed."""
     deadletter_topic: str = "ebbtide.deadletter"
     decisions_topic: str | None = "ebbtide.decisions"
     """Audit log of every decision and its outcome; empty to disable."""
@@ -104,7 +107,10 @@ class KafkaSettings(_Group):
         return Limits(self.max_message_bytes, self.max_batch, self.max_future_skew_s)
 
     def topics(self) -> dict[str, str]:
-        return {"inference.latency": self.latency_topic, "gpu.utilization": self.gpu_topic}
+        topics = {"inference.latency": self.latency_topic, "gpu.utilization": self.gpu_topic}
+        if self.load_topic:
+            topics[INFERENCE_LOAD] = self.load_topic
+        return topics
 
 
 class HttpSettings(_Group):

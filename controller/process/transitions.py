@@ -9,7 +9,10 @@ said last time and logs one event per change:
 * ``leadership.gained`` / ``leadership.lost``: whether this replica may actuate
   (:meth:`~controller.loop.port.ClusterRuntime.is_leader`, which also turns false when a lease
   renewal lapses without the election noticing, unlike the elector's own ``leader.changed``);
-* ``budget.exhausted`` / ``budget.restored``: a budget's window has nothing left, and later has.
+* ``budget.exhausted`` / ``budget.restored``: a budget's window has nothing left, and later has;
+* ``latency.work_bound`` / ``latency.queueing``: added replicas did not move a service's
+  percentile (``scale.workBound``), so its load signals size it; later its latency moves with
+  the load again.
 
 Policy reloads are logged where they happen (``policy.reloaded`` / ``policy.rejected`` in
 :mod:`controller.process.app`). The first look records the starting state and logs only what
@@ -40,6 +43,7 @@ class Transitions:
         self._slo: dict[str, str] = {}
         self._leading = False
         self._exhausted: set[str] = set()
+        self._work_bound: set[str] = set()
 
     def check(self, now: float) -> None:
         """Compare with the last look; log one event per change."""
@@ -60,6 +64,17 @@ class Transitions:
                     objective_ms=spec.slo.objective_ms,
                 )
         self._slo = seen  # a service a reload removed is forgotten
+        bound = {key: why for key, why in engine.work_bound().items() if why is not None}
+        for key in sorted(bound.keys() - self._work_bound):
+            log.warning(
+                "latency.work_bound",
+                service=key,
+                evidence=bound[key],
+                hint="latency no longer scales the service up; its load signals size it",
+            )
+        for key in sorted(self._work_bound - bound.keys()):
+            log.info("latency.queueing", service=key, hint="its latency scales it again")
+        self._work_bound = set(bound)
         leading = self._is_leader()
         if leading != self._leading:
             if leading:

@@ -88,7 +88,7 @@ from controller.offline.experiment.figures import RunFigures, ServedWindows, Wor
 from controller.offline.experiment.goodput import Goodput, jobs_of
 from controller.offline.experiment.load import LoadShape, peak_factor, poisson
 from controller.offline.experiment.peers import DECIDING, Peer
-from controller.offline.models.llmserving import LlmServing
+from controller.offline.models.llmserving import LlmServer, LlmServing
 from controller.offline.models.queueing import ServiceModel, ServiceQueue, default_model
 from controller.offline.models.telemetry import (
     PoolMeter,
@@ -103,7 +103,15 @@ from policies.engine import Engine
 from policies.inventory import Inventory
 from policies.model import Policy
 from policies.snapshot import Snapshot
-from streams.events import DEFAULT_TOPICS, Event, InferenceLatency, encode_event, event_type
+from streams.events import (
+    DEFAULT_TOPICS,
+    LOAD_TOPIC,
+    Event,
+    InferenceLatency,
+    InferenceLoad,
+    encode_event,
+    event_type,
+)
 from streams.producer import RawMessage
 from streams.recording import RecordingWriter
 
@@ -360,7 +368,14 @@ class _Loop:
         """Ebbtide's tick (the one ``ebbtide run`` and replay run); peers act on the cluster."""
         self.engine: Engine | None = None
         """Ebbtide's deciding engine, fed events ``bench.lag`` late."""
-        self.lagged: deque[tuple[float, Event]] = deque()
+        self.lagged: deque[tuple[float, Event | InferenceLoad]] = deque()
+        #: Services whose policy scales on load signals: each tick publishes their queue's
+        #: inference.load (waiting: the backlog; running: Little's law), to Ebbtide only.
+        self.load_keys = frozenset(
+            f"{svc.namespace}/{name}"
+            for name, svc in policy.spec.services.items()
+            if svc.scale is not None and svc.scale.signals is not None
+        )
         self.settings: Any = None
         self.training_changes = 0
         """Training resizes and evictions applied (this controller's, the backfill's)."""
@@ -481,6 +496,40 @@ class _Loop:
                 )
             )
 
+    def _emit_load(
+        self,
+        key: str,
+        now: float,
+        queue: ServiceQueue | LlmServer,
+        offered: float,
+        samples: list[float],
+    ) -> None:
+        """The service's ``inference.load`` of this tick, as a server's gauges would read:
+        requests waiting (the queue's backlog) and running (served rate x mean latency, by
+        Little's law). Only Ebbtide and the recording get it (the peers read what they read)."""
+        capacity = self.replicas.get(key, 0) * queue.model.per_replica_rps
+        served = min(offered, capacity)
+        mean_s = sum(samples) / len(samples) / 1000.0 if samples else 0.0
+        ns, _, name = key.partition("/")
+        ev = InferenceLoad(
+            ts=now,
+            service=name,
+            namespace=ns,
+            version=1,
+            waiting=round(queue.backlog, 3),
+            running=round(served * mean_s, 3),
+        )
+        self.events += 1
+        if self.engine is not None:
+            self.lagged.append((self.bench.lag.visible_at(now), ev))
+        if self.recorder is not None:
+            self.recorder.write(
+                RawMessage(
+                    LOAD_TOPIC, 0, self.events - 1, ev.key.encode(), encode_event(ev), (),
+                    round(now * 1000),
+                )
+            )  # fmt: skip
+
     def _quantile(self, key: str, now: float) -> float | None:
         status = next(s for s in self.meter.service_status(now) if s.key == key)
         return status.quantile_ms
@@ -544,6 +593,8 @@ class _Loop:
                 self.worst.add(key, now, samples)
                 ns, _, name = key.partition("/")
                 self._emit(InferenceLatency(ts=now, service=name, namespace=ns, samples_ms=samples))
+            if key in self.load_keys:
+                self._emit_load(key, now, queue, offered, samples)
         if k % self.util_every == 0:
             self.telemetry.refresh(snap)
             readings = self.telemetry.readings(now, rho=rho, other_load=factor)

@@ -83,7 +83,7 @@ from controller.simcluster.sim_runtime import SimRuntime
 from policies.engine import Engine
 from policies.model import Policy
 from policies.snapshot import Snapshot
-from streams.events import Event, EventDecoder, GpuUtilization, Rejection
+from streams.events import Event, EventDecoder, GpuUtilization, InferenceLoad, Rejection
 
 __all__ = ["ReplaySettings", "TickHook", "Withheld", "replay"]
 
@@ -464,7 +464,8 @@ class _Replay:
         hook = self.hook
         for batch in read_event_batches(path, decoder, progress=progress, stats=stats):
             accepted += len(batch)  # less the rejections, below
-            items = batch if hook is None else hook.filter(batch)
+            # a hook models latency only: it passes load events (and GPU readings) through
+            items = batch if hook is None else hook.filter(batch)  # type: ignore[arg-type]
             for item in items:
                 cls = type(item)
                 if cls is Rejection:
@@ -482,6 +483,8 @@ class _Replay:
                     matched += 1  # a policy service's latency, modelled instead
                     continue
                 taken = observe(item)  # type: ignore[arg-type]
+                if cls is InferenceLoad:
+                    continue  # a load signal's gauges: no latency to match, no GPU to meter
                 if cls is not GpuUtilization:
                     if taken or item.key in services:  # type: ignore[union-attr]
                         matched += 1  # taken, or late
@@ -559,7 +562,7 @@ def replay(
         ):
             run = _Replay(policy, cluster, decisions=decisions, settings=settings, hook=hook)
             run.summary.notes = notes
-            run.run(path, decoder or EventDecoder(), progress)
+            run.run(path, decoder or EventDecoder(load=True), progress)
     except BaseException:
         clear_outputs(out_dir)
         raise

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import msgspec
 
-from streams.events import Event, EventDecoder, Rejection
+from streams.events import AnyEvent, EventDecoder, Rejection
 from streams.recording import BadLine, RecordingReader, parse_line
 
 __all__ = ["BATCH_BYTES", "MAX_LISTED", "SourceStats", "read_event_batches"]
@@ -57,7 +57,7 @@ class _FastLine(msgspec.Struct):
     """``streams.recording._Line`` with ``value`` decoded as an event in the same pass."""
 
     topic: str
-    value: Event
+    value: AnyEvent
     partition: int = 0
     offset: int = -1
     ts_ms: int | None = None
@@ -69,15 +69,17 @@ class _FastLine(msgspec.Struct):
 _fast = msgspec.json.Decoder(_FastLine)
 
 
-def _slow(number: int, line: bytes, decoder: EventDecoder, stats: SourceStats) -> Event | Rejection:
+def _slow(
+    number: int, line: bytes, decoder: EventDecoder, stats: SourceStats
+) -> AnyEvent | Rejection:
     """What ``read_events`` yields for this line, accounted in ``stats``."""
     message = parse_line(number, line)
     if isinstance(message, BadLine):
-        result: Event | Rejection = Rejection("malformed", message.reason)
+        result: AnyEvent | Rejection = Rejection("malformed", message.reason)
     else:
         stats.records += 1
         now = message.ts_ms / 1000 if message.ts_ms is not None else math.inf
-        result = decoder.decode(message.value, now=now)
+        result = decoder.decode_any(message.value, now=now)
     if type(result) is Rejection and len(stats.rejected_lines) < MAX_LISTED:
         stats.rejected_lines.append((number, f"{result.code}: {result.detail}"))
     return result
@@ -90,7 +92,7 @@ def read_event_batches(
     batch_bytes: int = BATCH_BYTES,
     progress: Callable[[int], None] | None = None,
     stats: SourceStats | None = None,
-) -> Iterator[list[Event | Rejection]]:
+) -> Iterator[list[AnyEvent | Rejection]]:
     """Yield the recording's decoded events and rejections, in file order, a batch at a time.
 
     Each item is what :func:`streams.recording.read_events` yields as the second element for
@@ -99,14 +101,14 @@ def read_event_batches(
     Raises :class:`~streams.stream_errors.RecordingError` when the file cannot be opened, is
     damaged or is not a recording (:class:`~streams.recording.RecordingReader`'s words).
     """
-    decoder = decoder or EventDecoder()
+    decoder = decoder or EventDecoder(load=True)
     stats = stats if stats is not None else SourceStats()
     reader = RecordingReader(path)
     limits = decoder.limits
     cap, max_batch, skew = limits.max_message_bytes, limits.max_batch, limits.max_future_skew_s
     decode = _fast.decode
     for start, lines in reader.batches(batch_bytes, progress=progress):
-        out: list[Event | Rejection] = []
+        out: list[AnyEvent | Rejection] = []
         append = out.append
         slow = 0
         for number, line in enumerate(lines, start):
