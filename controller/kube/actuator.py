@@ -71,7 +71,7 @@ from controller.kube.workloads import ADAPTERS, Adapter, Io, Patch, kueue
 from controller.kube.workloads.apps import mark_for_removal
 from controller.kube.workloads.autoscalers import Owners
 from controller.loop.gate import Permit, SafetyGate, Target, Verdict
-from controller.loop.port import ActionResult, Outcome, Why
+from controller.loop.port import ActionResult, Notice, Outcome, Why
 from policies.checkpoint import (
     ACK,
     DEFAULT_DEADLINE_S,
@@ -183,19 +183,30 @@ class KubeActuator:
         counted, logged and raised as an Event on its object like the actuator's own."""
         d = result.decision
         if isinstance(d, Scale):
-            namespace, name = _split(d.workload)
-            kind = self._kinds.get(d.kind)
-            ref = (
-                ObjectRef(kind.kind, name, namespace, kind.api_version)
-                if kind is not None
-                else ObjectRef(d.kind, name, namespace)
-            )
+            ref = self._workload_ref(d.kind, d.workload)
         elif isinstance(d, Evict):
             namespace, name = _split(d.pod)
             ref = ObjectRef("Pod", name, namespace)
         else:
             ref = ObjectRef("Node", d.node)
         return await self.recorder.report(result, ref)
+
+    async def notice(self, notice: Notice) -> None:
+        """A service's state change as an Event on its workload (the recorder writes it only
+        when this replica leads, and never raises)."""
+        await self.recorder.event(
+            self._workload_ref(notice.kind, notice.workload),
+            reason=notice.reason,
+            message=notice.message,
+            type="Warning" if notice.warning else "Normal",
+        )
+
+    def _workload_ref(self, kind_name: str, workload: str) -> ObjectRef:
+        namespace, name = _split(workload)
+        kind = self._kinds.get(kind_name)
+        if kind is None:
+            return ObjectRef(kind_name, name, namespace)
+        return ObjectRef(kind.kind, name, namespace, kind.api_version)
 
     async def _apply_one(self, decision: Decision) -> ActionResult:
         try:

@@ -24,7 +24,7 @@ from controller.kube.leader import LeaderElector, LeaseSettings
 from controller.kube.objectives import ObjectiveSync
 from controller.kube.state import ClusterStateSettings, KubeClusterState, workload_kinds
 from controller.loop.gate import SafetyGate
-from controller.loop.port import ActionResult, Cluster
+from controller.loop.port import ActionResult, Cluster, Notice
 from policies.budgets import Ledger
 from policies.decisions import Decision
 from policies.model import Policy
@@ -58,6 +58,9 @@ class KubeCluster:
 
     async def report(self, result: ActionResult) -> None:
         await self.actuator.report(result)
+
+    async def notice(self, notice: Notice) -> None:
+        await self.actuator.notice(notice)
 
 
 class KubeRuntime:

@@ -29,6 +29,7 @@ __all__ = [
     "ActionResult",
     "Cluster",
     "ClusterRuntime",
+    "Notice",
     "Outcome",
     "Why",
 ]
@@ -100,6 +101,22 @@ class ActionResult:
         return self.outcome not in NOT_DONE
 
 
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A state of a service the engine reports with no decision to carry it (added replicas
+    stopped moving its latency, and later do again): an SRE reads it where they read the
+    HPA's ``ScalingLimited``, in ``kubectl describe`` of the workload."""
+
+    workload: str
+    """``namespace/name`` of the service's workload."""
+    kind: str
+    """Its kind as the snapshot has it (``Deployment``…)."""
+    reason: str
+    """A CamelCase Event reason (``LatencyNotScaling``)."""
+    message: str
+    warning: bool = False
+
+
 class Cluster(Protocol):
     """A cluster the controller can observe and act on."""
 
@@ -120,6 +137,11 @@ class Cluster(Protocol):
         """Record an outcome decided before the cluster was asked (the GPUs a scale-up needed
         were not freed, the intent could not be written) as the adapter records its own: a
         Kubernetes Event for every action and refusal."""
+        ...
+
+    async def notice(self, notice: Notice) -> None:
+        """Record a service's state change that no decision carries: a Kubernetes Event on its
+        workload (the leader only; a failure is counted, never raised)."""
         ...
 
 

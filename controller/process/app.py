@@ -377,8 +377,16 @@ class Controller:
                 return
             self.merge_objectives()
             await self.evaluate_once()
-            self.transitions.check(self._clock())
+            await self.note_transitions()
             await self.write_objective_status()
+
+    async def note_transitions(self) -> None:
+        """Log what changed state since the last look; raise the changes a workload's
+        ``kubectl describe`` should show as Events on it."""
+        cluster = self.runtime.cluster
+        snapshot = cluster.snapshot() if cluster.synced else None
+        for notice in self.transitions.check(self._clock(), snapshot):
+            await cluster.notice(notice)
 
     async def evaluate_once(self) -> list[ActionResult]:
         """One tick (:meth:`controller.loop.tick.Loop.tick`): upkeep, evaluate, act when

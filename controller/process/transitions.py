@@ -12,7 +12,10 @@ said last time and logs one event per change:
 * ``budget.exhausted`` / ``budget.restored``: a budget's window has nothing left, and later has;
 * ``latency.work_bound`` / ``latency.queueing``: added replicas did not move a service's
   percentile (``scale.workBound``), so its load signals size it; later its latency moves with
-  the load again.
+  the load again. These two are also returned as :class:`~controller.loop.port.Notice` s, which
+  the process raises as Kubernetes Events on the service's workload (``LatencyNotScaling``, a
+  Warning, and ``LatencyScaling``): ``kubectl describe`` shows why the service stopped
+  climbing where the HPA shows ``ScalingLimited``.
 
 Policy reloads are logged where they happen (``policy.reloaded`` / ``policy.rejected`` in
 :mod:`controller.process.app`). The first look records the starting state and logs only what
@@ -27,7 +30,9 @@ from collections.abc import Callable
 
 import structlog
 
+from controller.loop.port import Notice
 from policies.engine import Engine
+from policies.snapshot import Snapshot
 
 __all__ = ["Transitions"]
 
@@ -45,13 +50,16 @@ class Transitions:
         self._exhausted: set[str] = set()
         self._work_bound: set[str] = set()
 
-    def check(self, now: float) -> None:
-        """Compare with the last look; log one event per change."""
+    def check(self, now: float, snapshot: Snapshot | None = None) -> list[Notice]:
+        """Compare with the last look; log one event per change. Returns the changes to raise
+        as Events on a workload (its kind from ``snapshot``, else ``Deployment``)."""
         engine = self._engine()
         policy = engine.policy
         seen: dict[str, str] = {}
+        workload_of: dict[str, str] = {}
         for name, spec in sorted(policy.spec.services.items()):
             key = policy.service_key(name)
+            workload_of[key] = f"{spec.namespace}/{spec.workload or name}"
             state = seen[key] = engine.slo_state(key).state
             before = self._slo.get(key, "ok")
             if state != before:  # the percentile is merged only then: this runs every tick
@@ -64,16 +72,22 @@ class Transitions:
                     objective_ms=spec.slo.objective_ms,
                 )
         self._slo = seen  # a service a reload removed is forgotten
+        kinds = {f"{w.namespace}/{w.name}": w.kind for w in snapshot.workloads} if snapshot else {}
+        notices: list[Notice] = []
+
+        def notice(key: str, reason: str, message: str, *, warning: bool) -> None:
+            if (workload := workload_of.get(key)) is not None:
+                kind = kinds.get(workload, "Deployment")
+                notices.append(Notice(workload, kind, reason, message, warning))
+
         bound = {key: why for key, why in engine.work_bound().items() if why is not None}
         for key in sorted(bound.keys() - self._work_bound):
-            log.warning(
-                "latency.work_bound",
-                service=key,
-                evidence=bound[key],
-                hint="latency no longer scales the service up; its load signals size it",
-            )
+            hint = "latency no longer scales the service up; its load signals size it"
+            log.warning("latency.work_bound", service=key, evidence=bound[key], hint=hint)
+            notice(key, "LatencyNotScaling", f"{bound[key]}; {hint}", warning=True)
         for key in sorted(self._work_bound - bound.keys()):
             log.info("latency.queueing", service=key, hint="its latency scales it again")
+            notice(key, "LatencyScaling", "latency moves with the load again", warning=False)
         self._work_bound = set(bound)
         leading = self._is_leader()
         if leading != self._leading:
@@ -101,6 +115,7 @@ class Transitions:
                     remaining=budget.remaining,
                     max=budget.max,
                 )
+        return notices
 
 
 def _ms(value: float | None) -> float | None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from controller.loop.gate import SafetyGate, Target, Verdict
-from controller.loop.port import ActionResult, Cluster, Outcome
+from controller.loop.port import ActionResult, Cluster, Notice, Outcome
 from controller.simcluster.scenario import load_scenario
 from controller.simcluster.simulator import SimCluster
 from policies.budgets import Ledger
@@ -61,6 +61,9 @@ class GatedSimCluster:
 
     async def report(self, result: ActionResult) -> None:
         await self.sim.report(result)
+
+    async def notice(self, notice: Notice) -> None:
+        await self.sim.notice(notice)
 
     async def _apply_one(self, d: Decision) -> ActionResult:
         with self.gate.hold(d) as permit:

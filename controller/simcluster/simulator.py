@@ -77,7 +77,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
-from controller.loop.port import ActionResult, Outcome
+from controller.loop.port import ActionResult, Notice, Outcome
 from controller.simcluster.nodeindex import (
     Flight,
     NodeIndex,
@@ -152,6 +152,8 @@ class SimCluster:
         ``mig_configs`` the policy's named MIG configs (mixed layouts)."""
         self.delays = delays or SimDelays()
         self.seed = seed
+        self.notices: list[Notice] = []
+        """What :meth:`notice` was told, in order (no Events in a simulation)."""
         self._rng = random.Random(seed)
         self._now = start
         self._pools = dict(sorted((pools or {}).items()))
@@ -266,6 +268,10 @@ class SimCluster:
 
     async def report(self, result: ActionResult) -> None:
         """A simulated cluster has no Events: the caller's decisions log is the record."""
+
+    async def notice(self, notice: Notice) -> None:
+        """No Events here either: the process's log line is the record; kept for tests."""
+        self.notices.append(notice)
 
     async def apply(self, decisions: Sequence[Decision]) -> list[ActionResult]:
         """Carry out ``decisions`` in order at the current time (or a later ``decision.at``)."""

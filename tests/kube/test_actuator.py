@@ -16,7 +16,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from controller.kube.actuator import KubeActuator
 from controller.kube.client import ApiLimits
 from controller.loop.gate import SafetyGate
-from controller.loop.port import ActionResult, Outcome
+from controller.loop.port import ActionResult, Notice, Outcome
 from policies.decisions import Decision, Evict, Explanation, Scale
 from policies.model import Policy
 from support.kubeapi import KubeAPIServer
@@ -495,3 +495,31 @@ async def test_overlapping_applies_never_issue_an_action_twice(
     outcomes: list[ActionResult] = [*first, *second]
     assert sorted(r.outcome.value for r in outcomes) == ["applied", "in_progress"]
     assert len(writes(kubeapi, "/eviction")) == 1
+
+
+async def test_a_notice_is_an_event_on_the_workload_from_the_leader_only(
+    kubeapi: KubeAPIServer, kube_client: ApiClient
+) -> None:
+    """A state the engine reports without a decision (a service whose latency no longer moves
+    with its replicas) is a Warning Event on its workload, with its uid; a follower writes
+    nothing."""
+    await kubeapi.create(deployment("chat", 3, ns="serving", labels={}))
+    notice = Notice(
+        "serving/chat", "Deployment", "LatencyNotScaling", "P99 is set by the work", True
+    )
+    await actuator(kube_client, is_leader=lambda: False).notice(notice)
+    assert events(kubeapi) == []
+    await actuator(kube_client).notice(notice)
+    [event] = kubeapi.objects("events")
+    assert (event["reason"], event["type"], event["message"]) == (
+        "LatencyNotScaling",
+        "Warning",
+        "P99 is set by the work",
+    )
+    involved = event["involvedObject"]
+    assert (involved["kind"], involved["namespace"], involved["name"]) == (
+        "Deployment",
+        "serving",
+        "chat",
+    )
+    assert involved["apiVersion"] == "apps/v1"

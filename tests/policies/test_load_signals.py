@@ -412,6 +412,7 @@ def test_work_bound_is_logged_and_scraped() -> None:
     )
     watch = Transitions(lambda: engine, lambda: False)
     replicas = 2
+    notices = []
     with capture_logs() as logs:
         for s in range(300):
             now = T0 + s
@@ -419,10 +420,19 @@ def test_work_bound_is_logged_and_scraped() -> None:
             for d in engine.evaluate(now + 1, cluster(replicas)):
                 if isinstance(d, Scale) and d.role == "inference":
                     replicas = d.to_replicas
-            watch.check(now + 1)
+            notices += watch.check(now + 1, cluster(replicas))
     events = [e for e in logs if e["event"] == "latency.work_bound"]
     assert len(events) == 1
     assert events[0]["service"] == "serving/chat"
+    # ... and one Warning Event on the workload, where `kubectl describe` shows it
+    [notice] = notices
+    assert (notice.workload, notice.kind, notice.reason, notice.warning) == (
+        "serving/chat",
+        "Deployment",
+        "LatencyNotScaling",
+        True,
+    )
+    assert "would still be" in notice.message
     assert "would still be" in str(events[0]["evidence"])
     text = generate_latest(metrics.registry).decode()
     assert 'ebbtide_service_work_bound{service="serving/chat"} 1.0' in text
