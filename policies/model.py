@@ -413,6 +413,16 @@ class RestartsSpec(_Model):
     """Defer a grow of a job whose pods report a checkpoint due within this until just after
     it (the restart then redoes almost nothing); 0: never defer."""
 
+    @model_validator(mode="after")
+    def _horizon_within_interval(self) -> RestartsSpec:
+        if self.checkpoint_horizon >= self.checkpoint_every:
+            raise ValueError(
+                f"checkpointHorizon ({format_duration(self.checkpoint_horizon)}) must be shorter "
+                f"than checkpointEvery ({format_duration(self.checkpoint_every)}): a checkpoint "
+                "would always be due within it"
+            )
+        return self
+
 
 class TrainingSpec(_Model):
     selector: Annotated[_Labels, Field(min_length=1)]

@@ -21,6 +21,7 @@ from policies.budgets import Budgets, Cooldowns
 from policies.checkpoint import LAST_CHECKPOINT, Notices, stamp
 from policies.decisions import Scale
 from policies.inventory import Inventory
+from policies.loader import PolicyLoadError
 from policies.pool_rules import grow_training
 from policies.preemption import Plan, plan_capacity
 from policies.rules import Round
@@ -280,3 +281,9 @@ def test_grow_deferred_to_a_checkpoint_due() -> None:
     assert grow(after, elastic={"growTo": "idle"}, restarts=restarts, now=NOW + 125)[0] == [
         ("ml/pretrain", 4, 8)
     ]
+
+
+def test_horizon_longer_than_checkpoints_is_refused() -> None:
+    """A horizon as long as the checkpoint interval would defer every grow: one clear line."""
+    with pytest.raises(PolicyLoadError, match=r"checkpointHorizon \(30m\) must be shorter"):
+        policy(restarts={"checkpointHorizon": "30m", "checkpointEvery": "30m"})
