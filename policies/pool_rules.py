@@ -20,13 +20,18 @@ import math
 from collections.abc import Sequence
 
 from policies.budgets import Budgets, Cooldowns
-from policies.checkpoint import next_checkpoint, since_checkpoint
+from policies.checkpoint import next_checkpoint
 from policies.decisions import Alternative, Explanation, MigConvert, MigRevert, Scale
 from policies.inventory import Inventory, TrainingView
 from policies.mig import IdleTracker, MigFlights, plan_conversions, plan_reverts
 from policies.model import MigSpec, Policy, VictimKey, format_duration
 from policies.placement import slots
-from policies.preemption import membership_price, restarts_on_change, victim_sort_key
+from policies.preemption import (
+    membership_price,
+    restarts_on_change,
+    victim_sort_key,
+    work_at_stake,
+)
 from policies.rules import Round, quota_note
 from policies.snapshot import MIG_DISABLED
 from policies.windows import UtilizationWindow
@@ -189,14 +194,8 @@ def _restart_hold(rnd: Round, view: TrainingView, gpus: int) -> tuple[float | No
         lost = membership_price(view, now=now, spec=spec, changed=shrunk) + gpus * spec.restart_cost
         gained = gpus * spec.payback
         if gained < lost:
-            # the estimated work at stake drops to nothing at its next checkpoint
-            started = max((p.created for p in view.pods), default=view.workload.created)
-            at_stake = since_checkpoint(
-                annotations,
-                started=max(started, shrunk or started),
-                now=now,
-                every=spec.checkpoint_every,
-            )
+            # the work at stake drops to nothing at its next checkpoint: look again then
+            at_stake = work_at_stake(view, now=now, spec=spec, changed=shrunk)
             return now + max(1.0, spec.checkpoint_every - at_stake), (
                 f"adds {gpus} GPUs: {gained / 3600:.1f} GPU-h over payback "
                 f"{format_duration(spec.payback)}, less than the {lost / 3600:.1f} GPU-h its "

@@ -86,6 +86,7 @@ __all__ = [
     "restarts_on_change",
     "task_price",
     "victim_sort_key",
+    "work_at_stake",
 ]
 
 #: At most this many rejected alternatives are kept in a plan (explanations stay short).
@@ -176,19 +177,30 @@ def restarts_on_change(view: TrainingView) -> bool:
     return view.workload.kind not in TASK_KINDS
 
 
+def work_at_stake(
+    view: TrainingView, *, now: float, spec: RestartsSpec, changed: float | None = None
+) -> float:
+    """Seconds of work since the last checkpoint of DDP job ``view`` at ``now``: since the
+    checkpoint its pods report, else estimated from its last (re)start: its newest pod or
+    ``changed`` (when Ebbtide last shrank it), plus ``restartCost`` (it trains, and counts
+    checkpoints, from the end of its restart)."""
+    started = max((p.created for p in view.pods), default=view.workload.created)
+    if changed is not None:
+        started = max(started, changed)
+    return since_checkpoint(
+        (p.annotations for p in view.pods),
+        started=started + spec.restart_cost,
+        now=now,
+        every=spec.checkpoint_every,
+    )
+
+
 def membership_price(
     view: TrainingView, *, now: float, spec: RestartsSpec, changed: float | None = None
 ) -> float:
     """GPU-seconds a membership change of ``view`` at ``now`` loses: every GPU it holds idle
-    for the restart, plus the work since its last checkpoint redone (the checkpoint its pods
-    report, else estimated from its last (re)start: its newest pod, or ``changed``, when
-    Ebbtide last shrank it)."""
-    started = max((p.created for p in view.pods), default=view.workload.created)
-    if changed is not None:
-        started = max(started, changed)
-    since = since_checkpoint(
-        (p.annotations for p in view.pods), started=started, now=now, every=spec.checkpoint_every
-    )
+    for the restart, plus the work since its last checkpoint redone (:func:`work_at_stake`)."""
+    since = work_at_stake(view, now=now, spec=spec, changed=changed)
     return sum(view.pool_gpus.values()) * (spec.restart_cost + since)
 
 

@@ -233,7 +233,8 @@ GROWS = [
         id="hysteresis-over",
     ),
     pytest.param(
-        # +4 GPUs for 1h = 4 GPU-h; its restart: 8 GPUs x 2m + 4 GPUs x 20m = 1.6 GPU-h
+        # +4 GPUs for 1h = 4 GPU-h; its restart: 8 GPUs x 2m + its 4 GPUs x the 18m since it
+        # started training (created 20m ago, 2m restart) = 1.5 GPU-h
         {"growTo": "idle"},
         {"payback": "1h"},
         None,
@@ -242,12 +243,13 @@ GROWS = [
         id="payback-met",
     ),
     pytest.param(
-        # +1 GPU for 1h = 1 GPU-h < the 1.6 GPU-h its restart loses: the sweep grows instead
+        # +1 GPU for 1h = 1 GPU-h < the 1.4 GPU-h its restart loses: the sweep grows instead,
+        # and the rule looks again at its next checkpoint, 30m - 18m from now
         {"growStep": 1},
         {"payback": "1h"},
         None,
         [("ml/sweep", 2, 3)],
-        NOW + 600,
+        NOW + 720,
         id="payback-not-met",
     ),
 ]
