@@ -92,7 +92,6 @@ def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, flo
         )  # the last victim is the first to grow back
         refused: list[Alternative] = []
         chosen = 0
-        step = wanted = 0
         for view in views:
             w = view.workload
             gpr = max(1, w.gpus_per_replica)
@@ -170,10 +169,9 @@ def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, flo
 
 
 def _restart_hold(rnd: Round, view: TrainingView, gpus: int) -> tuple[float | None, str]:
-    """Whether a grow of DDP/elastic ``view`` by ``gpus`` waits, until when (``inf``: until
-    something else changes), and why: shrunk by Ebbtide within ``regrowAfter``, a reported
-    checkpoint due within ``checkpointHorizon``, or a restart the added GPUs would not pay
-    back within ``payback``. ``(None, "")``: grow now."""
+    """Whether a grow of DDP/elastic ``view`` by ``gpus`` waits, until when, and why: shrunk by
+    Ebbtide within ``regrowAfter``, a reported checkpoint due within ``checkpointHorizon``, or
+    a restart the added GPUs would not pay back within ``payback``. ``(None, "")``: grow now."""
     training = rnd.policy.spec.training
     assert training is not None  # grow_training returns first without training
     now, elastic, spec = rnd.now, training.elastic, training.restarts
