@@ -72,6 +72,8 @@ class WorkloadSpec(_Model):
     created: Duration = 0.0
     nodes: list[str | None] = Field(default_factory=list)
     """Place one pod per replica round-robin on these nodes (``null``: pending)."""
+    pod_annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations of its pods (a checkpoint the workers report, ``ebbtide.io/last-checkpoint``)."""
 
 
 class PodSpec(_Model):
@@ -150,6 +152,7 @@ class SnapshotSpec(_Model):
                 priority_class=w.priority_class,
                 created=EPOCH + w.created,
                 nodes=w.nodes,
+                pod_annotations=w.pod_annotations,
             )
         for p in self.pods:
             p.add_to(b, start=EPOCH)

@@ -38,11 +38,17 @@ being written.
 
 Wasted GPU-hours = the pod's GPUs times hours since its last checkpoint (the ack, else
 ``last-checkpoint``, else the pod's start): the work a restart from that checkpoint redoes.
+
+**Restart-aware resizing** reads the same annotations: :func:`since_checkpoint` is the work a
+restart would redo now (from the latest checkpoint the pods report, else estimated from when
+the job last (re)started and the policy's ``training.restarts.checkpointEvery``), and
+:func:`next_checkpoint` when the next one is due (only when the pods report one), so a grow can
+wait until just after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final, Literal
@@ -59,9 +65,12 @@ __all__ = [
     "Notice",
     "Notices",
     "Step",
+    "next_checkpoint",
     "next_step",
     "notice",
     "opted_in",
+    "reported_checkpoint",
+    "since_checkpoint",
     "stamp",
     "standing",
     "wasted_gpu_hours",
@@ -201,3 +210,35 @@ def wasted_gpu_hours(
     if since is None or gpus <= 0:
         return 0.0
     return gpus * max(0.0, now - since) / 3600.0
+
+
+def reported_checkpoint(annotations: Iterable[Mapping[str, str]]) -> float | None:
+    """The latest checkpoint (ack or ``last-checkpoint``) any of a job's pods reports, epoch
+    seconds; ``None`` when none reports one. A DDP job checkpoints as one program, so the
+    newest report of any worker is the job's."""
+    times = [
+        t
+        for a in annotations
+        for t in (_epoch(a.get(ACK)), _epoch(a.get(LAST_CHECKPOINT)))
+        if t is not None
+    ]
+    return max(times, default=None)
+
+
+def since_checkpoint(
+    annotations: Iterable[Mapping[str, str]], *, started: float, now: float, every: float
+) -> float:
+    """Seconds of work a restart at ``now`` redoes: since the checkpoint the pods report, else
+    since the last checkpoint of one taken every ``every`` seconds from ``started`` (when the
+    job last (re)started)."""
+    reported = reported_checkpoint(annotations)
+    if reported is not None:
+        return max(0.0, now - reported)
+    return max(0.0, now - started) % every
+
+
+def next_checkpoint(annotations: Iterable[Mapping[str, str]], *, every: float) -> float | None:
+    """When the job's next checkpoint is due: ``every`` after the one its pods report (``None``
+    when they report none: an estimate is no reason to wait)."""
+    reported = reported_checkpoint(annotations)
+    return None if reported is None else reported + every

@@ -137,7 +137,7 @@ class Decider:
         unmet (each rule's own answer, :mod:`policies.pool_rules`)."""
         spec = rnd.policy.spec
         now = rnd.now
-        grow_training(rnd, busy_pools=busy_pools, free_since=self._free_since)
+        held = grow_training(rnd, busy_pools=busy_pools, free_since=self._free_since)
         until, unmet = math.inf, False
         mig = spec.mig
         if mig is not None and mig.enabled:
@@ -168,6 +168,7 @@ class Decider:
             budgets=self.budgets,
             cooldowns=self.cooldowns,
             free_since=self._free_since,
+            held_until=held,
         )
         return min(until, grow), unmet
 

@@ -287,11 +287,51 @@ def _training(t: TrainingSpec | None, s: PolicySpec) -> tuple[Item, ...]:
         f"(progress from {t.progress_annotation}) with {_d(t.grace_period)} grace.",
         f"Pods opted in to the checkpoint handshake get {_d(t.checkpoint.deadline)} to "
         "checkpoint before eviction (their own annotation wins).",
-        f"Grows back by {e.grow_step} replica(s) up to {e.max_replicas_annotation} after GPUs "
-        f"stay idle {_d(e.grow_after)} with no service breaching.",
+        _grows(t),
+        *_restarts(t),
         owner,
     )
     return Item("", lines), never
+
+
+def _grows(t: TrainingSpec) -> str:
+    e = t.elastic
+    how = (
+        "once into every GPU left idle"
+        if e.grow_to == "idle"
+        else f"by {e.grow_step} replica(s) at a time"
+    )
+    return (
+        f"Grows back {how}, up to {e.max_replicas_annotation}, after GPUs stay idle "
+        f"{_d(e.grow_after)} with no service breaching; a DDP/elastic job (any kind but Job) "
+        f"Ebbtide shrank or evicted from is not grown back within {_d(e.regrow_after)}."
+    )
+
+
+def _restarts(t: TrainingSpec) -> tuple[str, ...]:
+    r = t.restarts
+    lines = [
+        "A DDP/elastic job restarts every worker on any membership change: priced at "
+        f"{_d(r.restart_cost)} of all its GPUs plus its work since its last checkpoint "
+        f"(reported by its pods, else assumed every {_d(r.checkpoint_every)} from its last "
+        "start)."
+    ]
+    if r.tasks_first:
+        lines.append(
+            "Preempts sweep tasks (a Job's pods) before resizing such a job when that loses "
+            "fewer GPU-hours."
+        )
+    if r.payback > 0:
+        lines.append(
+            f"Grows such a job only when the GPUs added, kept {_d(r.payback)}, compute more "
+            "than its restart loses (else a sweep may take them)."
+        )
+    if r.checkpoint_horizon > 0:
+        lines.append(
+            f"Defers its grow until just after a checkpoint its pods say is due within "
+            f"{_d(r.checkpoint_horizon)}."
+        )
+    return tuple(lines)
 
 
 def _mig(m: MigSpec | None) -> tuple[Item, ...]:

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from policies.drain import DrainRule, disrupt_forbidden
-from policies.model import DO_NOT_DISRUPT, Policy
+from policies.model import DO_NOT_DISRUPT, Policy, RestartsSpec
 from policies.placement import could_land
 from policies.snapshot import GpuQuota, Node, Placement, Pod, Snapshot, Taint, Workload
 
@@ -103,6 +103,9 @@ class TrainingView:
     """Its maximum is stated (``ebbtide.io/max-replicas``, or its owner's bounds) and Ebbtide
     sizes it: a shrink below its floor is grown back to that maximum once GPUs are idle, so
     it may stand in for evicting pods its owner would recreate (:mod:`policies.preemption`)."""
+    restarts: RestartsSpec | None = None
+    """How a membership change of it is priced (the policy's ``training.restarts``), carried
+    here so victim selection, which sees no policy, can weigh a restart against tasks."""
 
     @property
     def key(self) -> str:
@@ -248,6 +251,7 @@ class Inventory:
                 pool_gpus=pool_gpus,
                 scaled_by=scaled_by,
                 grows_back=hi is not None and scaled_by is None,
+                restarts=training.restarts,
             )
         # training pods without a known workload (bare pods, jobs not listed as workloads)
         for pod in snapshot.pods:

@@ -56,6 +56,7 @@ __all__ = [
     "PositiveDuration",
     "Problem",
     "ReplicaBounds",
+    "RestartsSpec",
     "ScaleDownSpec",
     "ScaleSpec",
     "ServiceSpec",
@@ -461,7 +462,15 @@ class ElasticSpec(_Model):
     grow_after: Duration = 300.0
     """Free GPUs must be seen this long, with no service breaching, before training grows."""
     grow_step: Annotated[int, Field(ge=1)] = 1
-    """Replicas added to one workload per grow decision."""
+    """Replicas added to one workload per grow decision (``growTo: step``)."""
+    grow_to: Literal["step", "idle"] = "step"
+    """``step``: grow by ``growStep`` at a time; ``idle``: grow once into every GPU that stayed
+    idle ``growAfter`` (up to the workload's maximum). A DDP/elastic job restarts every worker
+    on each membership change, so ``idle`` pays one restart where ``step`` pays one per step."""
+    regrow_after: Duration = 3600.0
+    """Hysteresis: a DDP/elastic job Ebbtide shrank or evicted from is not grown back within
+    this (each grow restarts it; a load that took its GPUs once is likely to again). Sweep
+    tasks (a ``Job``'s pods) are not held: adding one restarts nothing."""
 
 
 class CheckpointSpec(_Model):
@@ -469,6 +478,37 @@ class CheckpointSpec(_Model):
     """How long a pod opted in to the checkpoint handshake (``ebbtide.io/checkpoint-handshake``)
     is given, after the preemption notice, to acknowledge a checkpoint before it is evicted;
     its own ``ebbtide.io/checkpoint-deadline-seconds`` annotation wins."""
+
+
+class RestartsSpec(_Model):
+    """How Ebbtide prices a membership change of a DDP/elastic training job: every worker stops
+    and restarts from the job's last checkpoint (TorchElastic's ``_restart_workers``)."""
+
+    restart_cost: Duration = 120.0
+    """How long a job's workers compute nothing while it restarts."""
+    checkpoint_every: PositiveDuration = 1800.0
+    """How often a job checkpoints, counted from its last restart, when its pods report no
+    ``ebbtide.io/last-checkpoint``: the work a restart would redo is estimated from it."""
+    tasks_first: bool = False
+    """Free GPUs by preempting restartable tasks (a ``Job``'s pods: each restarts alone) before
+    resizing a DDP/elastic job, when that frees what is needed for fewer GPU-hours lost."""
+    payback: Duration = 0.0
+    """Grow a DDP/elastic job only when the GPUs it adds, kept this long, compute more than
+    its restart costs (restart time on all its GPUs plus its work since the last checkpoint);
+    0: every grow is worth it."""
+    checkpoint_horizon: Duration = 0.0
+    """Defer a grow of a job whose pods report a checkpoint due within this until just after
+    it (the restart then redoes almost nothing); 0: never defer."""
+
+    @model_validator(mode="after")
+    def _horizon_within_interval(self) -> RestartsSpec:
+        if self.checkpoint_horizon >= self.checkpoint_every:
+            raise ValueError(
+                f"checkpointHorizon ({format_duration(self.checkpoint_horizon)}) must be shorter "
+                f"than checkpointEvery ({format_duration(self.checkpoint_every)}): a checkpoint "
+                "would always be due within it"
+            )
+        return self
 
 
 class TrainingSpec(_Model):
@@ -485,6 +525,8 @@ class TrainingSpec(_Model):
     """Termination grace period given to evicted pods."""
     checkpoint: CheckpointSpec = CheckpointSpec()
     """The checkpoint handshake for these workloads' opted-in pods."""
+    restarts: RestartsSpec = RestartsSpec()
+    """Restart-aware resizing: what a membership change of a DDP/elastic job costs."""
     gang_minimum_annotation: str = "ebbtide.io/gang-minimum"
     """Annotation giving the fewest pods a gang-scheduled workload can run with."""
     progress_annotation: str = "ebbtide.io/progress"

@@ -20,12 +20,18 @@ import math
 from collections.abc import Sequence
 
 from policies.budgets import Budgets, Cooldowns
+from policies.checkpoint import next_checkpoint
 from policies.decisions import Alternative, Explanation, MigConvert, MigRevert, Scale
 from policies.inventory import Inventory, TrainingView
 from policies.mig import IdleTracker, MigFlights, plan_conversions, plan_reverts
 from policies.model import MigSpec, Policy, VictimKey, format_duration
 from policies.placement import slots
-from policies.preemption import victim_sort_key
+from policies.preemption import (
+    membership_price,
+    restarts_on_change,
+    victim_sort_key,
+    work_at_stake,
+)
 from policies.rules import Round, quota_note
 from policies.snapshot import MIG_DISABLED
 from policies.windows import UtilizationWindow
@@ -40,14 +46,23 @@ __all__ = [
 ]
 
 
-def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, float]) -> None:
+def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, float]) -> float:
     """Grow elastic training into GPUs that stayed free while no service of the pool needed
-    them; one workload, one step, per pool per round."""
+    them; one workload, one step, per pool per round. Returns until when a grow it held back
+    (hysteresis, a checkpoint due, a restart not yet paid back) holds (``inf``: none).
+
+    A DDP/elastic job restarts every worker on a membership change, so with the policy's
+    ``training.elastic``/``training.restarts`` settings it is not grown back within
+    ``regrowAfter`` of Ebbtide shrinking it, waits for a checkpoint due within
+    ``checkpointHorizon``, and is grown only when the GPUs added, kept ``payback``, compute more
+    than the restart loses (:func:`~policies.preemption.membership_price`); the next workload
+    in order (a sweep, whose tasks restart alone) may take the GPUs instead."""
     training = rnd.policy.spec.training
     now, inv = rnd.now, rnd.inv
+    held_until = math.inf
     if training is None:
         free_since.clear()
-        return
+        return held_until
     pools = sorted(training.pools or rnd.policy.spec.pools)
     for pool in pools:
         spare = rnd.free(pool) - inv.pending_whole_gpus
@@ -81,7 +96,12 @@ def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, flo
             w = view.workload
             gpr = max(1, w.gpus_per_replica)
             space = rnd.room(pool, w.placement, gpus=gpr)
-            wanted = min(training.elastic.grow_step, view.max_replicas - w.replicas)
+            room = view.max_replicas - w.replicas
+            wanted = (
+                room
+                if training.elastic.grow_to == "idle"
+                else min(training.elastic.grow_step, room)
+            )
             step, why = _grow_step(
                 wanted,
                 spare=spare,
@@ -91,6 +111,11 @@ def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, flo
             )
             if w.placement.unknown is not None:  # admitted nowhere: say why, not "0 fit"
                 step, why = 0, f"where it may run is unknown: {w.placement.unknown}"
+            if step > 0 and restarts_on_change(view):
+                wait, reason = _restart_hold(rnd, view, step * gpr)
+                if wait is not None:
+                    held_until = min(held_until, wait)
+                    step, why = 0, reason
             if step > 0:
                 break
             refused.append(Alternative(f"grow {w.key}", why))
@@ -140,6 +165,41 @@ def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, flo
         rnd.cooldowns.mark(f"pool:{pool}", now)
         rnd.taken.add(w.key)
         free_since[pool] = now
+    return held_until
+
+
+def _restart_hold(rnd: Round, view: TrainingView, gpus: int) -> tuple[float | None, str]:
+    """Whether a grow of DDP/elastic ``view`` by ``gpus`` waits, until when, and why: shrunk by
+    Ebbtide within ``regrowAfter``, a reported checkpoint due within ``checkpointHorizon``, or
+    a restart the added GPUs would not pay back within ``payback``. ``(None, "")``: grow now."""
+    training = rnd.policy.spec.training
+    assert training is not None  # grow_training returns first without training
+    now, elastic, spec = rnd.now, training.elastic, training.restarts
+    shrunk = max(rnd.disrupted.get(view.key, ()), default=None)
+    if shrunk is not None and now - shrunk < elastic.regrow_after:
+        return shrunk + elastic.regrow_after, (
+            f"shrunk or evicted from {format_duration(now - shrunk)} ago: not grown back within "
+            f"regrowAfter {format_duration(elastic.regrow_after)} (each grow restarts it)"
+        )
+    annotations = [p.annotations for p in view.pods]
+    due = next_checkpoint(annotations, every=spec.checkpoint_every)
+    if due is not None and now < due <= now + spec.checkpoint_horizon:
+        return due, (
+            f"its next checkpoint is due in {format_duration(due - now)}: grow just after it "
+            f"(checkpointHorizon {format_duration(spec.checkpoint_horizon)})"
+        )
+    if spec.payback > 0:
+        lost = membership_price(view, now=now, spec=spec, changed=shrunk) + gpus * spec.restart_cost
+        gained = gpus * spec.payback
+        if gained < lost:
+            # the work at stake drops to nothing at its next checkpoint: look again then
+            at_stake = work_at_stake(view, now=now, spec=spec, changed=shrunk)
+            return now + max(1.0, spec.checkpoint_every - at_stake), (
+                f"adds {gpus} GPUs: {gained / 3600:.1f} GPU-h over payback "
+                f"{format_duration(spec.payback)}, less than the {lost / 3600:.1f} GPU-h its "
+                "restart loses"
+            )
+    return None, ""
 
 
 def _grow_step(
@@ -287,10 +347,12 @@ def grow_quiet_until(
     budgets: Budgets,
     cooldowns: Cooldowns,
     free_since: dict[str, float],
+    held_until: float = math.inf,
 ) -> float:
     """Until when :func:`grow_training`, having just decided nothing, would go on deciding
     nothing with the same snapshot and busy pools: the first of its timers to run out
-    (``growAfter`` from when a pool's GPUs went free, the pool's cooldown); ``-math.inf``
+    (``growAfter`` from when a pool's GPUs went free, the pool's cooldown, ``held_until``: what
+    :func:`grow_training` returned for the grows it held back); ``-math.inf``
     (every tick) while the scale-step budget is spent, a sliding window the engine does not
     follow."""
     training = policy.spec.training
@@ -298,7 +360,7 @@ def grow_quiet_until(
         return math.inf
     if budgets.scale_steps.remaining(now) < 1:
         return -math.inf
-    until = math.inf
+    until = held_until
     grow_after = training.elastic.grow_after
     cooldown = policy.spec.cooldowns.training_grow
     for pool, since in free_since.items():

@@ -46,7 +46,14 @@ Design (Kueue's ``GetTargets`` in spirit: decide on an in-memory view, actuate e
      them to the node (``status.nominatedNodeName``), which pods of lower priority may not
      take. At equal or lower priority the eviction only moves the pod: it is refused, with
      the reason.
-6. **Never**: inference pods (not in the training view at all), protected namespaces,
+6. **Restartable tasks before a DDP job** (``training.restarts.tasksFirst``): a DDP/elastic
+   job (any kind but ``Job``) restarts every worker from its last checkpoint on any membership
+   change (TorchElastic, ``torch/distributed/elastic/agent/server/api.py``,
+   ``SimpleElasticAgent._invoke_run`` → ``_restart_workers``), while a ``Job``'s pod is a task
+   that restarts alone. When the plan above would resize or evict from a DDP job, a second plan
+   without any DDP job is priced against it (:func:`membership_price`, :func:`task_price`:
+   GPU-seconds lost) and taken when it frees what is needed for less.
+7. **Never**: inference pods (not in the training view at all), protected namespaces,
    ``ebbtide.io/do-not-disrupt``. Each skipped candidate is reported as an
    :class:`~policies.decisions.Alternative` with the reason.
 
@@ -60,15 +67,27 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from policies.checkpoint import Notices, opted_in
+from policies.checkpoint import Notices, opted_in, since_checkpoint
 from policies.decisions import Alternative
 from policies.drain import protection
 from policies.inventory import TrainingView
-from policies.model import VictimKey
+from policies.model import RestartsSpec, VictimKey
 from policies.placement import node_order, slots
 from policies.snapshot import FrozenMap, Pod
 
-__all__ = ["Fit", "Plan", "ShrinkStep", "Victim", "plan_capacity", "victim_sort_key"]
+__all__ = [
+    "TASK_KINDS",
+    "Fit",
+    "Plan",
+    "ShrinkStep",
+    "Victim",
+    "membership_price",
+    "plan_capacity",
+    "restarts_on_change",
+    "task_price",
+    "victim_sort_key",
+    "work_at_stake",
+]
 
 #: At most this many rejected alternatives are kept in a plan (explanations stay short).
 MAX_ALTERNATIVES = 8
@@ -77,6 +96,9 @@ MAX_ALTERNATIVES = 8
 #: Kinds whose controller can be told which pods a shrink removes (a ReplicaSet's
 #: ``controller.kubernetes.io/pod-deletion-cost``): a shrink of one can stand in for evictions.
 NAMED_REMOVAL_KINDS = frozenset({"Deployment"})
+
+#: Kinds whose pods are independent tasks (a sweep's): one leaving or joining restarts no other.
+TASK_KINDS = frozenset({"Job"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +172,50 @@ def _view_key(view: TrainingView, order: Sequence[VictimKey]) -> tuple[float | s
     )
 
 
+def restarts_on_change(view: TrainingView) -> bool:
+    """A membership change of ``view`` restarts all its workers (a DDP/elastic job)."""
+    return view.workload.kind not in TASK_KINDS
+
+
+def work_at_stake(
+    view: TrainingView, *, now: float, spec: RestartsSpec, changed: float | None = None
+) -> float:
+    """Seconds of work since the last checkpoint of DDP job ``view`` at ``now``: since the
+    checkpoint its pods report, else estimated from its last (re)start: its newest pod or
+    ``changed`` (when Ebbtide last shrank it), plus ``restartCost`` (it trains, and counts
+    checkpoints, from the end of its restart)."""
+    started = max((p.created for p in view.pods), default=view.workload.created)
+    if changed is not None:
+        started = max(started, changed)
+    return since_checkpoint(
+        (p.annotations for p in view.pods),
+        started=started + spec.restart_cost,
+        now=now,
+        every=spec.checkpoint_every,
+    )
+
+
+def membership_price(
+    view: TrainingView, *, now: float, spec: RestartsSpec, changed: float | None = None
+) -> float:
+    """GPU-seconds a membership change of ``view`` at ``now`` loses: every GPU it holds idle
+    for the restart, plus the work since its last checkpoint redone (:func:`work_at_stake`)."""
+    since = work_at_stake(view, now=now, spec=spec, changed=changed)
+    return sum(view.pool_gpus.values()) * (spec.restart_cost + since)
+
+
+def task_price(pods: Iterable[Pod], *, now: float, spec: RestartsSpec) -> float:
+    """GPU-seconds preempting these tasks at ``now`` loses: each its own work since its last
+    checkpoint."""
+    return sum(
+        p.gpus
+        * since_checkpoint(
+            (p.annotations,), started=p.created, now=now, every=spec.checkpoint_every
+        )
+        for p in pods
+    )
+
+
 def plan_capacity(
     *,
     needed: int,
@@ -167,6 +233,121 @@ def plan_capacity(
     notices: Notices | None = None,
     fit: Fit | None = None,
     claimant_priority: int | None = None,
+) -> Plan:
+    """Free at least ``needed`` whole GPUs in ``pool`` (as many as possible when it cannot);
+    with ``fit``, free until ``fit.replicas`` replicas each fit on one node instead.
+
+    The arguments are :func:`_plan`'s. With ``training.restarts.tasksFirst`` (carried on the
+    views) and a plan that would resize a DDP job, a plan of tasks only is priced against it
+    (module docstring, 6); the plan's clock is ``notices.now`` (a plan reads no clock)."""
+    training = tuple(training)
+    loose_pods = tuple(loose_pods)
+
+    def run(views: tuple[TrainingView, ...]) -> Plan:
+        return _plan(
+            needed=needed,
+            pool=pool,
+            training=views,
+            loose_pods=loose_pods,
+            pod_pool=pod_pool,
+            victim_order=victim_order,
+            protected_namespaces=protected_namespaces,
+            scale_budget=scale_budget,
+            eviction_budget=eviction_budget,
+            taken=taken,
+            held=held,
+            resize_held=resize_held,
+            notices=notices,
+            fit=fit,
+            claimant_priority=claimant_priority,
+        )
+
+    plan = run(training)
+    spec = next((v.restarts for v in training if v.restarts is not None), None)
+    if spec is None or not spec.tasks_first or notices is None:
+        return plan
+    ddp = {v.key for v in training if restarts_on_change(v) and v.pool_gpus.get(pool, 0) > 0}
+    touched = ddp & {*(st.workload for st in plan.shrinks), *(e.workload for e in plan.evictions)}
+    if not touched:
+        return plan
+    tasks = run(tuple(v for v in training if v.key not in ddp))
+    names = ", ".join(sorted(touched))
+    if not _frees(tasks, needed, fit):
+        return _noted(
+            plan, f"preempt tasks instead of resizing {names}", "tasks alone free too little"
+        )
+    now = notices.now
+    views = {v.key: v for v in training}
+    cost_ddp, cost_tasks = (_price(p, views, now=now, spec=spec) for p in (plan, tasks))
+    if cost_tasks >= cost_ddp:
+        return _noted(
+            plan,
+            f"preempt tasks instead of resizing {names}",
+            f"loses {cost_tasks / 3600:.1f} GPU-h, the restart {cost_ddp / 3600:.1f}",
+        )
+    return _noted(
+        tasks,
+        f"resize {names}",
+        f"restarts every worker: {cost_ddp / 3600:.1f} GPU-h lost, preempting tasks "
+        f"{cost_tasks / 3600:.1f}",
+    )
+
+
+def _frees(plan: Plan, needed: int, fit: Fit | None) -> bool:
+    """``plan`` frees what was asked (``needed`` GPUs, or room for ``fit``'s replicas)."""
+    if fit is None:
+        return plan.freed >= needed
+    merged = {n: f + plan.by_node.get(n, 0) for n, f in fit.free.items()}
+    return slots(merged, fit.gpus) >= fit.replicas
+
+
+def _noted(plan: Plan, option: str, why: str) -> Plan:
+    """``plan`` with the alternative it was chosen over (first: it is the choice made)."""
+    rejected = (Alternative(option, why), *plan.rejected)[:MAX_ALTERNATIVES]
+    return Plan(plan.shrinks, plan.evictions, plan.freed, rejected, plan.by_node)
+
+
+def _price(
+    plan: Plan, views: Mapping[str, TrainingView], *, now: float, spec: RestartsSpec
+) -> float:
+    """GPU-seconds ``plan`` loses: one restart of each DDP job it touches, plus each task's
+    own work since its checkpoint (a task shrink's pods: the highest-named, as its
+    controller removes them)."""
+    restarted: set[str] = set()
+    lost = 0.0
+    for st in plan.shrinks:
+        view = views[st.workload]
+        if restarts_on_change(view):
+            restarted.add(view.key)
+        else:
+            gone = st.from_replicas - st.to_replicas
+            lost += task_price(tuple(reversed(view.pods))[:gone], now=now, spec=spec)
+    for e in plan.evictions:
+        owner = views.get(e.workload or "")
+        if owner is not None and restarts_on_change(owner):
+            restarted.add(owner.key)
+        else:
+            lost += task_price((e.pod,), now=now, spec=spec)
+    return lost + sum(membership_price(views[k], now=now, spec=spec) for k in restarted)
+
+
+def _plan(
+    *,
+    needed: int,
+    pool: str,
+    training: Sequence[TrainingView],
+    loose_pods: Sequence[Pod],
+    pod_pool: Mapping[str, str | None],
+    victim_order: Sequence[VictimKey],
+    protected_namespaces: frozenset[str],
+    scale_budget: int,
+    eviction_budget: int,
+    taken: frozenset[str],
+    held: Mapping[str, str] | None,
+    resize_held: Mapping[str, str] | None,
+    notices: Notices | None,
+    fit: Fit | None,
+    claimant_priority: int | None,
 ) -> Plan:
     """Free at least ``needed`` whole GPUs in ``pool`` (as many as possible when it cannot);
     with ``fit``, free until ``fit.replicas`` replicas each fit on one node instead.

@@ -302,6 +302,22 @@ def test_grow_after_grows_training_on_a_quiet_tick() -> None:
     assert both.first("grow-training") == (T0 + 61, True)
 
 
+def test_a_grow_held_until_its_restart_pays_back_comes_on_a_quiet_tick() -> None:
+    """Restart-aware: a DDP job's grow refused because 30m of 4 more GPUs would not repay its
+    restart (its work since the estimated checkpoint) is held until that checkpoint, and
+    comes on the quiet tick the work at stake drops to nothing, as ticking everything does."""
+    train = dict(
+        BASE["spec"]["training"],
+        elastic={"growAfter": "60s", "growTo": "idle"},
+        restarts={"payback": "30m"},
+    )
+    both = quiet_run(policy(mig=None, training=train), snapshot(1), lambda t: [], 200)
+    # created at epoch 0, restarted 2m later, checkpoints every 30m from then: at T0+61
+    # (growAfter) 29m at stake, refused; the next checkpoint is at T0+120
+    assert both.first("grow-training") == (T0 + 120, True)
+    assert both.decided[0][2][0]["to"] == 8
+
+
 def test_convert_after_converts_an_idle_node_on_a_quiet_tick() -> None:
     """Whole-card pool below 20% (only w2/w3 report, idle), readings every 35s: the first node
     converts once convertAfter (10m) of idleness is covered, on a quiet tick."""
