@@ -187,12 +187,32 @@ def _scale(sc: ScaleSpec, svc: ServiceSpec, workload: str, cooldown: float) -> l
         f"P/objective) (tolerance {_pct(sc.tolerance)}), within {svc.replicas.min}.."
         f"{svc.replicas.max} replicas, {step}.",
     ]
-    if sc.leading is not None:
+    lead = sc.leading
+    if lead is not None:
+        if lead.rate_per_replica == "learn":
+            per = (
+                "the requests/s a replica serves at recoverBelow of the objective, learned "
+                "from its own percentile against its load per replica (until that fit is "
+                "confident, the percentile alone decides)"
+            )
+        else:
+            per = f"{lead.rate_per_replica:g} requests/s a replica"
         lines.append(
-            f"Leading indicator: {sc.leading.rate_per_replica:g} requests/s a replica; whenever "
-            "the request rate over the window wants more replicas, scale up to "
-            "ceil(rate / that), breaching or not; never scale down below it."
+            f"Leading indicator: {per}; whenever the request rate over the window wants more "
+            "replicas, scale up to ceil(rate / that), breaching or not; never scale down "
+            "below it."
         )
+        if lead.headroom:
+            startup = (
+                f"start-up {_d(lead.startup)}"
+                if lead.startup is not None
+                else "start-up observed from its pods (creation to Running)"
+            )
+            lines.append(
+                f"Headroom: plans for the rate one pod start-up ahead ({startup}, plus half a "
+                "window): its recent growth scaling up, its steepest rise in the last hour "
+                "scaling down, so only replicas that could be brought back in time go."
+            )
     else:
         lines.append("No leading indicator: scale-up waits for the percentile to breach.")
     if sc.ready_ends_cooldown:

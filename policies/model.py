@@ -301,11 +301,20 @@ class LeadingSpec(_Model):
     """A leading indicator next to the percentile: the request rate moves before the latency
     window turns, so scale-up can start while the percentile is still within its objective."""
 
-    rate_per_replica: Annotated[float, Field(gt=0)]
+    rate_per_replica: Annotated[float, Field(gt=0)] | Literal["learn"]
     """Requests/s one replica serves comfortably within the objective: whenever the request
     rate over the SLO window wants more replicas than the service has, scale up to
     ``ceil(rate / ratePerReplica)`` (bounded like a breach response), breaching or not; and
-    never scale down below it."""
+    never scale down below it. ``learn``: learned online from the service's own percentile
+    against its load per replica (:mod:`policies.capacity`); until that fit is confident the
+    latency rules alone decide."""
+    headroom: bool = False
+    """Ask for the load one pod start-up ahead: the rate plus its recent growth over the
+    start-up time (scale-up), or plus the steepest recent rise (scale-down keeps only what
+    could be brought back in time)."""
+    startup: Duration | None = None
+    """A replica's start-up time for ``headroom``; observed from the snapshot (creation to
+    Running) when absent."""
 
 
 class ScaleSpec(_Model):

@@ -43,7 +43,8 @@ from policies.decisions import (
     Explanation,
     Scale,
 )
-from policies.indicators import leading_replicas, request_rate
+from policies.headroom import ServiceLoad
+from policies.indicators import LeadingAsk, leading_ask
 from policies.inventory import Inventory, note_disrupted
 from policies.model import Policy, ServiceSpec, format_duration
 from policies.placement import NVLINK_DOMAIN_LABEL, place, room, slots
@@ -52,7 +53,7 @@ from policies.slo import SloState
 from policies.snapshot import Placement, Workload
 from policies.windows import LatencyWindow
 
-__all__ = ["Round", "breach_quiet_until", "quota_note", "respond_to_breach"]
+__all__ = ["Round", "breach_quiet_until", "leading_inputs", "quota_note", "respond_to_breach"]
 
 
 @dataclass(slots=True)
@@ -146,15 +147,18 @@ def respond_to_breach(
     window: LatencyWindow,
     *,
     requests: int = 0,
+    load: ServiceLoad | None = None,
 ) -> None:
     """Scale a breaching service up, or one whose request rate (``requests`` over the SLO
-    window, :mod:`policies.indicators`) wants more replicas, and free the GPUs that takes."""
+    window, :mod:`policies.indicators`; learned capacity and headroom from ``load``) wants
+    more replicas, and free the GPUs that takes."""
     now, pspec = rnd.now, rnd.policy.spec
     breaching = slo.state == "breaching"
     workload = rnd.inv.service_workload.get(key)
     if breach_quiet_until(spec, slo, workload) == math.inf:
         return  # nothing to add: no need to read the percentile
-    lead = leading_replicas(spec, requests, window, now)
+    asked = leading_ask(spec, requests, window, now, load=load)
+    lead = None if asked is None else asked.replicas
     if not breaching and (lead is None or workload is None or lead <= workload.replicas):
         return
     bounds = spec.replicas
@@ -202,10 +206,8 @@ def respond_to_breach(
             desired = max(math.ceil(max(current, 1) * ratio), current + 1)
         elif breaching and ratio > 1.0 + tolerance:
             desired = math.ceil(max(current, 1) * ratio)
-        if lead is not None and spec.scale.leading is not None:
-            inputs["request_rate"] = round(request_rate(spec, requests, window, now), 2)
-            inputs["leading_replicas"] = lead
-            thresholds["rate_per_replica"] = spec.scale.leading.rate_per_replica
+        if asked is not None and lead is not None:
+            leading_inputs(asked, inputs, thresholds)
             led = lead > desired
             desired = max(desired, lead)
         if desired <= current:
@@ -334,11 +336,10 @@ def respond_to_breach(
         p_now = f"P{spec.slo.percentile:g} > {floor:g}ms (above the histogram's last bound)"
         cause_text = f"{key} breaching ({p_now}; objective {objective:g}ms)"
         how = f"desired max(ceil({current} * {ratio:.2f}), {current} + 1) bounded = {desired}"
-    if led and spec.scale is not None and spec.scale.leading is not None:
-        rate, per = request_rate(spec, requests, window, now), spec.scale.leading.rate_per_replica
+    if led and asked is not None:
         rule = "leading-scale-up"
-        cause_text = f"{key} request rate {rate:.1f}/s wants {lead} replicas ({p_now})"
-        how = f"desired ceil({rate:.1f} / {per:g}) bounded = {desired}"
+        cause_text = f"{key} request rate {asked.rate:.1f}/s wants {lead} replicas ({p_now})"
+        how = f"desired ceil({asked.planned:.1f} / {asked.per_replica:.3g}) bounded = {desired}"
     if plan is not None:
         grace = training.grace_period if training is not None else 30.0
         for s in plan.shrinks:
@@ -425,6 +426,22 @@ def respond_to_breach(
         )
     rnd.cooldowns.mark(key, now)
     rnd.cooldowns.mark(f"pool:{pool}", now)
+
+
+def leading_inputs(
+    asked: LeadingAsk,
+    inputs: dict[str, str | int | float | bool | None],
+    thresholds: dict[str, str | int | float | bool | None],
+) -> None:
+    """What the leading indicator read and planned with, for an explanation."""
+    inputs["request_rate"] = round(asked.rate, 2)
+    inputs["leading_replicas"] = asked.replicas
+    key = "learned_rate_per_replica" if asked.learned else "rate_per_replica"
+    (inputs if asked.learned else thresholds)[key] = round(asked.per_replica, 3)
+    if asked.lookahead_s > 0:
+        inputs["planned_rate"] = round(asked.planned, 2)
+        inputs["rate_growth_per_s"] = round(asked.growth, 5)
+        inputs["lookahead"] = format_duration(asked.lookahead_s)
 
 
 def _being_freed(inv: Inventory, pool: str) -> int:

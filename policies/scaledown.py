@@ -47,10 +47,11 @@ import math
 from collections import deque
 
 from policies.decisions import Alternative, Explanation, Scalar, Scale
-from policies.indicators import leading_replicas, request_rate
+from policies.headroom import ServiceLoad
+from policies.indicators import LeadingAsk, leading_ask
 from policies.model import ServiceSpec, format_duration
 from policies.placement import NVLINK_DOMAIN_LABEL, give_back
-from policies.rules import Round
+from policies.rules import Round, leading_inputs
 from policies.slo import SloState
 from policies.snapshot import Workload
 from policies.windows import LatencyWindow
@@ -151,7 +152,7 @@ def scale_down_quiet_until(
         return math.inf
     if scale.leading is not None:
         return -math.inf
-    recommended, p, _ = _recommend(spec, slo, window, now, current, samples=0)
+    recommended, p, _ = _recommend(spec, slo, window, now, current, samples=0, load=None)
     return math.inf if p is None or recommended >= current else -math.inf
 
 
@@ -163,9 +164,10 @@ def _recommend(
     current: int,
     *,
     samples: int,
-) -> tuple[int, float | None, int | None]:
+    load: ServiceLoad | None,
+) -> tuple[int, float | None, LeadingAsk | None]:
     """This tick's recommendation for a service at ``current`` replicas (``spec`` has
-    ``scale.down`` and ``replicas``), with the percentile and the request rate's replicas it
+    ``scale.down`` and ``replicas``), with the percentile and the leading indicator's ask it
     read (``None`` when it read none)."""
     scale, bounds = spec.scale, spec.replicas
     assert scale is not None
@@ -174,13 +176,13 @@ def _recommend(
     objective = spec.slo.objective_ms
     p: float | None = None
     recommended = current
-    lead: int | None = None
+    lead: LeadingAsk | None = None
     # At (or below) replicas.min nothing lower can be recommended: no percentile to read.
     if _reads_percentile(slo, current, bounds.min):
         p = window.quantile(now, spec.slo.percentile / 100.0)
-        lead = leading_replicas(spec, samples, window, now, margin=scale.tolerance)
+        lead = leading_ask(spec, samples, window, now, margin=scale.tolerance, load=load, down=True)
         if p is not None and lead is not None and p < spec.slo.recover_below * objective:
-            recommended = min(current, max(bounds.min, lead))  # the capacity the rate needs
+            recommended = min(current, max(bounds.min, lead.replicas))  # what the rate needs
         elif p is not None and p < scale.down.below * objective:
             desired = max(bounds.min, math.ceil(max(current, 1) * p / objective))
             recommended = min(current, desired)
@@ -196,9 +198,11 @@ def scale_down(
     history: Recommendations,
     *,
     samples: int,
+    load: ServiceLoad | None = None,
 ) -> bool:
     """Record this tick's recommendation for ``key`` and scale it down when the stabilized
-    recommendation, bounded, is below its replicas. See the module docstring.
+    recommendation, bounded, is below its replicas (the leading indicator's learned capacity
+    and headroom from ``load``). See the module docstring.
 
     ``True`` when the tick only held (nothing to recommend, or the current replicas): until the
     SLO state, the windowed percentile or the snapshot change, later ticks would do the same,
@@ -213,7 +217,7 @@ def scale_down(
         return True
     now, current = rnd.now, workload.replicas
     objective = spec.slo.objective_ms
-    recommended, p, lead = _recommend(spec, slo, window, now, current, samples=samples)
+    recommended, p, lead = _recommend(spec, slo, window, now, current, samples=samples, load=load)
     history.add(now, recommended, window_s=down.stabilization)
     if recommended >= current or p is None:
         return True
@@ -280,14 +284,12 @@ def scale_down(
         f"{down.below:.0%} of {objective:g}ms): desired ceil({current} * {ratio:.2f}) "
         f"= {recommended}"
     )
-    if lead is not None and scale.leading is not None:
-        rate = request_rate(spec, samples, window, now)
-        inputs["request_rate"] = round(rate, 2)
-        thresholds["rate_per_replica"] = scale.leading.rate_per_replica
+    if lead is not None:
+        leading_inputs(lead, inputs, thresholds)
         why = (
             f"{key} within its objective (P{spec.slo.percentile:g} {p:.0f}ms), request rate "
-            f"{rate:.1f}/s: desired ceil({rate:.1f} * {1 + scale.tolerance:g} / "
-            f"{scale.leading.rate_per_replica:g}) = {recommended}"
+            f"{lead.rate:.1f}/s: desired ceil({lead.planned:.1f} * {1 + scale.tolerance:g} / "
+            f"{lead.per_replica:.3g}) = {recommended}"
         )
     remove, which = _removal(rnd, workload, current - target)
     if remove:
