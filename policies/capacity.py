@@ -22,7 +22,8 @@ Design (pure: the engine passes the time and what it observed; no I/O, no clock)
 * **Confidence.** The estimate is used only when the line falls with load, enough windows
   (:data:`MIN_POINTS`, in effective weight) back it, and the standard error of the solved
   ``x`` (the delta method on the regression, which grows with extrapolation beyond the loads
-  seen) is at most :data:`MAX_RELATIVE_ERROR` of it. Otherwise there is no learned capacity and
+  seen) is at most :data:`MAX_RELATIVE_ERROR` of it, and it lies within
+  :data:`MAX_EXTRAPOLATION` times the loads seen. Otherwise there is no learned capacity and
   the latency rules alone decide, as without a leading indicator.
 * **One point per SLO window**, taken only when the service's Running replicas have not
   changed for a whole window: the window's percentile and rate then describe one load per
@@ -49,6 +50,7 @@ from policies.snapshot import Pod
 
 __all__ = [
     "FIT_HALF_LIFE_S",
+    "MAX_EXTRAPOLATION",
     "MAX_RELATIVE_ERROR",
     "MIN_POINTS",
     "CapacityFit",
@@ -62,6 +64,8 @@ FIT_HALF_LIFE_S: Final = 4 * 3600.0
 MIN_POINTS: Final = 10.0
 #: Largest standard error of the learned capacity, as a fraction of it, that is still used.
 MAX_RELATIVE_ERROR: Final = 0.15
+#: How far beyond the loads seen (their mean plus two standard deviations) a capacity may lie.
+MAX_EXTRAPOLATION: Final = 2.0
 #: Windows of request rate the growth slope is fitted over.
 TREND_WINDOWS: Final = 5
 #: Half-life of the steepest rise that scale-down keeps room for.
@@ -137,8 +141,8 @@ class CapacityFit:
             return None  # latency does not rise with load here: nothing to solve
         a = my - b * mx
         x_star = (1.0 / target_ms - a) / b
-        if x_star <= 0:
-            return None
+        if x_star <= 0 or x_star > MAX_EXTRAPOLATION * (mx + 2.0 * math.sqrt(sxx)):
+            return None  # far beyond the loads seen: the curve may not hold there
         resid = max(0.0, syy - b * sxy) * n / max(1.0, n - 2.0)  # residual variance
         var = resid / (b * b) * (1.0 / n + (x_star - mx) ** 2 / (sxx * n))
         se = math.sqrt(var)
