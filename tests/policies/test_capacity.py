@@ -76,7 +76,8 @@ def test_old_points_are_forgotten() -> None:
     earlier points' weight halves every FIT_HALF_LIFE_S."""
     fit = fitted([(x, curve(x)) for x in LOADS * 3])
     before = fit.capacity(80.0)
-    assert before is not None and before.rate_per_replica == pytest.approx(7.5)
+    assert before is not None
+    assert before.rate_per_replica == pytest.approx(7.5)
     start = T0 + 12 * 3600.0
     for i, x in enumerate(LOADS * 24):
         fit.add(start + i * 60.0, x / 2, curve(x / 2, c=5.0))
@@ -171,9 +172,11 @@ def test_learned_capacity_leads_scale_up() -> None:
     first = decisions[0]
     assert first.explanation.rule == "leading-scale-up"
     per = first.explanation.inputs["learned_rate_per_replica"]
-    assert isinstance(per, float) and 6.0 <= per <= 8.0
+    assert isinstance(per, float)
+    assert 6.0 <= per <= 8.0
     rate = first.explanation.inputs["request_rate"]
-    assert isinstance(rate, float) and first.to_replicas == math.ceil(rate / per) > 2
+    assert isinstance(rate, float)
+    assert first.to_replicas == math.ceil(rate / per) > 2
     assert "rate_per_replica" not in first.explanation.thresholds
 
 
