@@ -189,11 +189,16 @@ def _scale(sc: ScaleSpec, svc: ServiceSpec, workload: str, cooldown: float) -> l
     ]
     lead = sc.leading
     if lead is not None:
-        if lead.rate_per_replica == "learn":
+        if lead.learn:
+            until = (
+                "the percentile alone decides"
+                if lead.rate_per_replica is None
+                else f"{lead.rate_per_replica:g} requests/s a replica"
+            )
             per = (
                 "the requests/s a replica serves at recoverBelow of the objective, learned "
                 "from its own percentile against its load per replica (until that fit is "
-                "confident, the percentile alone decides)"
+                f"confident, {until})"
             )
         else:
             per = f"{lead.rate_per_replica:g} requests/s a replica"
@@ -212,6 +217,12 @@ def _scale(sc: ScaleSpec, svc: ServiceSpec, workload: str, cooldown: float) -> l
                 f"Headroom: plans for the rate one pod start-up ahead ({startup}, plus half a "
                 "window): its recent growth scaling up, its steepest rise in the last hour "
                 "scaling down, so only replicas that could be brought back in time go."
+            )
+        if lead.forecast is not None:
+            lines.append(
+                f"Forecast: pre-scales for the highest rate the load's shape over the last "
+                f"{_d(lead.forecast.period)} periods predicts within one start-up, while its "
+                f"mean error stays within {_pct(lead.forecast.max_error)}; else it reacts."
             )
     else:
         lines.append("No leading indicator: scale-up waits for the percentile to breach.")

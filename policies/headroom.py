@@ -14,6 +14,9 @@ Design:
   the snapshot's pods are read only when a new snapshot came (start-up times).
 * A capacity point (:class:`~policies.capacity.CapacityFit`) needs the window's percentile at
   or below the objective, a rate, and the same Running replicas for the whole window.
+* With ``leading.forecast`` each observation also records the rate in the load's shape and
+  forecasts one lookahead ahead (:mod:`policies.forecast`); the forecast is kept for the
+  indicator only while its measured error allows.
 * The lookahead is the start-up time (``leading.startup``, else observed, else none yet) plus
   half a window (the rate is a window's average). See :mod:`policies.capacity` for the rest.
 """
@@ -24,6 +27,7 @@ import math
 from collections.abc import Sequence
 
 from policies.capacity import Capacity, CapacityFit, RateTrend, StartupClock
+from policies.forecast import DailyShape
 from policies.model import ServiceSpec
 from policies.snapshot import Pod
 
@@ -33,7 +37,17 @@ __all__ = ["ServiceLoad"]
 class ServiceLoad:
     """A service's learned capacity, start-up time and load growth (module docstring)."""
 
-    __slots__ = ("_due", "_pods", "_running", "_running_since", "fit", "startup", "trend")
+    __slots__ = (
+        "_due",
+        "_pods",
+        "_running",
+        "_running_since",
+        "fit",
+        "forecast",
+        "shape",
+        "startup",
+        "trend",
+    )
 
     def __init__(self) -> None:
         self.fit = CapacityFit()
@@ -45,6 +59,10 @@ class ServiceLoad:
         self._pods: object = None
         self._running = -1
         self._running_since = -math.inf
+        #: The load's shape, with ``leading.forecast``, and the rate it forecast at the last
+        #: observation for one lookahead later (``None``: none, or not trusted).
+        self.shape: DailyShape | None = None
+        self.forecast: float | None = None
 
     def observe(
         self,
@@ -70,6 +88,7 @@ class ServiceLoad:
         if rate is None:
             return
         self.trend.add(now, rate)
+        self._forecast(now, spec, rate)
         if (
             p_ms is not None
             and p_ms <= spec.slo.objective_ms
@@ -77,6 +96,21 @@ class ServiceLoad:
             and now - self._running_since >= window
         ):
             self.fit.add(now, rate / self._running, p_ms)
+
+    def _forecast(self, now: float, spec: ServiceSpec, rate: float) -> None:
+        """Record ``rate`` in the load's shape and forecast one lookahead ahead (made and
+        scored every window, used only while trusted)."""
+        lead = spec.scale.leading if spec.scale is not None else None
+        want = lead.forecast if lead is not None else None
+        if want is None:
+            self.shape = self.forecast = None
+            return
+        shape = self.shape
+        if shape is None or (shape.period_s, shape.slot_s) != (want.period, spec.slo.window):
+            shape = self.shape = DailyShape(period_s=want.period, slot_s=spec.slo.window)
+        shape.add(now, rate)
+        predicted = shape.forecast(now, rate, self.lookahead_s(spec))
+        self.forecast = predicted if shape.trusted(want.max_error) else None
 
     def capacity(self, spec: ServiceSpec) -> Capacity | None:
         """The confident learned capacity at the SLO's ``recoverBelow`` level, else ``None``."""

@@ -14,10 +14,11 @@ Design:
   ``minSamples`` give no rate, as they give no percentile. Over a full window the rate is a
   window's average, so on a step it lags by up to half a window: the percentile still answers
   a flash crowd; the rate meets a ramp early and keeps scale-down off what the load needs.
-* ``ratePerReplica: learn`` takes the rate per replica from the service's own latency curve
+* ``learn: true`` takes the rate per replica from the service's own latency curve
   (:mod:`policies.capacity`), and asks nothing until that fit is confident; ``headroom`` plans
-  for the rate one start-up ahead (:mod:`policies.headroom`). :func:`leading_ask` says what it
-  used, for the explanation.
+  for the rate one start-up ahead (:mod:`policies.headroom`); ``forecast`` for the higher rate
+  the load's daily shape predicts then, while its error allows (:mod:`policies.forecast`).
+  :func:`leading_ask` says what it used, for the explanation.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class LeadingAsk:
     """Whether ``per_replica`` was learned (:mod:`policies.capacity`) rather than set."""
     growth: float = 0.0
     lookahead_s: float = 0.0
+    forecast: float | None = None
+    """The trusted forecast's rate one lookahead ahead (:mod:`policies.forecast`), if any."""
 
 
 def request_rate(spec: ServiceSpec, requests: int, window: LatencyWindow, now: float) -> float:
@@ -69,28 +72,30 @@ def leading_ask(
 ) -> LeadingAsk | None:
     """Replicas the request rate, planned ahead (``headroom``, from ``load``) and raised by
     ``margin``, asks for; ``None`` without a leading indicator, with fewer requests than
-    ``slo.minSamples`` (too few to judge a rate by either), or with ``ratePerReplica: learn``
-    and no confident fit yet. Scale-down asks with ``down`` (room for the steepest recent
-    rise) and ``scale.tolerance`` as the margin, so a rate hovering at a replica boundary does
-    not take a replica away that the next tick adds back."""
+    ``slo.minSamples`` (too few to judge a rate by either), or with ``learn: true``, no
+    confident fit yet and no ``ratePerReplica`` to start from. Scale-down asks with ``down``
+    (room for the steepest recent rise) and ``scale.tolerance`` as the margin, so a rate
+    hovering at a replica boundary does not take a replica away that the next tick adds back."""
     lead = spec.scale.leading if spec.scale is not None else None
     if lead is None or requests < spec.slo.min_samples:
         return None
-    learned = lead.rate_per_replica == "learn"
-    if isinstance(lead.rate_per_replica, float):
+    fit = load.capacity(spec) if lead.learn and load is not None else None
+    if fit is not None:
+        per = fit.rate_per_replica
+    elif lead.rate_per_replica is not None:
         per = lead.rate_per_replica
     else:
-        fit = load.capacity(spec) if load is not None else None
-        if fit is None:
-            return None
-        per = fit.rate_per_replica
+        return None
     rate = request_rate(spec, requests, window, now)
     planned, growth, ahead = rate, 0.0, 0.0
     if lead.headroom and load is not None:
         growth, ahead = load.growth(now, down=down), load.lookahead_s(spec)
         planned = rate + growth * ahead
+    forecast = load.forecast if load is not None else None
+    if load is not None and forecast is not None and forecast > planned:
+        planned, ahead = forecast, load.lookahead_s(spec)
     replicas = math.ceil(planned * (1.0 + margin) / per - 1e-9)
-    return LeadingAsk(replicas, rate, planned, per, learned, growth, ahead)
+    return LeadingAsk(replicas, rate, planned, per, fit is not None, growth, ahead, forecast)
 
 
 def leading_replicas(

@@ -442,6 +442,8 @@ def leading_inputs(
         inputs["planned_rate"] = round(asked.planned, 2)
         inputs["rate_growth_per_s"] = round(asked.growth, 5)
         inputs["lookahead"] = format_duration(asked.lookahead_s)
+    if asked.forecast is not None:
+        inputs["forecast_rate"] = round(asked.forecast, 2)
 
 
 def _being_freed(inv: Inventory, pool: str) -> int:

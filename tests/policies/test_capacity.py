@@ -1,5 +1,5 @@
 """Learned capacity, start-up time and load growth (policies/capacity.py, policies/headroom.py),
-and ``leading: {ratePerReplica: learn, headroom: true}`` through the engine."""
+and ``leading: {learn: true, headroom: true}`` through the engine."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def learn(engine: Engine, *, levels: int) -> list[Decision]:
 def test_learned_capacity_leads_scale_up() -> None:
     """After 16 minutes of varied load, chat's capacity is learned (about 7.5 req/s a replica
     at 80ms) and 40 req/s scales it 2→6 on the rate alone, saying it learned the rate."""
-    decisions = ups(learn(Engine(chat_policy({"ratePerReplica": "learn"})), levels=16))
+    decisions = ups(learn(Engine(chat_policy({"learn": True})), levels=16))
     assert decisions, "no scale-up"
     first = decisions[0]
     assert first.explanation.rule == "leading-scale-up"
@@ -183,12 +183,13 @@ def test_learned_capacity_leads_scale_up() -> None:
 def test_without_a_confident_fit_the_latency_rules_alone_decide() -> None:
     """Two minutes of data learn nothing: 40 req/s at 30ms scales nothing, as without a
     leading indicator."""
-    assert ups(learn(Engine(chat_policy({"ratePerReplica": "learn"})), levels=2)) == []
+    assert ups(learn(Engine(chat_policy({"learn": True})), levels=2)) == []
 
 
-def test_learn_is_the_only_word_rate_per_replica_takes() -> None:
+@pytest.mark.parametrize("leading", [{"ratePerReplica": "learn"}, {"learn": False}, {}])
+def test_a_rate_per_replica_is_set_or_learned(leading: dict[str, object]) -> None:
     with pytest.raises(PolicyLoadError):
-        chat_policy({"ratePerReplica": "guess"})
+        chat_policy(leading)
 
 
 def test_headroom_plans_one_startup_ahead() -> None:

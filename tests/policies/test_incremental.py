@@ -150,7 +150,8 @@ def leading_services(
     so the rate is still read when the cooldown ends."""
     out = services()
     chat = dict(out["chat"])
-    lead = {"ratePerReplica": rate, "headroom": headroom}
+    lead: dict[str, Any] = {"learn": True} if rate == "learn" else {"ratePerReplica": rate}
+    lead["headroom"] = headroom
     chat["scale"] = dict(chat["scale"], maxStep=1, leading=lead)
     chat["cooldown"] = cooldown
     out["chat"] = chat
