@@ -196,7 +196,7 @@ def _scale(sc: ScaleSpec, svc: ServiceSpec, workload: str, cooldown: float) -> l
                 else f"{lead.rate_per_replica:g} requests/s a replica"
             )
             per = (
-                "the requests/s a replica serves at recoverBelow of the objective, learned "
+                "the requests/s a replica serves at the objective / (1 + tolerance), learned "
                 "from its own percentile against its load per replica (until that fit is "
                 f"confident, {until})"
             )

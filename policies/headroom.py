@@ -113,8 +113,9 @@ class ServiceLoad:
         self.forecast = predicted if shape.trusted(want.max_error) else None
 
     def capacity(self, spec: ServiceSpec) -> Capacity | None:
-        """The confident learned capacity at the SLO's ``recoverBelow`` level, else ``None``."""
-        return self.fit.capacity(spec.slo.objective_ms * spec.slo.recover_below)
+        """The confident learned capacity at one tolerance below the objective, else ``None``."""
+        tolerance = spec.scale.tolerance if spec.scale is not None else 0.0
+        return self.fit.capacity(spec.slo.objective_ms / (1.0 + tolerance))
 
     def lookahead_s(self, spec: ServiceSpec) -> float:
         """Seconds from asking for a replica to its serving, as the rate sees it."""
