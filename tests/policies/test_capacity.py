@@ -4,9 +4,11 @@ and ``leading: {learn: true, headroom: true}`` through the engine."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
-from policy_fixtures import T0, feed_latency, policy_dict, to_yaml
+from policy_fixtures import T0, feed_latency, latency, policy_dict, to_yaml
+from test_incremental import Lockstep
 
 from policies.capacity import MIN_POINTS, CapacityFit, RateTrend, StartupClock
 from policies.decisions import Decision, Scale
@@ -205,3 +207,32 @@ def test_headroom_plans_one_startup_ahead() -> None:
     assert load.growth(T0 + 120.0, down=False) == pytest.approx(0.2)
     unset = chat_policy({"ratePerReplica": 10, "headroom": True}).spec.services["chat"]
     assert ServiceLoad().lookahead_s(unset) == pytest.approx(15.0)  # none observed yet
+
+
+def test_learning_decides_as_ticking_everything() -> None:
+    """The incremental engine learns what the full one learns and decides the same, tick by
+    tick, with irregular tick gaps: chat on its latency curve at loads that change every
+    minute (so the fit becomes confident), then a rush only the learned rate sees, with
+    headroom and a forecast (period 1h) on."""
+    rnd = random.Random(5)
+    lead = {"learn": True, "headroom": True, "forecast": {"period": "1h"}}
+    both = Lockstep(chat_policy(lead))
+    b = SnapshotBuilder()
+    b.node("w0", gpus=8, labels=WHOLE)
+    b.workload("serving", "chat", replicas=2, nodes=["w0"])
+    snap = b.build()
+    now = T0
+    end = T0 + 2 * 3600
+    while now < end:
+        step = rnd.choice([1.0] * 30 + [3.0, 7.0, 45.0])
+        for t in [now + k for k in range(int(step))]:
+            minute = int((t - T0) // 60)
+            per_s = 40 if minute % 30 == 29 else 2 * (1 + minute % 8)
+            ms = 30.0 if per_s == 40 else curve(per_s / 2) * rnd.uniform(0.95, 1.05)
+            both.observe([latency(t + k / per_s, ms) for k in range(per_s)])
+        now += step
+        both.evaluate(now, snap)
+    learned = [
+        d for _, _, ds in both.decided for d in ds if "learned_rate_per_replica" in d["inputs"]
+    ]
+    assert learned, "the fit never became confident: the learned path was not compared"
