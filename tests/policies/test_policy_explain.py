@@ -286,6 +286,20 @@ def test_proactive_example_reads_differently_from_balanced() -> None:
         assert needle in text, needle
 
 
+def test_balanced_explains_its_learned_capacity_and_headroom() -> None:
+    """The library's balanced scales chat on a learned rate per replica with start-up headroom
+    (issue 24): explain says how it is learned, what it falls back to, and what headroom keeps."""
+    text = CliRunner().invoke(policy, ["explain", str(LIBRARY / "balanced.yaml")]).stdout
+    for needle in (
+        "learned from its own percentile against its load per replica",
+        "until that fit is confident, the percentile alone decides",
+        "one pod start-up ahead (start-up observed from its pods",
+        "only replicas that could be brought back in time go",
+    ):
+        assert needle in text, needle
+    assert "Forecast:" not in text  # not on by default: no arena day shows it winning
+
+
 def test_explain_json() -> None:
     """-o json gives the sections as data and the effective spec with defaults filled in."""
     result = CliRunner().invoke(policy, ["explain", "-o", "json", str(LIBRARY / "balanced.yaml")])
