@@ -9,8 +9,10 @@ Design (pure; the engine passes the time):
 
 * **Profile.** The period (``leading.forecast.period``, a day by default) is cut into slots of
   one SLO window; each slot keeps the rate observed in it on each of the last
-  :data:`PERIODS_KEPT` periods. The slot's expected rate is the *lowest* of them: a ramp seen
-  every day is planned for, a one-off burst (a launch, an incident) is not.
+  :data:`PERIODS_KEPT` periods. The slot's expected rate is the *lowest* of them, and a slot
+  seen on fewer than :data:`MIN_PERIODS` periods expects nothing: a ramp seen every day is
+  planned for, a one-off burst (a launch, an incident) is not (with one day seen, the first
+  version pre-scaled for the day before's burst: BENCHMARKS.md).
 * **Level.** Days differ in level, not only in shape, so a forecast is the profile scaled by
   how today's rate compares with the profile now, that ratio held within ``[1/2, 2]``: a
   burst no forecast knows does not multiply every later forecast.
@@ -29,10 +31,12 @@ import math
 from collections import deque
 from typing import Final
 
-__all__ = ["ERROR_SPAN", "MIN_SCORED", "PERIODS_KEPT", "DailyShape"]
+__all__ = ["ERROR_SPAN", "MIN_PERIODS", "MIN_SCORED", "PERIODS_KEPT", "DailyShape"]
 
 #: Periods (days) of rates each slot keeps.
 PERIODS_KEPT: Final = 3
+#: Earlier periods a slot needs before it forecasts: with one, a one-off burst is a "ramp".
+MIN_PERIODS: Final = 2
 #: Scores the forecast error averages over (an exponential moving average's span).
 ERROR_SPAN: Final = 30
 #: Scores needed before the forecast is trusted.
@@ -65,7 +69,7 @@ class DailyShape:
         """The profile's rate at time ``t`` from earlier periods (``None`` if none holds it)."""
         period, slot = self._slot(t)
         past = [r for p, r in self._slots.get(slot, ()) if p < period]
-        return min(past) if past else None
+        return min(past) if len(past) >= MIN_PERIODS else None
 
     def add(self, now: float, rate: float) -> None:
         """The request rate of the window ending at ``now``: scores the forecasts due by now

@@ -38,10 +38,10 @@ def shaped(days: float, rate: Callable[[float], float], *, start: float = 0.0) -
 
 
 def test_the_morning_ramp_is_forecast_before_it_comes() -> None:
-    """After two days, at 07:58 (rate 10) a 10-minute lookahead already sees 08:08's 34; the
-    forecasts were right, so they are trusted."""
-    shape = shaped(2, morning)
-    now = 2 * DAY + 7 * 3600 + 58 * 60
+    """After three days, at 07:58 (rate 10) a 10-minute lookahead already sees 08:08's 34;
+    the third day's forecasts were right, so they are trusted."""
+    shape = shaped(3, morning)
+    now = 3 * DAY + 7 * 3600 + 58 * 60
     got = shape.forecast(now, morning(now), 600.0)
     assert morning(now) == 10.0
     assert got == pytest.approx(morning(now + 600.0))
@@ -50,16 +50,17 @@ def test_the_morning_ramp_is_forecast_before_it_comes() -> None:
     assert shape.error < 0.01
 
 
-def test_before_a_whole_period_there_is_no_forecast() -> None:
-    shape = shaped(0.5, morning)
-    now = 0.5 * DAY
+def test_before_two_whole_periods_there_is_no_forecast() -> None:
+    shape = shaped(1.5, morning)
+    now = 1.5 * DAY
     assert shape.forecast(now, morning(now), 300.0) is None
     assert not shape.trusted(0.25)
     assert shape.scored == 0
 
 
 def test_a_one_off_burst_is_not_planned_for() -> None:
-    """Day 1 had a burst at 03:00 that day 0 had not: day 2 expects the lower of the two."""
+    """Day 1 had a burst at 03:00 that day 0 had not: day 2 expects the lower of the two, and
+    on day 1 (one day seen) nothing is expected at all."""
 
     def burst(t: float) -> float:
         h = (t % DAY) / 3600.0
@@ -68,12 +69,13 @@ def test_a_one_off_burst_is_not_planned_for() -> None:
     shape = shaped(2, burst)
     now = 2 * DAY + 3 * 3600 - 120
     assert shape.forecast(now, 10.0, 300.0) == pytest.approx(10.0)
+    assert shaped(1.5, burst).expected(1.5 * DAY) is None
 
 
 def test_today_level_scales_the_shape_within_bounds() -> None:
-    """Twice yesterday's rate: twice the shape; ten times: held at twice."""
-    shape = shaped(1, morning)
-    now = DAY + 7 * 3600 + 56 * 60
+    """Twice the last days' rate: twice the shape; ten times: held at twice."""
+    shape = shaped(2, morning)
+    now = 2 * DAY + 7 * 3600 + 56 * 60
     ahead = morning(now + 300.0)
     assert shape.forecast(now, 2 * morning(now), 300.0) == pytest.approx(2 * ahead)
     assert shape.forecast(now, 10 * morning(now), 300.0) == pytest.approx(2 * ahead)
