@@ -16,8 +16,8 @@ Design (pure: the engine passes the time and what it observed; no I/O, no clock)
   least-squares sums of ``(x, 1 / p)`` and solves in closed form for the ``x`` at which the
   line reaches ``1 / target`` (``target``: the objective over ``1 + scale.tolerance``, the
   edge of the band in which the breach response holds, so the indicator and the percentile
-  aim at the same load; in the arena this beat the ``recoverBelow`` level on goodput at equal
-  attainment, BENCHMARKS.md). Points with the percentile above the
+  aim at the same load; in the arena it beat the ``recoverBelow`` level on goodput at equal
+  attainment: BENCHMARKS.md). Points with the percentile above the
   objective are left out: a saturated server's percentile stops following the curve (the
   backlog shows in the time to first token, not in the time per token; a queue's timeout caps
   it), and such points would bend the line.
