@@ -37,7 +37,7 @@ from policies.model import Policy
 from policies.pool_rules import grow_quiet_until, grow_training, mig_quiet_until, run_mig
 from policies.rules import Round, breach_quiet_until, respond_to_breach, responds
 from policies.scaledown import scale_down
-from policies.servicetrack import ServiceTrack
+from policies.servicetrack import ServiceTrack, observe_load
 
 __all__ = ["Decider"]
 
@@ -93,6 +93,7 @@ class Decider:
         returns each with whether it is settled: with the same SLO state and snapshot, its
         rules would only hold at every later tick."""
         for svc in ruled:
+            observe_load(svc, rnd.now, rnd.inv)
             sig = rnd.signals.get(svc.key)
             if sig is not None:  # its further objectives and work-bound check, every round
                 wb = svc.spec.scale is not None and svc.spec.scale.work_bound is not None
@@ -108,7 +109,13 @@ class Decider:
                 )
             if responds(svc.spec, svc.slo):
                 respond_to_breach(
-                    rnd, svc.key, svc.spec, svc.slo, svc.latency, requests=svc.samples
+                    rnd,
+                    svc.key,
+                    svc.spec,
+                    svc.slo,
+                    svc.latency,
+                    requests=svc.samples,
+                    load=svc.load,
                 )
         out = []
         now, inv = rnd.now, rnd.inv
@@ -123,7 +130,14 @@ class Decider:
                 ):
                     down.hold(last_round)  # the rounds that skipped it, each a hold
                 settled = scale_down(
-                    rnd, svc.key, svc.spec, svc.slo, svc.latency, down, samples=svc.samples
+                    rnd,
+                    svc.key,
+                    svc.spec,
+                    svc.slo,
+                    svc.latency,
+                    down,
+                    samples=svc.samples,
+                    load=svc.load,
                 )
             svc.ruled_at = now
             workload = inv.service_workload.get(svc.key)

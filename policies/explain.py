@@ -195,12 +195,43 @@ def _scale(sc: ScaleSpec, svc: ServiceSpec, workload: str, cooldown: float) -> l
         f"P/objective) (tolerance {_pct(sc.tolerance)}), within {svc.replicas.min}.."
         f"{svc.replicas.max} replicas, {step}.",
     ]
-    if sc.leading is not None:
+    lead = sc.leading
+    if lead is not None:
+        if lead.learn:
+            until = (
+                "the percentile alone decides"
+                if lead.rate_per_replica is None
+                else f"{lead.rate_per_replica:g} requests/s a replica"
+            )
+            per = (
+                "the requests/s a replica serves at the objective / (1 + tolerance), learned "
+                "from its own percentile against its load per replica (until that fit is "
+                f"confident, {until})"
+            )
+        else:
+            per = f"{lead.rate_per_replica:g} requests/s a replica"
         lines.append(
-            f"Leading indicator: {sc.leading.rate_per_replica:g} requests/s a replica; whenever "
-            "the request rate over the window wants more replicas, scale up to "
-            "ceil(rate / that), breaching or not; never scale down below it."
+            f"Leading indicator: {per}; whenever the request rate over the window wants more "
+            "replicas, scale up to ceil(rate / that), breaching or not; never scale down "
+            "below it."
         )
+        if lead.headroom:
+            startup = (
+                f"start-up {_d(lead.startup)}"
+                if lead.startup is not None
+                else "start-up observed from its pods (creation to Running)"
+            )
+            lines.append(
+                f"Headroom: plans for the rate one pod start-up ahead ({startup}, plus half a "
+                "window): its recent growth scaling up, its steepest rise in the last hour "
+                "scaling down, so only replicas that could be brought back in time go."
+            )
+        if lead.forecast is not None:
+            lines.append(
+                f"Forecast: pre-scales for the highest rate the load's shape over the last "
+                f"{_d(lead.forecast.period)} periods predicts within one start-up, while its "
+                f"mean error stays within {_pct(lead.forecast.max_error)}; else it reacts."
+            )
     else:
         lines.append("No leading indicator: scale-up waits for the percentile to breach.")
     if sc.signals is not None:

@@ -14,16 +14,41 @@ Design:
   ``minSamples`` give no rate, as they give no percentile. Over a full window the rate is a
   window's average, so on a step it lags by up to half a window: the percentile still answers
   a flash crowd; the rate meets a ramp early and keeps scale-down off what the load needs.
+* ``learn: true`` takes the rate per replica from the service's own latency curve
+  (:mod:`policies.capacity`), and asks nothing until that fit is confident; ``headroom`` plans
+  for the rate one start-up ahead (:mod:`policies.headroom`); ``forecast`` for the higher rate
+  the load's daily shape predicts then, while its error allows (:mod:`policies.forecast`).
+  :func:`leading_ask` says what it used, for the explanation.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+from policies.headroom import ServiceLoad
 from policies.model import ServiceSpec
 from policies.windows import LatencyWindow
 
-__all__ = ["leading_replicas", "request_rate"]
+__all__ = ["LeadingAsk", "leading_ask", "leading_replicas", "request_rate"]
+
+
+@dataclass(frozen=True, slots=True)
+class LeadingAsk:
+    """What the leading indicator asks for, and from what."""
+
+    replicas: int
+    rate: float
+    """Requests/s over the SLO window."""
+    planned: float
+    """Requests/s planned for: ``rate`` plus ``growth`` over ``lookahead_s`` (headroom)."""
+    per_replica: float
+    learned: bool
+    """Whether ``per_replica`` was learned (:mod:`policies.capacity`) rather than set."""
+    growth: float = 0.0
+    lookahead_s: float = 0.0
+    forecast: float | None = None
+    """The trusted forecast's rate one lookahead ahead (:mod:`policies.forecast`), if any."""
 
 
 def request_rate(spec: ServiceSpec, requests: int, window: LatencyWindow, now: float) -> float:
@@ -35,15 +60,53 @@ def request_rate(spec: ServiceSpec, requests: int, window: LatencyWindow, now: f
     return requests / span
 
 
-def leading_replicas(
-    spec: ServiceSpec, requests: int, window: LatencyWindow, now: float, *, margin: float = 0.0
-) -> int | None:
-    """Replicas the request rate, raised by ``margin``, asks for (``None`` without a leading
-    indicator, or with fewer requests than ``slo.minSamples``: too few to judge a rate by
-    either). Scale-down asks with ``scale.tolerance`` as the margin, so a rate hovering at a
-    replica boundary does not take a replica away that the next tick adds back."""
+def leading_ask(
+    spec: ServiceSpec,
+    requests: int,
+    window: LatencyWindow,
+    now: float,
+    *,
+    margin: float = 0.0,
+    load: ServiceLoad | None = None,
+    down: bool = False,
+) -> LeadingAsk | None:
+    """Replicas the request rate, planned ahead (``headroom``, from ``load``) and raised by
+    ``margin``, asks for; ``None`` without a leading indicator, with fewer requests than
+    ``slo.minSamples`` (too few to judge a rate by either), or with ``learn: true``, no
+    confident fit yet and no ``ratePerReplica`` to start from. Scale-down asks with ``down``
+    (room for the steepest recent rise) and ``scale.tolerance`` as the margin, so a rate
+    hovering at a replica boundary does not take a replica away that the next tick adds back."""
     lead = spec.scale.leading if spec.scale is not None else None
     if lead is None or requests < spec.slo.min_samples:
         return None
-    rate = request_rate(spec, requests, window, now) * (1.0 + margin)
-    return math.ceil(rate / lead.rate_per_replica - 1e-9)
+    fit = load.capacity(spec) if lead.learn and load is not None else None
+    if fit is not None:
+        per = fit.rate_per_replica
+    elif lead.rate_per_replica is not None:
+        per = lead.rate_per_replica
+    else:
+        return None
+    rate = request_rate(spec, requests, window, now)
+    planned, growth, ahead = rate, 0.0, 0.0
+    if lead.headroom and load is not None:
+        growth, ahead = load.growth(now, down=down), load.lookahead_s(spec)
+        planned = rate + growth * ahead
+    forecast = load.forecast if load is not None else None
+    if load is not None and forecast is not None and forecast > planned:
+        planned, ahead = forecast, load.lookahead_s(spec)
+    replicas = math.ceil(planned * (1.0 + margin) / per - 1e-9)
+    return LeadingAsk(replicas, rate, planned, per, fit is not None, growth, ahead, forecast)
+
+
+def leading_replicas(
+    spec: ServiceSpec,
+    requests: int,
+    window: LatencyWindow,
+    now: float,
+    *,
+    margin: float = 0.0,
+    load: ServiceLoad | None = None,
+) -> int | None:
+    """The replicas of :func:`leading_ask` (``None`` when it asks nothing)."""
+    ask = leading_ask(spec, requests, window, now, margin=margin, load=load)
+    return None if ask is None else ask.replicas

@@ -45,6 +45,7 @@ __all__ = [
     "CooldownsSpec",
     "Duration",
     "ElasticSpec",
+    "ForecastSpec",
     "LeadingSpec",
     "Loc",
     "Metadata",
@@ -301,15 +302,46 @@ class ScaleDownSpec(_Model):
         return self
 
 
+class ForecastSpec(_Model):
+    """Pre-scale for the load the last periods' shape predicts (:mod:`policies.forecast`)."""
+
+    period: PositiveDuration = 86400.0
+    """The load's season: its shape repeats every period (a day)."""
+    max_error: Percent = 0.25
+    """Use the forecast only while its recent mean relative error is at most this; above it,
+    the service scales on what it observes."""
+
+
 class LeadingSpec(_Model):
     """A leading indicator next to the percentile: the request rate moves before the latency
     window turns, so scale-up can start while the percentile is still within its objective."""
 
-    rate_per_replica: Annotated[float, Field(gt=0)]
+    rate_per_replica: Annotated[float, Field(gt=0)] | None = None
     """Requests/s one replica serves comfortably within the objective: whenever the request
     rate over the SLO window wants more replicas than the service has, scale up to
     ``ceil(rate / ratePerReplica)`` (bounded like a breach response), breaching or not; and
-    never scale down below it."""
+    never scale down below it. With ``learn``, the rate used until the learned one is
+    confident."""
+    learn: bool = False
+    """Learn the rate per replica online from the service's own percentile against its load
+    per replica (:mod:`policies.capacity`); until that fit is confident, ``ratePerReplica``
+    if given, else the latency rules alone decide."""
+    headroom: bool = False
+    """Ask for the load one pod start-up ahead: the rate plus its recent growth over the
+    start-up time (scale-up), or plus the steepest recent rise (scale-down keeps only what
+    could be brought back in time)."""
+    startup: Duration | None = None
+    """A replica's start-up time for ``headroom`` and ``forecast``; observed from the snapshot
+    (creation to Running) when absent."""
+    forecast: ForecastSpec | None = None
+    """Also plan for the highest rate the load's shape over the last periods predicts within
+    one start-up; off when absent."""
+
+    @model_validator(mode="after")
+    def _one_rate(self) -> LeadingSpec:
+        if self.rate_per_replica is None and not self.learn:
+            raise ValueError("give ratePerReplica, or learn: true")
+        return self
 
 
 class SignalsSpec(_Model):

@@ -43,7 +43,8 @@ from policies.decisions import (
     Explanation,
     Scale,
 )
-from policies.indicators import leading_replicas, request_rate
+from policies.headroom import ServiceLoad
+from policies.indicators import LeadingAsk, leading_ask
 from policies.inventory import Inventory, note_disrupted
 from policies.loadsignals import Ask, ServiceSignals, Verdicts, verdicts
 from policies.model import Policy, ServiceSpec, SloSpec, format_duration
@@ -53,7 +54,14 @@ from policies.slo import SloState
 from policies.snapshot import Placement, Workload
 from policies.windows import LatencyWindow
 
-__all__ = ["Round", "breach_quiet_until", "quota_note", "respond_to_breach", "responds"]
+__all__ = [
+    "Round",
+    "breach_quiet_until",
+    "leading_inputs",
+    "quota_note",
+    "respond_to_breach",
+    "responds",
+]
 
 
 @dataclass(slots=True)
@@ -193,23 +201,22 @@ def respond_to_breach(
     window: LatencyWindow,
     *,
     requests: int = 0,
+    load: ServiceLoad | None = None,
 ) -> None:
     """Scale a breaching service up, or one whose request rate (``requests`` over the SLO
-    window, :mod:`policies.indicators`) wants more replicas, and free the GPUs that takes."""
+    window, :mod:`policies.indicators`; learned capacity and headroom from ``load``) wants
+    more replicas, and free the GPUs that takes."""
     now, pspec = rnd.now, rnd.policy.spec
     breaching = slo.state == "breaching"
     workload = rnd.inv.service_workload.get(key)
     if breach_quiet_until(spec, slo, workload) == math.inf:
         return  # nothing to add: no need to read the percentile
-    lead = leading_replicas(spec, requests, window, now)
+    asked = leading_ask(spec, requests, window, now, load=load)
+    lead = None if asked is None else asked.replicas
     seen = rnd.verdicts(key, spec, workload.replicas, margin=0.0) if workload is not None else None
     top: Ask | None = None
     if seen is not None:
-        by_rate = (
-            [Ask("request_rate", lead, 0.0, 0.0)]
-            if lead is not None and spec.scale is not None and spec.scale.leading is not None
-            else []
-        )
+        by_rate = [Ask("request_rate", lead, 0.0, 0.0)] if lead is not None else []
         top = _top([*by_rate, *seen.asks])
         lead = None if top is None else top.replicas
         breaching = (breaching or bool(seen.breaching)) and not seen.work_bound
@@ -269,11 +276,9 @@ def respond_to_breach(
             desired = max(math.ceil(max(current, 1) * ratio), current + 1)
         elif breaching and ratio > 1.0 + tolerance:
             desired = math.ceil(max(current, 1) * ratio)
-        if lead is not None and (spec.scale.leading is not None or seen is not None):
-            if spec.scale.leading is not None:
-                inputs["request_rate"] = round(request_rate(spec, requests, window, now), 2)
-                inputs["leading_replicas"] = lead
-                thresholds["rate_per_replica"] = spec.scale.leading.rate_per_replica
+        if lead is not None and (asked is not None or seen is not None):
+            if asked is not None:
+                leading_inputs(asked, inputs, thresholds)
             led = lead > desired
             desired = max(desired, lead)
         if seen is not None and seen.work_bound and slo.state == "breaching":
@@ -423,11 +428,10 @@ def respond_to_breach(
             f"{_per(top)} a replica ({p_now})"
         )
         how = f"desired = the most any signal asks, bounded = {desired}"
-    elif led and spec.scale is not None and spec.scale.leading is not None:
-        rate, per = request_rate(spec, requests, window, now), spec.scale.leading.rate_per_replica
+    elif led and asked is not None:
         rule = "leading-scale-up"
-        cause_text = f"{key} request rate {rate:.1f}/s wants {lead} replicas ({p_now})"
-        how = f"desired ceil({rate:.1f} / {per:g}) bounded = {desired}"
+        cause_text = f"{key} request rate {asked.rate:.1f}/s wants {lead} replicas ({p_now})"
+        how = f"desired ceil({asked.planned:.1f} / {asked.per_replica:.3g}) bounded = {desired}"
     if plan is not None:
         grace = training.grace_period if training is not None else 30.0
         for s in plan.shrinks:
@@ -548,6 +552,24 @@ def _signal_inputs(
     if worst is not spec.slo:
         thresholds["objective_ms"] = worst.objective_ms
     inputs["work_bound"] = seen.work_bound
+
+
+def leading_inputs(
+    asked: LeadingAsk,
+    inputs: dict[str, str | int | float | bool | None],
+    thresholds: dict[str, str | int | float | bool | None],
+) -> None:
+    """What the leading indicator read and planned with, for an explanation."""
+    inputs["request_rate"] = round(asked.rate, 2)
+    inputs["leading_replicas"] = asked.replicas
+    key = "learned_rate_per_replica" if asked.learned else "rate_per_replica"
+    (inputs if asked.learned else thresholds)[key] = round(asked.per_replica, 3)
+    if asked.lookahead_s > 0:
+        inputs["planned_rate"] = round(asked.planned, 2)
+        inputs["rate_growth_per_s"] = round(asked.growth, 5)
+        inputs["lookahead"] = format_duration(asked.lookahead_s)
+    if asked.forecast is not None:
+        inputs["forecast_rate"] = round(asked.forecast, 2)
 
 
 def _being_freed(inv: Inventory, pool: str) -> int:

@@ -47,11 +47,12 @@ import math
 from collections import deque
 
 from policies.decisions import Alternative, Explanation, Scalar, Scale
-from policies.indicators import leading_replicas, request_rate
+from policies.headroom import ServiceLoad
+from policies.indicators import LeadingAsk, leading_ask
 from policies.loadsignals import Verdicts
 from policies.model import ServiceSpec, format_duration
 from policies.placement import NVLINK_DOMAIN_LABEL, give_back
-from policies.rules import Round
+from policies.rules import Round, leading_inputs
 from policies.slo import SloState
 from policies.snapshot import Workload
 from policies.windows import LatencyWindow
@@ -154,7 +155,7 @@ def scale_down_quiet_until(
         return math.inf
     if scale.leading is not None:
         return -math.inf
-    recommended, p, _ = _recommend(spec, slo, window, now, current, samples=0)
+    recommended, p, _ = _recommend(spec, slo, window, now, current, samples=0, load=None)
     return math.inf if p is None or recommended >= current else -math.inf
 
 
@@ -166,9 +167,10 @@ def _recommend(
     current: int,
     *,
     samples: int,
-) -> tuple[int, float | None, int | None]:
+    load: ServiceLoad | None,
+) -> tuple[int, float | None, LeadingAsk | None]:
     """This tick's recommendation for a service at ``current`` replicas (``spec`` has
-    ``scale.down`` and ``replicas``), with the percentile and the request rate's replicas it
+    ``scale.down`` and ``replicas``), with the percentile and the leading indicator's ask it
     read (``None`` when it read none)."""
     scale, bounds = spec.scale, spec.replicas
     assert scale is not None
@@ -177,13 +179,13 @@ def _recommend(
     objective = spec.slo.objective_ms
     p: float | None = None
     recommended = current
-    lead: int | None = None
+    lead: LeadingAsk | None = None
     # At (or below) replicas.min nothing lower can be recommended: no percentile to read.
     if _reads_percentile(slo, current, bounds.min):
         p = window.quantile(now, spec.slo.percentile / 100.0)
-        lead = leading_replicas(spec, samples, window, now, margin=scale.tolerance)
+        lead = leading_ask(spec, samples, window, now, margin=scale.tolerance, load=load, down=True)
         if p is not None and lead is not None and p < spec.slo.recover_below * objective:
-            recommended = min(current, max(bounds.min, lead))  # the capacity the rate needs
+            recommended = min(current, max(bounds.min, lead.replicas))  # what the rate needs
         elif p is not None and p < scale.down.below * objective:
             desired = max(bounds.min, math.ceil(max(current, 1) * p / objective))
             recommended = min(current, desired)
@@ -197,30 +199,32 @@ def _agree(
     now: float,
     current: int,
     seen: Verdicts,
+    *,
     samples: int,
-) -> tuple[int, float | None, int | None, list[tuple[str, int]]]:
+    load: ServiceLoad | None,
+) -> tuple[int, float | None, LeadingAsk | None, list[tuple[str, int]]]:
     """The recommendation of a service with signals (:mod:`policies.loadsignals`): the most
     that any vote asks for, where every objective (unless the latency is work-bound) and every
     configured load signal votes, and a signal without a fresh reading or an objective not well
     within itself votes for the current replicas (the HPA's rule for several metrics:
     ``horizontal.go``, ``computeReplicasForMetrics``). Returns the recommendation, the primary
-    percentile, the request rate's replicas and each vote as ``(name, replicas)``."""
+    percentile, the request rate's ask and each vote as ``(name, replicas)``."""
     scale, bounds = spec.scale, spec.replicas
     assert scale is not None
     assert bounds is not None
     votes: list[tuple[str, int]] = []
     p: float | None = None
-    lead: int | None = None
+    lead: LeadingAsk | None = None
     if current <= bounds.min:
         return current, None, None, []
     if not seen.work_bound:
-        latency, p, lead = _recommend(spec, slo, window, now, current, samples=samples)
+        latency, p, lead = _recommend(spec, slo, window, now, current, samples=samples, load=load)
         if p is None or seen.held:
             latency = current  # no verdict, or a further objective not well within itself
         votes.append((f"p{spec.slo.percentile:g}", latency))
     elif scale.leading is not None:
-        lead = leading_replicas(spec, samples, window, now, margin=scale.tolerance)
-        votes.append(("request_rate", current if lead is None else lead))
+        lead = leading_ask(spec, samples, window, now, margin=scale.tolerance, load=load, down=True)
+        votes.append(("request_rate", current if lead is None else lead.replicas))
     if seen.work_bound and scale.leading is None and not seen.asks:
         return current, p, lead, []  # nothing left to size it by: hold
     for a in seen.asks:
@@ -245,9 +249,11 @@ def scale_down(
     history: Recommendations,
     *,
     samples: int,
+    load: ServiceLoad | None = None,
 ) -> bool:
     """Record this tick's recommendation for ``key`` and scale it down when the stabilized
-    recommendation, bounded, is below its replicas. See the module docstring.
+    recommendation, bounded, is below its replicas (the leading indicator's learned capacity
+    and headroom from ``load``). See the module docstring.
 
     ``True`` when the tick only held (nothing to recommend, or the current replicas): until the
     SLO state, the windowed percentile or the snapshot change, later ticks would do the same,
@@ -264,10 +270,14 @@ def scale_down(
     objective = spec.slo.objective_ms
     seen = rnd.verdicts(key, spec, current, margin=scale.tolerance)
     if seen is None:
-        recommended, p, lead = _recommend(spec, slo, window, now, current, samples=samples)
+        recommended, p, lead = _recommend(
+            spec, slo, window, now, current, samples=samples, load=load
+        )
         agreed: list[tuple[str, int]] = []
     else:
-        recommended, p, lead, agreed = _agree(spec, slo, window, now, current, seen, samples)
+        recommended, p, lead, agreed = _agree(
+            spec, slo, window, now, current, seen, samples=samples, load=load
+        )
     history.add(now, recommended, window_s=down.stabilization)
     if recommended >= current or (p is None and not agreed):
         return True
@@ -348,14 +358,12 @@ def scale_down(
         for name, n in agreed:
             inputs[f"{name}_replicas"] = n
         inputs["work_bound"] = seen.work_bound
-    elif lead is not None and scale.leading is not None:
-        rate = request_rate(spec, samples, window, now)
-        inputs["request_rate"] = round(rate, 2)
-        thresholds["rate_per_replica"] = scale.leading.rate_per_replica
+    elif lead is not None:
+        leading_inputs(lead, inputs, thresholds)
         why = (
             f"{key} within its objective (P{spec.slo.percentile:g} {p:.0f}ms), request rate "
-            f"{rate:.1f}/s: desired ceil({rate:.1f} * {1 + scale.tolerance:g} / "
-            f"{scale.leading.rate_per_replica:g}) = {recommended}"
+            f"{lead.rate:.1f}/s: desired ceil({lead.planned:.1f} * {1 + scale.tolerance:g} / "
+            f"{lead.per_replica:.3g}) = {recommended}"
         )
     remove, which = _removal(rnd, workload, current - target)
     if remove:

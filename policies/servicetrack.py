@@ -4,7 +4,8 @@ incremental schedule.
 One object per service is shared by the engine's parts, each writing its own fields: intake
 (:mod:`policies.intake`) adds to the windows and marks the service due; the schedule
 (:mod:`policies.scheduling`) steps its SLO and keeps its wake time; deciding
-(:mod:`policies.deciding`) runs its rules and keeps its scale-down recommendations. Slotted
+(:mod:`policies.deciding`) runs its rules and keeps its scale-down recommendations and what its
+leading indicator learns (:mod:`policies.headroom`). Slotted
 attributes, since intake touches it for every latency event.
 """
 
@@ -12,12 +13,15 @@ from __future__ import annotations
 
 import math
 
+from policies.headroom import ServiceLoad
+from policies.indicators import request_rate
+from policies.inventory import Inventory
 from policies.model import ServiceSpec
 from policies.scaledown import Recommendations
 from policies.slo import ExceedanceWindow, SloState
 from policies.windows import LatencyWindow
 
-__all__ = ["ServiceTrack"]
+__all__ = ["ServiceTrack", "observe_load"]
 
 
 class ServiceTrack:
@@ -31,6 +35,7 @@ class ServiceTrack:
         "interval",
         "key",
         "latency",
+        "load",
         "metric",
         "min_samples",
         "name",
@@ -71,6 +76,16 @@ class ServiceTrack:
         self.exceed = self._counters(spec)
         self.slo = SloState()
         self.down = self._recommendations(spec, None)
+        #: Learned capacity, start-up and growth, for a service with ``scale.leading``.
+        self.load = self._load(spec, None)
+
+    @staticmethod
+    def _load(spec: ServiceSpec, kept: ServiceLoad | None) -> ServiceLoad | None:
+        """What the leading indicator learns, for a service that has one (kept across a
+        reload that keeps it)."""
+        if spec.scale is None or spec.scale.leading is None:
+            return None
+        return kept if kept is not None else ServiceLoad()
 
     @staticmethod
     def _recommendations(spec: ServiceSpec, kept: Recommendations | None) -> Recommendations | None:
@@ -101,6 +116,25 @@ class ServiceTrack:
             self.exceed = self._counters(spec)
         self.spec = spec
         self.down = self._recommendations(spec, self.down)
+        self.load = self._load(spec, self.load)
         self.q = new.percentile / 100.0
         self.min_samples = new.min_samples
         self.interval = new.resolution
+
+
+def observe_load(svc: ServiceTrack, now: float, inv: Inventory) -> None:
+    """Feed the service's leading indicator what the evaluation at ``now`` sees: its request
+    rate and percentile over the SLO window and its workload's pods (:mod:`policies.headroom`)."""
+    load, spec = svc.load, svc.spec
+    if load is None:
+        return
+    rate = request_rate(spec, svc.samples, svc.latency, now)
+    workload = inv.service_workload.get(svc.key)
+    pods = inv.pods_by_workload.get(workload.key, ()) if workload is not None else ()
+    load.observe(
+        now,
+        spec,
+        rate=rate if svc.samples >= svc.min_samples else None,
+        p_ms=svc.latency.quantile(now, svc.q),
+        pods=pods,
+    )

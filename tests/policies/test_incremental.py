@@ -142,30 +142,40 @@ def samples(rnd: random.Random, ts: float, service: str, mean: float) -> Inferen
     return InferenceLatency(ts=ts, service=service, namespace="serving", samples_ms=values)
 
 
-def leading_services(rate: float = 2.0, cooldown: str = "10s") -> dict[str, Any]:
+def leading_services(
+    rate: float | str = 2.0, cooldown: str = "10s", *, headroom: bool = False
+) -> dict[str, Any]:
     """:func:`services` with chat scaling on its request rate too (``rate`` requests/s a
-    replica), one replica a step, with a ``cooldown`` shorter than its 30s window, so the rate
-    is still read when the cooldown ends."""
+    replica, or ``learn``), one replica a step, with a ``cooldown`` shorter than its 30s window,
+    so the rate is still read when the cooldown ends."""
     out = services()
     chat = dict(out["chat"])
-    chat["scale"] = dict(chat["scale"], maxStep=1, leading={"ratePerReplica": rate})
+    lead: dict[str, Any] = {"learn": True} if rate == "learn" else {"ratePerReplica": rate}
+    lead["headroom"] = headroom
+    chat["scale"] = dict(chat["scale"], maxStep=1, leading=lead)
     chat["cooldown"] = cooldown
     out["chat"] = chat
     return out
 
 
 @pytest.mark.parametrize(
-    ("seed", "leading"), [(1, False), (2, False), (3, False), (7, True), (8, True)]
+    ("seed", "leading"),
+    [(1, None), (2, None), (3, None), (7, 2.0), (8, 2.0), (9, "learn"), (10, "learn")],
 )
 def test_random_stream_with_quiet_stretches_decides_as_ticking_everything(
-    seed: int, leading: bool
+    seed: int, leading: float | str | None
 ) -> None:
     """Three hours of regimes (silence, one event a minute, steady, slow, fast) per service,
     utilization with silent nodes, snapshot changes (and equal rebuilds), refused decisions,
     irregular tick gaps, a kill switch and reloads: the same decisions, tick by tick. With
-    ``leading``, chat also scales on its request rate (a rule that may act at any tick)."""
+    ``leading``, chat also scales on its request rate (a rule that may act at any tick), at a
+    set rate per replica or a learned one with headroom (learned from the windows it ticks)."""
     rnd = random.Random(seed)
-    extra = {"services": leading_services()} if leading else {}
+    extra = (
+        {"services": leading_services(leading, headroom=leading == "learn")}
+        if leading is not None
+        else {}
+    )
 
     def policy(**overrides: Any) -> Policy:
         return make_policy(**{"services": services(), **extra, **overrides})
@@ -218,7 +228,7 @@ def test_random_stream_with_quiet_stretches_decides_as_ticking_everything(
                 )
     rules = {d["rule"] for _, _, ds in both.decided for d in ds}
     assert {"slo-breach-scale-up", "mig-convert"} <= rules
-    assert ("leading-scale-up" if leading else "slo-scale-down") in rules
+    assert ("leading-scale-up" if isinstance(leading, float) else "slo-scale-down") in rules
 
 
 def quiet_run(

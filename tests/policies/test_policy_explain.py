@@ -73,7 +73,13 @@ FULL: dict[str, Any] = {
                         "maxStep": 1,
                         "cooldown": "2m",
                     },
-                    "leading": {"ratePerReplica": 2.5},
+                    "leading": {
+                        "ratePerReplica": 2.5,
+                        "learn": False,
+                        "headroom": True,
+                        "startup": "1m",
+                        "forecast": {"period": "1d", "maxError": "25%"},
+                    },
                     "signals": {
                         "waiting": 4,
                         "running": 16,
@@ -180,6 +186,11 @@ CHANGES: dict[str, Any] = {
     "spec.services.chat.scale.workBound.loadDrop": "30%",
     "spec.services.chat.scale.workBound.settle": "3m",
     "spec.services.chat.objectives": [{"metric": "tpot", "percentile": 99, "objectiveMs": 60}],
+    "spec.services.chat.scale.leading.headroom": False,
+    "spec.services.chat.scale.leading.startup": "3m",
+    "spec.services.chat.scale.leading.learn": True,
+    "spec.services.chat.scale.leading.forecast.period": "7d",
+    "spec.services.chat.scale.leading.forecast.maxError": "10%",
     "spec.services.chat.scale.readyEndsCooldown": False,
     "spec.services.chat.scale.shrinkFirst": True,
     "spec.services.chat.cooldown": "90s",
@@ -307,6 +318,20 @@ def test_proactive_example_reads_differently_from_balanced() -> None:
         "last 20m",
     ):
         assert needle in text, needle
+
+
+def test_balanced_explains_its_learned_capacity_and_headroom() -> None:
+    """The library's balanced scales chat on a learned rate per replica with start-up headroom
+    (issue 24): explain says how it is learned, what it falls back to, and what headroom keeps."""
+    text = CliRunner().invoke(policy, ["explain", str(LIBRARY / "balanced.yaml")]).stdout
+    for needle in (
+        "learned from its own percentile against its load per replica",
+        "until that fit is confident, the percentile alone decides",
+        "one pod start-up ahead (start-up observed from its pods",
+        "only replicas that could be brought back in time go",
+    ):
+        assert needle in text, needle
+    assert "Forecast:" not in text  # not on by default: no arena day shows it winning
 
 
 def test_explain_json() -> None:

@@ -1,0 +1,238 @@
+"""Learned capacity, start-up time and load growth (policies/capacity.py, policies/headroom.py),
+and ``leading: {learn: true, headroom: true}`` through the engine."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from policy_fixtures import T0, feed_latency, latency, policy_dict, to_yaml
+from test_incremental import Lockstep
+
+from policies.capacity import MIN_POINTS, CapacityFit, RateTrend, StartupClock
+from policies.decisions import Decision, Scale
+from policies.engine import Engine
+from policies.headroom import ServiceLoad
+from policies.loader import PolicyLoadError, load_policy_text
+from policies.model import Policy
+from policies.snapshot import Pod, SnapshotBuilder
+
+WHOLE = {"ebbtide.io/pool": "whole"}
+
+
+def curve(x: float, *, p0: float = 20.0, c: float = 10.0) -> float:
+    """The latency law both serving models follow below saturation: ``p0 / (1 - x / c)``."""
+    return p0 / (1.0 - x / c)
+
+
+def fitted(points: list[tuple[float, float]], *, every: float = 60.0) -> CapacityFit:
+    fit = CapacityFit()
+    for i, (x, p) in enumerate(points):
+        fit.add(T0 + i * every, x, p)
+    return fit
+
+
+LOADS = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0] * 2
+
+
+@pytest.mark.parametrize(
+    ("p0", "c", "target", "expected"),
+    [
+        (20.0, 10.0, 80.0, 7.5),  # c (1 - p0 / target)
+        (20.0, 10.0, 40.0, 5.0),
+        (50.0, 20.0, 240.0, 20.0 * (1 - 50.0 / 240.0)),
+    ],
+)
+def test_capacity_is_where_the_latency_curve_meets_the_target(
+    p0: float, c: float, target: float, expected: float
+) -> None:
+    """Points on ``p0 / (1 - x / c)`` give back the load per replica at ``target``."""
+    loads = [c * f for f in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75)] * 2
+    fit = fitted([(x, curve(x, p0=p0, c=c)) for x in loads])
+    got = fit.capacity(target)
+    assert got is not None
+    assert got.rate_per_replica == pytest.approx(expected, rel=1e-6)
+    assert got.points == pytest.approx(len(loads), rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("points", "why"),
+    [
+        ([(x, curve(x)) for x in LOADS[: int(MIN_POINTS) - 1]], "too few points"),
+        ([(x, 30.0) for x in LOADS], "latency flat in load: no curve to solve"),
+        ([(x, 30.0 - x) for x in LOADS], "latency falls with load"),
+        (
+            [(x, curve(x) * (3.0 if i % 2 else 0.4)) for i, x in enumerate(LOADS)],
+            "noise swamps the curve: the solved load's error is too large",
+        ),
+        ([(x, curve(x)) for x in [1.0, 1.1, 1.2, 1.05] * 4], "only light loads: far extrapolation"),
+    ],
+)
+def test_no_confident_fit_gives_no_capacity(points: list[tuple[float, float]], why: str) -> None:
+    assert fitted(points).capacity(80.0) is None, why
+
+
+def test_old_points_are_forgotten() -> None:
+    """A service that got half as fast (a bigger model) is learned again within hours: the
+    earlier points' weight halves every FIT_HALF_LIFE_S."""
+    fit = fitted([(x, curve(x)) for x in LOADS * 3])
+    before = fit.capacity(80.0)
+    assert before is not None
+    assert before.rate_per_replica == pytest.approx(7.5)
+    start = T0 + 12 * 3600.0
+    for i, x in enumerate(LOADS * 24):
+        fit.add(start + i * 60.0, x / 2, curve(x / 2, c=5.0))
+    after = fit.capacity(80.0)
+    assert after is not None
+    assert after.rate_per_replica == pytest.approx(3.75, rel=0.05)
+
+
+def pod(name: str, phase: str, created: float) -> Pod:
+    return Pod("serving", name, node="w0", phase=phase, gpus=1, created=created)  # type: ignore[arg-type]
+
+
+def test_startup_is_the_slowest_recent_creation_to_running() -> None:
+    clock = StartupClock()
+    assert clock.seconds is None
+    clock.observe(T0, [pod("a", "Pending", T0 - 10), pod("b", "Running", T0 - 500)])
+    clock.observe(T0 + 60, [pod("a", "Pending", T0 - 10), pod("b", "Running", T0 - 500)])
+    assert clock.seconds is None  # b was never seen starting: no sample
+    clock.observe(T0 + 170, [pod("a", "Running", T0 - 10)])
+    assert clock.seconds == pytest.approx(180.0)
+    # creation unknown (0): counted from when it was first seen starting
+    clock.observe(T0 + 200, [pod("c", "Pending", 0.0)])
+    clock.observe(T0 + 230, [pod("c", "Running", 0.0)])
+    assert clock.seconds == pytest.approx(180.0)  # the slowest of the kept ones
+    assert list(clock.samples) == pytest.approx([180.0, 30.0])
+
+
+@pytest.mark.parametrize(
+    ("rates", "slope"),
+    [
+        ([10.0, 16.0, 22.0, 28.0, 34.0], 0.1),  # +6 req/s a minute
+        ([34.0, 28.0, 22.0, 16.0, 10.0], 0.0),  # falling: no growth
+        ([10.0, 16.0], 0.0),  # too few windows
+    ],
+)
+def test_growth_is_the_recent_rise_of_the_rate(rates: list[float], slope: float) -> None:
+    trend = RateTrend()
+    for i, r in enumerate(rates):
+        trend.add(T0 + 60.0 * i, r)
+    assert trend.slope == pytest.approx(slope)
+
+
+def test_the_steepest_rise_is_remembered_and_fades() -> None:
+    trend = RateTrend()
+    for i, r in enumerate([10.0, 16.0, 22.0, 22.0, 22.0, 22.0, 22.0, 22.0]):
+        trend.add(T0 + 60.0 * i, r)
+    assert trend.slope == 0.0
+    peak = trend.surge(T0 + 120.0)
+    assert peak == pytest.approx(0.1)
+    assert trend.surge(T0 + 120.0 + 3600.0) == pytest.approx(peak / 2)
+
+
+def chat_policy(leading: dict[str, object]) -> Policy:
+    """The base test policy (objective 100ms, recoverBelow 80%, window 30s) with chat led by
+    ``leading``."""
+    data = policy_dict()
+    data["spec"]["services"]["chat"]["scale"]["leading"] = leading
+    return load_policy_text(to_yaml(data), "test.yaml")
+
+
+def ups(decisions: list[Decision]) -> list[Scale]:
+    return [d for d in decisions if isinstance(d, Scale) and d.role == "inference"]
+
+
+def learn(engine: Engine, *, levels: int) -> list[Decision]:
+    """``levels`` loads of 60s each on chat's 2 running replicas, each at the latency the curve
+    gives its load per replica (c = 10 req/s: 7.8 req/s at 100ms / 1.1, one tolerance below
+    the objective)."""
+    b = SnapshotBuilder()
+    b.node("w0", gpus=8, labels=WHOLE)
+    b.workload("serving", "chat", replicas=2, nodes=["w0"])
+    snap = b.build()
+    out: list[Decision] = []
+    t = T0
+    for k in range(levels):
+        per_s = 2 * (1 + k % 8)  # 1..8 req/s a replica
+        for _ in range(60):
+            feed_latency(engine, t, t + 1, curve(per_s / 2), per_s=per_s)
+            t += 1
+            out += engine.evaluate(t, snap)
+    for _ in range(40):  # then 40 req/s, still fast: only the rate says it is too much
+        feed_latency(engine, t, t + 1, 30.0, per_s=40)
+        t += 1
+        out += engine.evaluate(t, snap)
+    return out
+
+
+def test_learned_capacity_leads_scale_up() -> None:
+    """After 16 minutes of varied load, chat's capacity is learned (about 7.8 req/s a replica
+    at 91ms) and 40 req/s scales it up on the rate alone, saying it learned the rate."""
+    decisions = ups(learn(Engine(chat_policy({"learn": True})), levels=16))
+    assert decisions, "no scale-up"
+    first = decisions[0]
+    assert first.explanation.rule == "leading-scale-up"
+    per = first.explanation.inputs["learned_rate_per_replica"]
+    assert isinstance(per, float)
+    assert 6.0 <= per <= 8.0
+    rate = first.explanation.inputs["request_rate"]
+    assert isinstance(rate, float)
+    assert first.to_replicas == math.ceil(rate / per) > 2
+    assert "rate_per_replica" not in first.explanation.thresholds
+
+
+def test_without_a_confident_fit_the_latency_rules_alone_decide() -> None:
+    """Two minutes of data learn nothing: 40 req/s at 30ms scales nothing, as without a
+    leading indicator."""
+    assert ups(learn(Engine(chat_policy({"learn": True})), levels=2)) == []
+
+
+@pytest.mark.parametrize("leading", [{"ratePerReplica": "learn"}, {"learn": False}, {}])
+def test_a_rate_per_replica_is_set_or_learned(leading: dict[str, object]) -> None:
+    with pytest.raises(PolicyLoadError):
+        chat_policy(leading)
+
+
+def test_headroom_plans_one_startup_ahead() -> None:
+    """With a 3m start-up and the rate rising 0.1 req/s each second, the ask is for the rate
+    plus 0.1 x (180 + 15) s: a set start-up wins over the observed one."""
+    spec = chat_policy({"ratePerReplica": 10, "headroom": True, "startup": "3m"})
+    svc = spec.spec.services["chat"]
+    load = ServiceLoad()
+    for i, r in enumerate([10.0, 16.0, 22.0, 28.0, 34.0]):
+        load.observe(T0 + 30.0 * i, svc, rate=r, p_ms=20.0, pods=())
+    assert load.lookahead_s(svc) == pytest.approx(195.0)
+    assert load.growth(T0 + 120.0, down=False) == pytest.approx(0.2)
+    unset = chat_policy({"ratePerReplica": 10, "headroom": True}).spec.services["chat"]
+    assert ServiceLoad().lookahead_s(unset) == pytest.approx(15.0)  # none observed yet
+
+
+def test_learning_decides_as_ticking_everything() -> None:
+    """The incremental engine learns what the full one learns and decides the same, tick by
+    tick, with irregular tick gaps: chat on its latency curve at loads that change every
+    minute (so the fit becomes confident), then a rush only the learned rate sees, with
+    headroom and a forecast (period 1h) on."""
+    rnd = random.Random(5)
+    lead = {"learn": True, "headroom": True, "forecast": {"period": "1h"}}
+    both = Lockstep(chat_policy(lead))
+    b = SnapshotBuilder()
+    b.node("w0", gpus=8, labels=WHOLE)
+    b.workload("serving", "chat", replicas=2, nodes=["w0"])
+    snap = b.build()
+    now = T0
+    end = T0 + 2 * 3600
+    while now < end:
+        step = rnd.choice([1.0] * 30 + [3.0, 7.0, 45.0])
+        for t in [now + k for k in range(int(step))]:
+            minute = int((t - T0) // 60)
+            per_s = 40 if minute % 30 == 29 else 2 * (1 + minute % 8)
+            ms = 30.0 if per_s == 40 else curve(per_s / 2) * rnd.uniform(0.95, 1.05)
+            both.observe([latency(t + k / per_s, ms) for k in range(per_s)])
+        now += step
+        both.evaluate(now, snap)
+    learned = [
+        d for _, _, ds in both.decided for d in ds if "learned_rate_per_replica" in d["inputs"]
+    ]
+    assert learned, "the fit never became confident: the learned path was not compared"
