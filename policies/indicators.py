@@ -30,7 +30,7 @@ from policies.headroom import ServiceLoad
 from policies.model import ServiceSpec
 from policies.windows import LatencyWindow
 
-__all__ = ["LeadingAsk", "leading_ask", "leading_replicas", "request_rate"]
+__all__ = ["LeadingAsk", "leading_ask", "request_rate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,17 +96,3 @@ def leading_ask(
         planned, ahead = forecast, load.lookahead_s(spec)
     replicas = math.ceil(planned * (1.0 + margin) / per - 1e-9)
     return LeadingAsk(replicas, rate, planned, per, fit is not None, growth, ahead, forecast)
-
-
-def leading_replicas(
-    spec: ServiceSpec,
-    requests: int,
-    window: LatencyWindow,
-    now: float,
-    *,
-    margin: float = 0.0,
-    load: ServiceLoad | None = None,
-) -> int | None:
-    """The replicas of :func:`leading_ask` (``None`` when it asks nothing)."""
-    ask = leading_ask(spec, requests, window, now, margin=margin, load=load)
-    return None if ask is None else ask.replicas
