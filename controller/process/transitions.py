@@ -56,10 +56,8 @@ class Transitions:
         engine = self._engine()
         policy = engine.policy
         seen: dict[str, str] = {}
-        workload_of: dict[str, str] = {}
         for name, spec in sorted(policy.spec.services.items()):
             key = policy.service_key(name)
-            workload_of[key] = f"{spec.namespace}/{spec.workload or name}"
             state = seen[key] = engine.slo_state(key).state
             before = self._slo.get(key, "ok")
             if state != before:  # the percentile is merged only then: this runs every tick
@@ -72,13 +70,22 @@ class Transitions:
                     objective_ms=spec.slo.objective_ms,
                 )
         self._slo = seen  # a service a reload removed is forgotten
-        kinds = {f"{w.namespace}/{w.name}": w.kind for w in snapshot.workloads} if snapshot else {}
         notices: list[Notice] = []
 
         def notice(key: str, reason: str, message: str, *, warning: bool) -> None:
-            if (workload := workload_of.get(key)) is not None:
-                kind = kinds.get(workload, "Deployment")
-                notices.append(Notice(workload, kind, reason, message, warning))
+            # rare (a state change): the workload and its kind are looked up only then
+            for name, spec in policy.spec.services.items():
+                if policy.service_key(name) == key:
+                    ns, wl = spec.namespace, spec.workload or name
+                    kind = next(
+                        (
+                            w.kind
+                            for w in (snapshot.workloads if snapshot else ())
+                            if (w.namespace, w.name) == (ns, wl)
+                        ),
+                        "Deployment",
+                    )
+                    notices.append(Notice(f"{ns}/{wl}", kind, reason, message, warning))
 
         bound = {key: why for key, why in engine.work_bound().items() if why is not None}
         for key in sorted(bound.keys() - self._work_bound):
