@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 import time
 from typing import Any
 
 import pytest
 
-from support.e2e import ControllerProcess, World, deployment, eventually, ready, workload_pod
+from support.e2e import World, deployment, eventually, ready, workload_pod
 from support.kubeapi_store import SERVICEOBJECTIVE
 
 pytestmark = [pytest.mark.slow, pytest.mark.kube_rbac(objectives=["team-a"])]
@@ -56,25 +54,6 @@ def slow_search(world: World) -> None:
     world.produce("ebbtide.inference.latency", events, "team-a/search")
 
 
-def status_cli(controller: ControllerProcess, *args: str) -> dict[str, Any]:
-    """`ebbtide status -o json` as a user runs it."""
-    result = subprocess.run(
-        [sys.executable, "-m", "controller", "status", "-o", "json",
-         "--url", f"http://127.0.0.1:{controller.port}", *args],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    data: dict[str, Any] = json.loads(result.stdout)
-    return data
-
-
-def board(controller: ControllerProcess) -> dict[str, Any]:
-    code, body = controller.get("/status")
-    assert code == 200, body
-    data: dict[str, Any] = json.loads(body)
-    return data
-
-
 def service(data: dict[str, Any], key: str) -> dict[str, Any]:
     (found,) = [s for s in data["services"] if s["service"] == key]
     return found
@@ -110,11 +89,11 @@ async def test_objectives_join_the_policy_report_their_status_and_pause(world: W
 
     # Paused: breaching, decided, refused as paused; nothing changes in the cluster.
     def paused_and_breaching() -> bool:
-        search = service(board(controller), "team-a/search")
+        search = service(controller.status(), "team-a/search")
         return search["state"] == "breaching" and search["lastDecision"] is not None
 
     await eventually(paused_and_breaching, 30, lambda: slow_search(world))
-    search = service(board(controller), "team-a/search")
+    search = service(controller.status(), "team-a/search")
     pause = "paused: ServiceObjective team-a/search carries ebbtide.io/paused=true"
     assert search["paused"] is True
     assert search["blockedBy"][0] == pause
@@ -140,7 +119,7 @@ async def test_objectives_join_the_policy_report_their_status_and_pause(world: W
     assert (taken["status"], taken["reason"]) == ("False", "NameTaken")
     assert "already defined by the policy file (namespace serving), which wins" in taken["message"]
 
-    shown = status_cli(controller)  # what a user sees matches what the controller did
+    shown = controller.status_cli()  # what a user sees matches what the controller did
     assert service(shown, "team-a/search")["blockedBy"][0] == pause
     assert service(shown, "serving/chat")["source"] == "policy file"
     verdicts = {o["object"]: (o["accepted"], o["reason"]) for o in shown["objectives"]}
@@ -160,7 +139,7 @@ async def test_objectives_join_the_policy_report_their_status_and_pause(world: W
         )
 
     await eventually(status_shows_the_scale, 15, lambda: slow_search(world))
-    search = service(status_cli(controller, "team-a/search"), "team-a/search")
+    search = service(controller.status_cli("team-a/search"), "team-a/search")
     assert search["paused"] is False
     last = search["lastDecision"]
     assert (last["action"], last["target"]) == ("scale", "team-a/search")

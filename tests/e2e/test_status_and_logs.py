@@ -4,8 +4,6 @@ the log's state-change events, over Kafka and the Kubernetes-API test server."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -13,26 +11,6 @@ import pytest
 from support.e2e import ControllerProcess, World, eventually, ready
 
 pytestmark = pytest.mark.slow
-
-
-def _status(controller: ControllerProcess, *args: str) -> dict[str, Any]:
-    """`ebbtide status -o json` as a user runs it, against one replica."""
-    result = subprocess.run(
-        [sys.executable, "-m", "controller", "status", "-o", "json",
-         "--url", f"http://127.0.0.1:{controller.port}", *args],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    data: dict[str, Any] = json.loads(result.stdout)
-    return data
-
-
-def _get(controller: ControllerProcess) -> dict[str, Any]:
-    """/status straight from the replica (cheap enough to poll)."""
-    code, body = controller.get("/status")
-    assert code == 200, body
-    data: dict[str, Any] = json.loads(body)
-    return data
 
 
 def _events(controller: ControllerProcess, name: str) -> list[dict[str, Any]]:
@@ -67,7 +45,7 @@ async def test_status_on_leader_and_follower_and_the_events_behind_them(world: W
 
     def one_leads() -> bool:
         """Both replicas' status at one moment, one leading (the Lease's holder)."""
-        seen[:] = [_get(r) for r in replicas]
+        seen[:] = [r.status() for r in replicas]
         return sorted(d["role"] for d in seen) == ["follower", "leader"]
 
     await eventually(one_leads, 20, lambda: None)
@@ -82,17 +60,20 @@ async def test_status_on_leader_and_follower_and_the_events_behind_them(world: W
     assert chat(lead)["replicas"]["desired"] == decision["to"]
 
     def cache_caught_up() -> bool:  # the watch event of the scale reaches its cache
-        current = chat(_get(leader))["replicas"]["current"]
+        current = chat(leader.status())["replicas"]["current"]
         return bool(current == world.replicas("serving", "chat"))
 
     await eventually(cache_caught_up, 10, lambda: None)
 
     def follower_saw_it() -> bool:
-        last, theirs = chat(_get(follower))["lastDecision"], chat(_get(leader))["lastDecision"]
+        last, theirs = (
+            chat(follower.status())["lastDecision"],
+            chat(leader.status())["lastDecision"],
+        )
         return last is not None and theirs is not None and last["id"] == theirs["id"]
 
     await eventually(follower_saw_it, 20, lambda: None)
-    shown = _status(follower, "serving/chat")  # the CLI, as a user runs it
+    shown = follower.status_cli("serving/chat")  # the CLI, as a user runs it
     last = chat(shown)["lastDecision"]
     assert (last["action"], last["target"]) == ("scale", "serving/chat")
 

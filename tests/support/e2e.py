@@ -224,6 +224,24 @@ class ControllerProcess:
         except OSError as exc:
             return 0, str(exc)
 
+    def status(self) -> dict[str, Any]:
+        """``/status`` straight from the replica (cheap enough to poll)."""
+        code, body = self.get("/status")
+        assert code == 200, body
+        data: dict[str, Any] = json.loads(body)
+        return data
+
+    def status_cli(self, *args: str) -> dict[str, Any]:
+        """``ebbtide status -o json`` against this replica, as a user runs it."""
+        result = subprocess.run(
+            [sys.executable, "-m", "controller", "status", "-o", "json",
+             "--url", f"http://127.0.0.1:{self.port}", *args],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        data: dict[str, Any] = json.loads(result.stdout)
+        return data
+
     def metric(self, name: str, **labels: str) -> float:
         """The value of one sample from /metrics (0 when absent)."""
         _, text = self.get("/metrics")
