@@ -8,6 +8,7 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
+from policies.checkpoint import Notices
 from policies.engine import Engine
 from policies.inventory import Inventory
 from policies.loader import load_policy_text
@@ -191,10 +192,13 @@ def plan(
     held: Mapping[str, str] | None = None,
     fit: Fit | None = None,
     claimant: int | None = None,
+    policy: Policy | None = None,
+    notices: Notices | None = None,
 ) -> Plan:
     """The victim plan for ``needed`` GPUs in the whole pool under the default policy's victim
-    order; checks that the snapshot was not mutated."""
-    inv = Inventory(snapshot, make_policy())
+    order (``policy``: another one's training settings); checks that the snapshot was not
+    mutated."""
+    inv = Inventory(snapshot, policy or make_policy())
     before = copy.deepcopy(snapshot)
     out = plan_capacity(
         needed=needed,
@@ -209,6 +213,7 @@ def plan(
         held=held,
         fit=fit,
         claimant_priority=claimant,
+        notices=notices,
     )
     assert snapshot == before  # inputs are not mutated
     return out

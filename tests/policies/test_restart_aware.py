@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 import pytest
-from policy_fixtures import BASE, T0, TRAINING, WHOLE, make_policy
+from policy_fixtures import BASE, T0, TRAINING, WHOLE, make_policy, plan
 
 from policies.budgets import Budgets, Cooldowns
 from policies.checkpoint import LAST_CHECKPOINT, Notices, stamp
@@ -23,7 +23,7 @@ from policies.decisions import Scale
 from policies.inventory import Inventory
 from policies.loader import PolicyLoadError
 from policies.pool_rules import grow_training
-from policies.preemption import Plan, plan_capacity
+from policies.preemption import Plan
 from policies.rules import Round
 from policies.snapshot import Snapshot, SnapshotBuilder
 
@@ -75,20 +75,12 @@ def nodes(n: int) -> SnapshotBuilder:
 
 
 def free(snap: Snapshot, needed: int, *, now: float, restarts: dict[str, Any] | None) -> Plan:
-    pol = policy(restarts=restarts)
-    inv = Inventory(snap, pol)
-    return plan_capacity(
-        needed=needed,
-        pool="whole",
-        training=list(inv.training.values()),
-        loose_pods=inv.loose_training_pods,
-        pod_pool=inv.node_pool,
-        victim_order=["priority", "newest"],
-        protected_namespaces=frozenset({"kube-system"}),
-        scale_budget=10,
-        eviction_budget=10,
+    return plan(
+        snap,
+        needed,
+        policy=policy(restarts=restarts),
         notices=Notices("serving/chat", now, 300.0),
-        claimant_priority=CLAIMANT,
+        claimant=CLAIMANT,
     )
 
 
