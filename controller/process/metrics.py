@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -161,20 +161,24 @@ class _StateCollector(Collector):
             "clock running fast); each was taken as if stamped now.",
             value=engine.skewed,
         )
-        dropped = _by_reason(
+        dropped = CounterMetricFamily(
             "ebbtide_gpu_readings_dropped",
             "GPU utilization readings the engine dropped, by reason: unknown_node (a node the "
             "cluster snapshot does not list), device_limit (more devices on one node than any "
             "GPU node has).",
-            engine.dropped,
+            labels=["reason"],
         )
-        loads = _by_reason(
+        for reason, n in sorted(engine.dropped.items()):
+            dropped.add_metric([reason], n)
+        loads = CounterMetricFamily(
             "ebbtide_load_events_dropped",
             "inference.load events the engine did not use, by reason: unknown_service (a "
             "service the policy does not name), unused (a service without load signals), stale "
             "(older than its signals' staleAfter on arrival).",
-            engine.load_dropped,
+            labels=["reason"],
         )
+        for reason, n in sorted(engine.load_dropped.items()):
+            loads.add_metric([reason], n)
         work_bound = GaugeMetricFamily(
             "ebbtide_service_work_bound",
             "1 while the service's latency is taken as set by the work, not by queueing "
@@ -297,11 +301,3 @@ class Metrics:
     def set_policy(self, name: str, digest: str) -> None:
         self.policy_info.clear()
         self.policy_info.labels(name, digest).set(1)
-
-
-def _by_reason(name: str, documentation: str, counts: Mapping[str, int]) -> CounterMetricFamily:
-    """A counter family labelled by reason, one sample per reason counted."""
-    family = CounterMetricFamily(name, documentation, labels=["reason"])
-    for reason, n in sorted(counts.items()):
-        family.add_metric([reason], n)
-    return family
