@@ -59,6 +59,7 @@ from aiokafka.errors import IllegalStateError, KafkaError
 
 from streams.connection import KafkaConfig
 from streams.events import DEFAULT_TOPICS, Event, EventDecoder, Rejection
+from streams.hold import IngestHold
 from streams.positions import PartitionWatch, StartLine, partitions_of
 from streams.producer import DeadLetter, RawMessage
 from streams.stream_errors import KafkaUnavailable
@@ -215,6 +216,10 @@ class EventConsumer:
     checkpoint says is durable: a handler that only aggregates (the sharded aggregators)
     publishes its aggregates in the checkpoint, and offsets are committed after that, every
     ``commit_interval_s`` (also while idle), on revocation and on stop.
+
+    With a ``hold`` (:mod:`streams.hold`), neither task fetches nor hands over a batch while the
+    decision path holds ingest (at most the hold's ``max_s``), so a decision being carried out
+    does not queue behind a backlog of background events.
     """
 
     def __init__(
@@ -227,8 +232,10 @@ class EventConsumer:
         dead_letter: DeadLetter | None = None,
         clock: Callable[[], float] = time.time,
         checkpoint: Checkpoint | None = None,
+        hold: IngestHold | None = None,
     ) -> None:
         self.settings = settings or ConsumerSettings()
+        self._hold = hold
         self._checkpoint = checkpoint
         self.generation = 0
         """Counts revocations (see :attr:`Batch.generation`)."""
@@ -354,6 +361,8 @@ class EventConsumer:
                     await self._probe()
                 if self._watch is not None and self._watch.due():
                     await self._assign_new_partitions(self._watch)
+                if self._hold is not None:
+                    await self._hold.wait()
                 try:
                     fetched = await self._fetch(stopped)
                 except KafkaError as exc:
@@ -516,6 +525,8 @@ class EventConsumer:
     async def _apply_loop(self) -> None:
         backoff = _Backoff(*self.settings.retry_backoff_s)
         while (batch := await self._next_batch()) is not None:
+            if self._hold is not None:
+                await self._hold.wait()
             while True:
                 try:
                     await self._handler(batch)

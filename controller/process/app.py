@@ -61,6 +61,7 @@ from streams import prometheus as prom
 from streams.connection import ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer
 from streams.events import EventDecoder
+from streams.hold import IngestHold
 from streams.producer import DeadLetter, KafkaProducer
 
 __all__ = ["Controller", "load_policy_files"]
@@ -107,10 +108,13 @@ class Controller:
         self._consumer: EventConsumer | None = None
         self._feed: PartialsFeed | None = None
         """With ``shards.role: decide``: partials merged instead of events consumed."""
+        self.ingest_hold = IngestHold(self.settings.ingest_hold_max_s)
+        """Taken by each tick, so the consumer does not fetch or hand over meanwhile."""
         self.metrics = Metrics(
             StateSources(
                 engine=lambda: self.engine,
                 consumer=lambda: self._consumer.stats if self._consumer else None,
+                hold=lambda: self.ingest_hold,
                 is_leader=runtime.is_leader,
                 clock=clock,
             )
@@ -187,7 +191,9 @@ class Controller:
         await self.journal.restore()
         await self.read_objectives()
         rewind_s = longest_window_s(self.policy) + s.kafka.rewind_margin_s
-        async with KafkaProducer(kafka, linger_ms=20) as producer:
+        # No linger: the intents written ahead of each API call are on the path from decision
+        # to call, and a dead letter is flushed at once anyway.
+        async with KafkaProducer(kafka, linger_ms=0) as producer:
             self.journal.producer = producer
             if s.shards.role == "decide":
                 await ensure_aggregates_topic(
@@ -221,6 +227,7 @@ class Controller:
                 decoder=EventDecoder(s.kafka.limits(), topics=s.kafka.topics(), load=bool(loads)),
                 dead_letter=DeadLetter(producer, topic=s.kafka.deadletter_topic),
                 clock=self._clock,
+                hold=self.ingest_hold,
             )
             await self._consumer.start()
             await self._start(self._consumer.run, rewind_s=rewind_s)
@@ -390,8 +397,9 @@ class Controller:
 
     async def evaluate_once(self) -> list[ActionResult]:
         """One tick (:meth:`controller.loop.tick.Loop.tick`): upkeep, evaluate, act when
-        leading, feedback, journal."""
-        return await self.loop.tick(self._clock())
+        leading, feedback, journal; ingest held meanwhile (:mod:`streams.hold`)."""
+        async with self.ingest_hold.held():
+            return await self.loop.tick(self._clock())
 
     # -- ServiceObjectives ----------------------------------------------------------------------
 

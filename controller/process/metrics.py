@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 from policies.engine import Engine
 from policies.slo import STATES, State
 from streams.consumer import ConsumerStats
+from streams.hold import IngestHold
 
 __all__ = ["STALE_WARN_EVERY_S", "Metrics", "StateSources"]
 
@@ -60,6 +61,7 @@ class StateSources:
     consumer: Callable[[], ConsumerStats | None]
     is_leader: Callable[[], bool]
     clock: Callable[[], float]
+    hold: Callable[[], IngestHold | None] = lambda: None
 
 
 class _StateCollector(Collector):
@@ -110,6 +112,18 @@ class _StateCollector(Collector):
         for topic in sorted({t for t, _ in stats.unassigned}):
             unassigned.add_metric([topic], sum(1 for t, _ in stats.unassigned if t == topic))
         yield from (consumed, accepted, rejected, lag, unassigned)
+        if (hold := self._s.hold()) is not None:
+            held = CounterMetricFamily(
+                "ebbtide_ingest_held_seconds",
+                "Seconds ingest was held while a tick decided and carried out.",
+            )
+            held.add_metric([], hold.held_s)
+            overruns = CounterMetricFamily(
+                "ebbtide_ingest_hold_overruns",
+                "Ticks that held ingest longer than ingestHoldMaxSeconds (ingest went on).",
+            )
+            overruns.add_metric([], hold.overruns)
+            yield from (held, overruns)
 
     def _engine(self) -> Iterator[Metric]:
         engine, now = self._s.engine(), self._s.clock()

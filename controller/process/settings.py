@@ -186,6 +186,9 @@ class Settings(BaseSettings):
     :meth:`for_policy` settles it."""
     evaluate_every_s: float = Field(1.0, gt=0)
     """Evaluate at least this often, so recoveries and idleness are seen without new events."""
+    ingest_hold_max_s: float = Field(0.5, ge=0)
+    """Longest a tick holds ingest while it decides and carries out (:mod:`streams.hold`); past
+    it the consumer goes on. 0 turns the hold off."""
     reload_every_s: float = Field(2.0, gt=0)
     """How often the policy files are checked for changes (a ConfigMap update)."""
     shutdown_timeout_s: float = Field(20.0, gt=0)

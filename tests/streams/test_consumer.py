@@ -17,6 +17,7 @@ from streams.broker import EmbeddedBroker
 from streams.connection import KafkaConfig, ensure_topics
 from streams.consumer import Batch, ConsumerSettings, EventConsumer
 from streams.events import EventDecoder, InferenceLatency, Limits
+from streams.hold import IngestHold
 from streams.producer import DeadLetter, EventProducer, KafkaProducer
 
 FAST = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 500, "commit_interval_s": 0.1}
@@ -74,6 +75,7 @@ def consumer_for(
     dead_letter: DeadLetter | None = None,
     limits: Limits | None = None,
     clock: Callable[[], float] = time.time,
+    hold: IngestHold | None = None,
     **settings: Any,
 ) -> EventConsumer:
     return EventConsumer(
@@ -85,6 +87,7 @@ def consumer_for(
         decoder=EventDecoder(limits, topics=topics.by_type),
         dead_letter=dead_letter,
         clock=clock,
+        hold=hold,
     )
 
 
@@ -408,6 +411,66 @@ async def test_a_round_trip_completed_during_a_batch_goes_before_the_next_batch(
     last = max(i for i, step in enumerate(order) if step == "round trip")
     assert order.count("round trip") == 6
     assert "apply, apply" not in ", ".join(order[: last + 1])
+
+
+class _CountedHold(IngestHold):
+    """Counts the ingest tasks parked on the hold, so a test knows both are."""
+
+    def __init__(self) -> None:
+        super().__init__(max_s=60)
+        self.parked = 0
+
+    async def wait(self) -> None:
+        if not self.holding:
+            return await super().wait()
+        self.parked += 1
+        try:
+            await super().wait()
+        finally:
+            self.parked -= 1
+
+
+@pytest.mark.slow
+async def test_the_consumer_neither_fetches_nor_hands_over_while_held(
+    kafka_config: KafkaConfig,
+) -> None:
+    """Issue 27: while a tick holds ingest, the consumer starts no fetch and hands over no
+    batch (so the tick's round trips do not queue behind a backlog); released, it goes on and
+    nothing is lost."""
+    topics, group = Topics(), f"g-{uuid.uuid4().hex[:6]}"
+    await topics.create(kafka_config, partitions=1)
+    hold = _CountedHold()
+    seen: list[tuple[str, bool]] = []
+    handled = Collector()
+
+    async def handler(batch: Batch) -> None:
+        seen.append(("hand over", hold.holding))
+        await handled(batch)
+
+    consumer = consumer_for(kafka_config, topics, handler, group=group, hold=hold, max_records=50)
+    fetch = consumer._fetch
+
+    async def watched_fetch(stopped: asyncio.Future[None]) -> Any:
+        seen.append(("fetch", hold.holding))
+        return await fetch(stopped)
+
+    consumer._fetch = watched_fetch  # type: ignore[method-assign]
+    task = asyncio.create_task(consumer.run())
+    await produce(kafka_config, topics, [latency_event(i) for i in range(100)])
+    await wait_until(lambda: len(handled.events) == 100)
+    async with hold.held():
+        await produce(kafka_config, topics, [latency_event(i) for i in range(100, 400)])
+        # the fetch in flight when the hold was taken may complete; then both tasks park
+        await wait_until(lambda: hold.parked == 2)
+        during = len(handled.events)
+    await wait_until(lambda: len(handled.events) == 400)
+    consumer.stop()
+    await task
+    assert during == 100
+    assert ("hand over", True) not in seen
+    assert ("fetch", True) not in seen
+    assert [e.latency_ms for e in handled.events] == list(range(400))
+    assert hold.overruns == 0
 
 
 @pytest.mark.slow
