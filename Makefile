@@ -10,7 +10,7 @@ lint:
 # Every benchmark, one after the other, printing its figures (about 20 minutes on 2 cores).
 bench:
 	python benchmarks/ingest.py --events 200000 --runs 3
-	python benchmarks/engine.py
+	python benchmarks/evaluation.py
 	python benchmarks/replay_speed.py --lengths 1000000 5000000 --runs 3
 	python benchmarks/replay_speed.py --shape sparse --runs 3
 	python benchmarks/shards.py --replicas 1 2 --json

@@ -48,3 +48,18 @@ def test_the_main_command_runs_as_written(tmp_path: Path) -> None:
     assert "serving/chat" in result.stdout
     assert "1 breaches" in result.stdout
     assert (tmp_path / "out" / "report.html").is_file()
+
+
+def test_make_bench_names_benchmarks_and_flags_that_exist() -> None:
+    """`make bench` (issue 27: it runs every benchmark BENCHMARKS.md quotes) names files under
+    benchmarks/ and flags their parsers define; a renamed benchmark broke it once."""
+    lines = re.findall(
+        r"^\tpython (benchmarks/\S+\.py)(.*)$", (ROOT / "Makefile").read_text(), re.M
+    )
+    assert len(lines) >= 8
+    for script, args in lines:
+        path = ROOT / script
+        assert path.is_file(), script
+        source = path.read_text()
+        for flag in re.findall(r"--[\w-]+", args):
+            assert f'"{flag}"' in source, f"{script} {flag}"
