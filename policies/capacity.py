@@ -74,8 +74,11 @@ MAX_EXTRAPOLATION: Final = 2.0
 TREND_WINDOWS: Final = 5
 #: Standard errors of the fitted slope taken off it: only growth the fit is confident of.
 TREND_STDERRS: Final = 2.0
-#: Half-life of the steepest rise that scale-down keeps room for.
-SURGE_HALF_LIFE_S: Final = 3600.0
+#: Half-life of the steepest rise that scale-down keeps room for: a rise is met again if it
+#: comes back within minutes, but the replicas of a ramp long past are not held through the
+#: trough after it (with an hour, the Azure trace's hourly peaks held the peak's replicas all
+#: day: BENCHMARKS.md, issue 24 second pass).
+SURGE_HALF_LIFE_S: Final = 900.0
 #: Start-up times kept (the slowest of them is the estimate).
 STARTUPS_KEPT: Final = 5
 

@@ -134,7 +134,8 @@ def test_the_steepest_rise_is_remembered_and_fades() -> None:
     assert trend.slope == 0.0
     peak = trend.surge(T0 + 120.0)
     assert peak == pytest.approx(0.1)
-    assert trend.surge(T0 + 120.0 + 3600.0) == pytest.approx(peak / 2)
+    assert trend.surge(T0 + 120.0 + 900.0) == pytest.approx(peak / 2)  # halved in 15 min
+    assert trend.surge(T0 + 120.0 + 3600.0) == pytest.approx(peak / 16)
 
 
 def chat_policy(leading: dict[str, object]) -> Policy:
