@@ -189,6 +189,43 @@ def test_learned_capacity_leads_scale_up() -> None:
     assert "rate_per_replica" not in first.explanation.thresholds
 
 
+def test_a_learned_rate_scales_down_without_a_second_tolerance() -> None:
+    """Once learned (about 7.8 req/s a replica, already the rate at the objective / 1.1),
+    chat at 8 replicas and 36 req/s on its latency curve scales down to ceil(36 / learned),
+    not raised by the tolerance again as a set rate is, and the reason prints the margin it
+    used (x 1)."""
+    data = policy_dict()
+    data["spec"]["services"]["chat"]["scale"].update(
+        leading={"learn": True},
+        down={"stabilization": "20s", "below": "50%", "maxStep": 8, "cooldown": "1s"},
+    )
+    engine = Engine(load_policy_text(to_yaml(data), "test.yaml"))
+    b = SnapshotBuilder()
+    b.node("w0", gpus=8, labels=WHOLE)
+    b.workload("serving", "chat", replicas=8, nodes=["w0"])
+    snap = b.build()
+    t = T0
+    for k in range(16):  # 1..8 req/s a replica, a minute each, on the curve: learned
+        for _ in range(60):
+            feed_latency(engine, t, t + 1, curve(1 + k % 8), per_s=8 * (1 + k % 8))
+            t += 1
+            engine.evaluate(t, snap)
+    downs: list[Scale] = []
+    for _ in range(90):
+        feed_latency(engine, t, t + 1, curve(36 / 8), per_s=36)
+        t += 1
+        downs += [d for d in ups(engine.evaluate(t, snap)) if d.to_replicas < 8]
+    assert downs, "no scale-down"
+    first = downs[0]
+    per = first.explanation.inputs["learned_rate_per_replica"]
+    planned = first.explanation.inputs["request_rate"]
+    assert isinstance(per, float)
+    assert isinstance(planned, float)
+    with_tolerance = math.ceil(planned * 1.1 / per)
+    assert first.to_replicas == math.ceil(planned / per) < with_tolerance
+    assert f"* 1 / {per:.3g})" in first.explanation.reason
+
+
 def test_without_a_confident_fit_the_latency_rules_alone_decide() -> None:
     """Two minutes of data learn nothing: 40 req/s at 30ms scales nothing, as without a
     leading indicator."""
