@@ -77,7 +77,7 @@ TREND_STDERRS: Final = 2.0
 #: Half-life of the steepest rise that scale-down keeps room for: a rise is met again if it
 #: comes back within minutes, but the replicas of a ramp long past are not held through the
 #: trough after it (with an hour, the Azure trace's hourly peaks held the peak's replicas all
-#: day: BENCHMARKS.md, issue 24 second pass).
+#: day: BENCHMARKS.md).
 SURGE_HALF_LIFE_S: Final = 900.0
 #: Start-up times kept (the slowest of them is the estimate).
 STARTUPS_KEPT: Final = 5
