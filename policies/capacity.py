@@ -34,7 +34,7 @@ Design (pure: the engine passes the time and what it observed; no I/O, no clock)
   and later seen Running took ``now - created``; the slowest of the last few is the start-up
   (a setting overrides it). Scale-up cannot help before then.
 * **Growth** (:class:`RateTrend`): the least-squares slope of the last few windows' request
-  rates, less two standard errors of it: only the growth the fit is confident of, so the
+  rates, less three standard errors of it: only the growth the fit is confident of, so the
   window-to-window noise of a level rate is not planned for as a rise (and, kept as the
   steepest rise, held through the scale-down stabilization). A scale-up asks for the load
   one start-up (plus half a window: the rate is a window's average) ahead at that slope; a
@@ -72,8 +72,10 @@ MAX_RELATIVE_ERROR: Final = 0.15
 MAX_EXTRAPOLATION: Final = 2.0
 #: Windows of request rate the growth slope is fitted over.
 TREND_WINDOWS: Final = 5
-#: Standard errors of the fitted slope taken off it: only growth the fit is confident of.
-TREND_STDERRS: Final = 2.0
+#: Standard errors of the fitted slope taken off it: only growth the fit is confident of. Five
+#: windows leave the slope three degrees of freedom, where about 97.5 % one-sided confidence
+#: takes 3.2 standard errors (Student's t), not the 2 of a large sample.
+TREND_STDERRS: Final = 3.0
 #: Half-life of the steepest rise that scale-down keeps room for: a rise is met again if it
 #: comes back within minutes, but the replicas of a ramp long past are not held through the
 #: trough after it (with an hour, the Azure trace's hourly peaks held the peak's replicas all

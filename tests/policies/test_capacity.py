@@ -113,9 +113,9 @@ def test_startup_is_the_slowest_recent_creation_to_running() -> None:
         ([10.0, 16.0, 22.0, 28.0, 34.0], 0.1),  # +6 req/s a minute
         ([34.0, 28.0, 22.0, 16.0, 10.0], 0.0),  # falling: no growth
         ([10.0, 16.0], 0.0),  # too few windows
-        # a noisy rise: 4.6 req/s a minute fitted, less two standard errors (sqrt(13.2 / 10))
-        ([10.0, 20.0, 16.0, 26.0, 30.0], (4.6 - 2 * math.sqrt(1.32)) / 60),
-        # a level rate's noise fits +0.4 req/s a minute, within two standard errors: no growth
+        # a noisy rise: 4.6 req/s a minute fitted, less three standard errors (sqrt(13.2 / 10))
+        ([10.0, 20.0, 16.0, 26.0, 30.0], (4.6 - 3 * math.sqrt(1.32)) / 60),
+        # a level rate's noise fits +0.4 req/s a minute, within its standard errors: no growth
         ([10.0, 18.0, 10.0, 18.0, 12.0], 0.0),
     ],
 )
