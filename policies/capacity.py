@@ -34,10 +34,12 @@ Design (pure: the engine passes the time and what it observed; no I/O, no clock)
   and later seen Running took ``now - created``; the slowest of the last few is the start-up
   (a setting overrides it). Scale-up cannot help before then.
 * **Growth** (:class:`RateTrend`): the least-squares slope of the last few windows' request
-  rates. A scale-up asks for the load one start-up (plus half a window: the rate is a window's
-  average) ahead at the current slope; a scale-down keeps what the steepest recent rise
-  (forgotten over :data:`SURGE_HALF_LIFE_S`) would need before a replica given back could
-  be serving again.
+  rates, less three standard errors of it: only the growth the fit is confident of, so the
+  window-to-window noise of a level rate is not planned for as a rise (and, kept as the
+  steepest rise, held through the scale-down stabilization). A scale-up asks for the load
+  one start-up (plus half a window: the rate is a window's average) ahead at that slope; a
+  scale-down keeps what the steepest recent rise (forgotten over :data:`SURGE_HALF_LIFE_S`)
+  would need before a replica given back could be serving again.
 """
 
 from __future__ import annotations
@@ -70,8 +72,15 @@ MAX_RELATIVE_ERROR: Final = 0.15
 MAX_EXTRAPOLATION: Final = 2.0
 #: Windows of request rate the growth slope is fitted over.
 TREND_WINDOWS: Final = 5
-#: Half-life of the steepest rise that scale-down keeps room for.
-SURGE_HALF_LIFE_S: Final = 3600.0
+#: Standard errors of the fitted slope taken off it: only growth the fit is confident of. Five
+#: windows leave the slope three degrees of freedom, where about 97.5 % one-sided confidence
+#: takes 3.2 standard errors (Student's t), not the 2 of a large sample.
+TREND_STDERRS: Final = 3.0
+#: Half-life of the steepest rise that scale-down keeps room for: a rise is met again if it
+#: comes back within minutes, but the replicas of a ramp long past are not held through the
+#: trough after it (with an hour, the Azure trace's hourly peaks held the peak's replicas all
+#: day: BENCHMARKS.md).
+SURGE_HALF_LIFE_S: Final = 900.0
 #: Start-up times kept (the slowest of them is the estimate).
 STARTUPS_KEPT: Final = 5
 
@@ -200,8 +209,9 @@ class RateTrend:
 
     @property
     def slope(self) -> float:
-        """Requests/s per second the rate rose by over the kept windows (0 when falling or
-        with fewer than three)."""
+        """Requests/s per second the rate rose by over the kept windows, less
+        :data:`TREND_STDERRS` standard errors of the fitted slope (0 when that is not above 0,
+        or with fewer than three windows)."""
         pts = self._rates
         if len(pts) < 3:
             return 0.0
@@ -211,7 +221,10 @@ class RateTrend:
         stt = sum((t - mt) ** 2 for t, _ in pts)
         if stt <= 0:
             return 0.0
-        return max(0.0, sum((t - mt) * (r - mr) for t, r in pts) / stt)
+        fitted = sum((t - mt) * (r - mr) for t, r in pts) / stt
+        residual = sum((r - mr - fitted * (t - mt)) ** 2 for t, r in pts)
+        stderr = math.sqrt(residual / (n - 2) / stt)
+        return max(0.0, fitted - TREND_STDERRS * stderr)
 
     def surge(self, now: float) -> float:
         """The steepest slope seen, halved every :data:`SURGE_HALF_LIFE_S` since."""

@@ -223,8 +223,9 @@ def _scale(sc: ScaleSpec, svc: ServiceSpec, workload: str, cooldown: float) -> l
             )
             lines.append(
                 f"Headroom: plans for the rate one pod start-up ahead ({startup}, plus half a "
-                "window): its recent growth scaling up, its steepest rise in the last hour "
-                "scaling down, so only replicas that could be brought back in time go."
+                "window): its recent growth (as much as the fit is sure of) scaling up, its "
+                "steepest recent rise (halved every 15 min) scaling down, so only replicas "
+                "that could be brought back in time go."
             )
         if lead.forecast is not None:
             lines.append(

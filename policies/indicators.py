@@ -49,6 +49,8 @@ class LeadingAsk:
     lookahead_s: float = 0.0
     forecast: float | None = None
     """The trusted forecast's rate one lookahead ahead (:mod:`policies.forecast`), if any."""
+    margin: float = 0.0
+    """The fraction ``planned`` was raised by before dividing by ``per_replica``."""
 
 
 def request_rate(spec: ServiceSpec, requests: int, window: LatencyWindow, now: float) -> float:
@@ -75,7 +77,10 @@ def leading_ask(
     ``slo.minSamples`` (too few to judge a rate by either), or with ``learn: true``, no
     confident fit yet and no ``ratePerReplica`` to start from. Scale-down asks with ``down``
     (room for the steepest recent rise) and ``scale.tolerance`` as the margin, so a rate
-    hovering at a replica boundary does not take a replica away that the next tick adds back."""
+    hovering at a replica boundary does not take a replica away that the next tick adds back.
+    A learned rate takes no margin: it is already the rate at the objective over ``1 +
+    tolerance``, and the fit's confidence is in it (:mod:`policies.capacity`); a second
+    tolerance would keep a replica more than scale-up asks for."""
     lead = spec.scale.leading if spec.scale is not None else None
     if lead is None or requests < spec.slo.min_samples:
         return None
@@ -94,5 +99,9 @@ def leading_ask(
     forecast = load.forecast if load is not None else None
     if load is not None and forecast is not None and forecast > planned:
         planned, ahead = forecast, load.lookahead_s(spec)
+    if fit is not None:
+        margin = 0.0
     replicas = math.ceil(planned * (1.0 + margin) / per - 1e-9)
-    return LeadingAsk(replicas, rate, planned, per, fit is not None, growth, ahead, forecast)
+    return LeadingAsk(
+        replicas, rate, planned, per, fit is not None, growth, ahead, forecast, margin
+    )

@@ -362,7 +362,7 @@ def scale_down(
         leading_inputs(lead, inputs, thresholds)
         why = (
             f"{key} within its objective (P{spec.slo.percentile:g} {p:.0f}ms), request rate "
-            f"{lead.rate:.1f}/s: desired ceil({lead.planned:.1f} * {1 + scale.tolerance:g} / "
+            f"{lead.rate:.1f}/s: desired ceil({lead.planned:.1f} * {1 + lead.margin:g} / "
             f"{lead.per_replica:.3g}) = {recommended}"
         )
     remove, which = _removal(rnd, workload, current - target)

@@ -113,9 +113,14 @@ def test_startup_is_the_slowest_recent_creation_to_running() -> None:
         ([10.0, 16.0, 22.0, 28.0, 34.0], 0.1),  # +6 req/s a minute
         ([34.0, 28.0, 22.0, 16.0, 10.0], 0.0),  # falling: no growth
         ([10.0, 16.0], 0.0),  # too few windows
+        # a noisy rise: 4.6 req/s a minute fitted, less three standard errors (sqrt(13.2 / 10))
+        ([10.0, 20.0, 16.0, 26.0, 30.0], (4.6 - 3 * math.sqrt(1.32)) / 60),
+        # a level rate's noise fits +0.4 req/s a minute, within its standard errors: no growth
+        ([10.0, 18.0, 10.0, 18.0, 12.0], 0.0),
     ],
 )
 def test_growth_is_the_recent_rise_of_the_rate(rates: list[float], slope: float) -> None:
+    """Only the rise the fit is confident of is planned for."""
     trend = RateTrend()
     for i, r in enumerate(rates):
         trend.add(T0 + 60.0 * i, r)
@@ -129,7 +134,8 @@ def test_the_steepest_rise_is_remembered_and_fades() -> None:
     assert trend.slope == 0.0
     peak = trend.surge(T0 + 120.0)
     assert peak == pytest.approx(0.1)
-    assert trend.surge(T0 + 120.0 + 3600.0) == pytest.approx(peak / 2)
+    assert trend.surge(T0 + 120.0 + 900.0) == pytest.approx(peak / 2)  # halved in 15 min
+    assert trend.surge(T0 + 120.0 + 3600.0) == pytest.approx(peak / 16)
 
 
 def chat_policy(leading: dict[str, object]) -> Policy:
@@ -181,6 +187,43 @@ def test_learned_capacity_leads_scale_up() -> None:
     assert isinstance(rate, float)
     assert first.to_replicas == math.ceil(rate / per) > 2
     assert "rate_per_replica" not in first.explanation.thresholds
+
+
+def test_a_learned_rate_scales_down_without_a_second_tolerance() -> None:
+    """Once learned (about 7.8 req/s a replica, already the rate at the objective / 1.1),
+    chat at 8 replicas and 36 req/s on its latency curve scales down to ceil(36 / learned),
+    not raised by the tolerance again as a set rate is, and the reason prints the margin it
+    used (x 1)."""
+    data = policy_dict()
+    data["spec"]["services"]["chat"]["scale"].update(
+        leading={"learn": True},
+        down={"stabilization": "20s", "below": "50%", "maxStep": 8, "cooldown": "1s"},
+    )
+    engine = Engine(load_policy_text(to_yaml(data), "test.yaml"))
+    b = SnapshotBuilder()
+    b.node("w0", gpus=8, labels=WHOLE)
+    b.workload("serving", "chat", replicas=8, nodes=["w0"])
+    snap = b.build()
+    t = T0
+    for k in range(16):  # 1..8 req/s a replica, a minute each, on the curve: learned
+        for _ in range(60):
+            feed_latency(engine, t, t + 1, curve(1 + k % 8), per_s=8 * (1 + k % 8))
+            t += 1
+            engine.evaluate(t, snap)
+    downs: list[Scale] = []
+    for _ in range(90):
+        feed_latency(engine, t, t + 1, curve(36 / 8), per_s=36)
+        t += 1
+        downs += [d for d in ups(engine.evaluate(t, snap)) if d.to_replicas < 8]
+    assert downs, "no scale-down"
+    first = downs[0]
+    per = first.explanation.inputs["learned_rate_per_replica"]
+    planned = first.explanation.inputs["request_rate"]
+    assert isinstance(per, float)
+    assert isinstance(planned, float)
+    with_tolerance = math.ceil(planned * 1.1 / per)
+    assert first.to_replicas == math.ceil(planned / per) < with_tolerance
+    assert f"* 1 / {per:.3g})" in first.explanation.reason
 
 
 def test_without_a_confident_fit_the_latency_rules_alone_decide() -> None:

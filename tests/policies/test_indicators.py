@@ -88,7 +88,7 @@ def test_scale_down_never_goes_below_the_rate() -> None:
     """chat at 8 replicas, 20ms at 40 requests/s: the P99 alone would shrink it towards the
     minimum, the rate (10 a replica, raised by the 10% tolerance: 44/s) holds it at 5."""
     down = {"stabilization": "20s", "below": "50%", "maxStep": 8, "cooldown": "1s"}
-    replicas, got = 8, []
+    replicas, got, reasons = 8, [], ""
     engine = Engine(chat_policy(leading={"ratePerReplica": 10}, down=down))
     without = Engine(chat_policy(down=down))
     plain = []
@@ -98,12 +98,14 @@ def test_scale_down_never_goes_below_the_rate() -> None:
         for d in engine.evaluate(T0 + s + 1, cluster(replicas)):
             if isinstance(d, Scale) and d.role == "inference":
                 got.append(d.to_replicas)
+                reasons += d.explanation.reason
                 replicas = d.to_replicas
         plain += [
             d.to_replicas for d in without.evaluate(T0 + s + 1, cluster(8)) if isinstance(d, Scale)
         ]
     assert got, got
     assert min(got) == 5
+    assert "desired ceil(40.0 * 1.1 / 10) = 5" in reasons  # a set rate: raised by the tolerance
     assert plain, plain
     assert min(plain) < 5
 

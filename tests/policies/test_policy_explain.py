@@ -300,8 +300,8 @@ def test_every_setting_changes_the_explanation(path: str) -> None:
 
 def test_proactive_example_reads_differently_from_balanced() -> None:
     """The issue's case: examples/policy-proactive.yaml read word for word like balanced.
-    Besides the name, explain now names its leading indicator, readyEndsCooldown, shrinkFirst,
-    maxStep 8 and its 20m scale-down window."""
+    Besides the name, explain now names its set rate per replica, maxStep 8 and its 20m
+    scale-down window (readyEndsCooldown and shrinkFirst are balanced's defaults too now)."""
     balanced = CliRunner().invoke(policy, ["explain", str(LIBRARY / "balanced.yaml")]).stdout
     proactive = (
         CliRunner()
@@ -312,8 +312,6 @@ def test_proactive_example_reads_differently_from_balanced() -> None:
     text = "\n".join(only)
     for needle in (
         "2.5 requests/s a replica",
-        "cooldown ends early",
-        "GPUs free now",
         "at most 8 replica(s) a step",
         "last 20m",
     ):
@@ -322,13 +320,16 @@ def test_proactive_example_reads_differently_from_balanced() -> None:
 
 def test_balanced_explains_its_learned_capacity_and_headroom() -> None:
     """The library's balanced scales chat on a learned rate per replica with start-up headroom
-    (issue 24): explain says how it is learned, what it falls back to, and what headroom keeps."""
+    (issue 24): explain says how it is learned, what it falls back to, what headroom keeps, and
+    that a climb's cooldown ends once its replicas run, into GPUs free now."""
     text = CliRunner().invoke(policy, ["explain", str(LIBRARY / "balanced.yaml")]).stdout
     for needle in (
         "learned from its own percentile against its load per replica",
         "until that fit is confident, the percentile alone decides",
         "one pod start-up ahead (start-up observed from its pods",
         "only replicas that could be brought back in time go",
+        "cooldown ends early",
+        "GPUs free now",
     ):
         assert needle in text, needle
     assert "Forecast:" not in text  # not on by default: no arena day shows it winning
@@ -475,7 +476,7 @@ def test_test_command_takes_values(tmp_path: Path) -> None:
     result = CliRunner().invoke(policy, ["test", "--values", str(values), str(broken)])
     assert result.exit_code == 1
     assert re.search(
-        r"\+\{action: scale, target: serving/chat, from: 2, to: 4.*\}  # at 35s", result.stdout
+        r"\+\{action: scale, target: serving/chat, from: 2, to: 4.*\}  # at 1m5s", result.stdout
     )
 
 
