@@ -43,7 +43,7 @@ from policies.inventory import Inventory
 from policies.model import Policy
 from policies.pool_rules import converts_below
 from policies.rules import breach_quiet_until
-from policies.scaledown import scale_down_quiet_until
+from policies.scaledown import scale_down_quiet_read
 from policies.servicetrack import ServiceTrack
 from policies.slo import steady_until, step
 from policies.snapshot import Snapshot
@@ -66,15 +66,21 @@ def early(until: float) -> float:
 def holds_only(svc: ServiceTrack, inv: Inventory, now: float) -> bool:
     """Whether a service whose SLO step at ``now`` changed nothing would, ruled, only hold: it
     was ruled before and each of its rules says it can only hold with this SLO state, window
-    and snapshot (until its next step: the window's contents change only then)."""
+    and snapshot (until its next step: the window's contents change only then). The
+    scale-down rule's answer is :func:`~policies.scaledown.scale_down_quiet_until`, its part
+    that depends on the spec alone kept on the service (``down_quiet``)."""
     if svc.ruled_at is None:
         return False
     workload = inv.service_workload.get(svc.key)
     spec, slo = svc.spec, svc.slo
-    return (
-        breach_quiet_until(spec, slo, workload) == math.inf
-        and scale_down_quiet_until(spec, slo, workload, svc.latency, now) == math.inf
-    )
+    if breach_quiet_until(spec, slo, workload) != math.inf:
+        return False
+    if workload is None:
+        return True
+    down = svc.down_quiet
+    if down is None:
+        down = scale_down_quiet_read(spec, slo, workload, svc.latency, now)
+    return down == math.inf
 
 
 class Scheduler:

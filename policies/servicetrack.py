@@ -17,7 +17,7 @@ from policies.headroom import ServiceLoad
 from policies.indicators import request_rate
 from policies.inventory import Inventory
 from policies.model import ServiceSpec
-from policies.scaledown import Recommendations
+from policies.scaledown import Recommendations, scale_down_quiet_static
 from policies.slo import ExceedanceWindow, SloState
 from policies.windows import LatencyWindow
 
@@ -29,6 +29,7 @@ class ServiceTrack:
 
     __slots__ = (
         "down",
+        "down_quiet",
         "due",
         "exceed",
         "index",
@@ -76,6 +77,8 @@ class ServiceTrack:
         self.exceed = self._counters(spec)
         self.slo = SloState()
         self.down = self._recommendations(spec, None)
+        #: :func:`~policies.scaledown.scale_down_quiet_static` of the spec, worked out once.
+        self.down_quiet = scale_down_quiet_static(spec)
         #: Learned capacity, start-up and growth, for a service with ``scale.leading``.
         self.load = self._load(spec, None)
 
@@ -116,6 +119,7 @@ class ServiceTrack:
             self.exceed = self._counters(spec)
         self.spec = spec
         self.down = self._recommendations(spec, self.down)
+        self.down_quiet = scale_down_quiet_static(spec)
         self.load = self._load(spec, self.load)
         self.q = new.percentile / 100.0
         self.min_samples = new.min_samples

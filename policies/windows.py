@@ -38,9 +38,9 @@ by C-level ``map`` calls and counted in one short loop (:func:`_add_inside`), ab
 cost for a 40-value batch. Histogram bounds are keyed once per distinct set of bounds, since
 a producer sends the same bounds every time.
 
-Reads are cached on a signature of the live intervals (slot and count of each), so repeated reads
-between writes cost one pass over the ring, and a read after writes to the newest interval only
-re-merges that interval onto a cached merge of the older ones.
+Reads are cached on the writes so far and the span of slots read, so repeated reads between
+writes cost two comparisons, and a read after writes to the newest interval only re-merges that
+interval onto a cached merge of the older ones.
 
 Histograms. A bucket's requests are recorded at the bucket's *upper* bound. A quantile then
 errs high by at most its bucket's width (the histogram's resolution,
@@ -254,6 +254,7 @@ class LatencyWindow(_Ring):
         "_overflow",
         "_read_key",
         "_scale",
+        "_writes",
     )
 
     def __init__(
@@ -288,7 +289,9 @@ class LatencyWindow(_Ring):
         # last bound a producer sends: a handful).
         self._overflow: dict[int, float] = {}
         self._full_key: tuple[tuple[int, float, int], ...] = ()
-        self._read_key: tuple[tuple[int, float, int], ...] = ()
+        #: Write calls so far: with the span a read covers, what its answer depends on.
+        self._writes = 0
+        self._read_key = (-1, 0, 0)
         # The running sum of the older live intervals' bins (see _fast_quantile): bins from key
         # _agg_off, their total, the zeros, and slot -> (interval, count, zeros) when folded.
         self._agg: list[float] = []
@@ -317,6 +320,7 @@ class LatencyWindow(_Ring):
         except (ValueError, OverflowError) as exc:
             raise ValueError(f"ts must be finite; got {ts}") from exc
         if slot == self._last_slot:
+            self._writes += 1
             return self._last_cell
         return self._cell(slot)
 
@@ -452,6 +456,7 @@ class LatencyWindow(_Ring):
     def _cell(self, slot: int) -> _Interval | None:
         """The interval for ``slot``, advancing the head or recycling a stale cell as needed;
         ``None`` (and one more late write) when the slot has left the ring."""
+        self._writes += 1
         if slot > self._head:
             self._head = slot
         elif slot <= self._head - self._length:
@@ -477,21 +482,23 @@ class LatencyWindow(_Ring):
         the window holds none."""
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"q must be within [0, 1]; got {q}")
-        live = self._live(now)
-        if not live:
-            return None
-        key = tuple([(c.slot, c.store.count, c.zeros) for c in live])
-        if key != self._read_key:
-            self._read_key = key
+        first, last = self._span(now)
+        read = (self._writes, first, last)
+        if read != self._read_key:
+            self._read_key = read
             self._answers = {}
         answers = self._answers
         if q in answers:
             return answers[q]
-        value = self._fast_quantile(live, q)
-        if value == _NO_FAST:
-            sketch = self._sketch(live, key)
-            got = sketch.get_quantile_value(q)
-            value = None if got is None else float(got)
+        live = self._cells_in(first, last)
+        if not live:
+            value = None
+        else:
+            value = self._fast_quantile(live, q)
+            if value == _NO_FAST:
+                key = tuple([(c.slot, c.store.count, c.zeros) for c in live])
+                got = self._sketch(live, key).get_quantile_value(q)
+                value = None if got is None else float(got)
         answers[q] = value
         return value
 
@@ -515,9 +522,12 @@ class LatencyWindow(_Ring):
         return live[0].slot * self._interval_s if live else None
 
     def _live(self, now: float) -> list[_Interval]:
-        """Non-empty intervals covered by a read at ``now``, oldest first: slot by slot (at
+        """Non-empty intervals covered by a read at ``now``, oldest first."""
+        return self._cells_in(*self._span(now))
+
+    def _cells_in(self, first: int, last: int) -> list[_Interval]:
+        """Non-empty intervals of slots ``first`` to ``last``, oldest first: slot by slot (at
         most one ring's worth, each in its own cell), so no sort."""
-        first, last = self._span(now)
         cells, length = self._cells, self._length
         live = []
         for slot in range(first, last + 1):
@@ -757,7 +767,6 @@ class LatencyWindow(_Ring):
         self._last_slot, self._last_cell = slot, cell
         self._drop_merges()
         self._drop_sum()
-        self._read_key = ()
         return True
 
 
