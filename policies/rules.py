@@ -56,6 +56,8 @@ from policies.windows import LatencyWindow
 
 __all__ = [
     "Round",
+    "breach_quiet_read",
+    "breach_quiet_static",
     "breach_quiet_until",
     "leading_inputs",
     "quota_note",
@@ -160,15 +162,33 @@ def breach_quiet_until(spec: ServiceSpec, slo: SloState, workload: Workload | No
     the percentile alone and is at ``replicas.max`` already; else ``-math.inf`` (any tick may
     act: a cooldown or a scale-step budget runs out, ready replicas end a cooldown, a request
     rate's span grows). The rule itself starts from this answer, so the engine's incremental
-    schedule (:mod:`policies.scheduling`) cannot drift from it."""
+    schedule (:mod:`policies.scheduling`) cannot drift from it. In two parts, so the schedule
+    works the first out once per spec: :func:`breach_quiet_static` and
+    :func:`breach_quiet_read`."""
+    static = breach_quiet_static(spec)
+    if static is not None:
+        return static
+    return breach_quiet_read(spec, slo, workload)
+
+
+def breach_quiet_static(spec: ServiceSpec) -> float | None:
+    """:func:`breach_quiet_until`'s answer where ``spec`` alone decides it (``-math.inf``: a
+    leading indicator or signals), or ``None`` where the state must be read
+    (:func:`breach_quiet_read`)."""
     scale = spec.scale
     if (scale is not None and scale.leading is not None) or spec.has_signals():
         return -math.inf
+    return None
+
+
+def breach_quiet_read(spec: ServiceSpec, slo: SloState, workload: Workload | None) -> float:
+    """:func:`breach_quiet_until` for a service whose :func:`breach_quiet_static` is ``None``:
+    read from its SLO state and replicas."""
     if slo.state != "breaching":
         return math.inf
     bounds = spec.replicas
     at_max = workload is not None and bounds is not None and workload.replicas >= bounds.max
-    return math.inf if scale is not None and at_max else -math.inf
+    return math.inf if spec.scale is not None and at_max else -math.inf
 
 
 def responds(spec: ServiceSpec, slo: SloState) -> bool:

@@ -42,7 +42,7 @@ from policies.intake import Intake
 from policies.inventory import Inventory
 from policies.model import Policy
 from policies.pool_rules import converts_below
-from policies.rules import breach_quiet_until
+from policies.rules import breach_quiet_read
 from policies.scaledown import scale_down_quiet_read
 from policies.servicetrack import ServiceTrack
 from policies.slo import steady_until, step
@@ -66,14 +66,15 @@ def early(until: float) -> float:
 def holds_only(svc: ServiceTrack, inv: Inventory, now: float) -> bool:
     """Whether a service whose SLO step at ``now`` changed nothing would, ruled, only hold: it
     was ruled before and each of its rules says it can only hold with this SLO state, window
-    and snapshot (until its next step: the window's contents change only then). The
-    scale-down rule's answer is :func:`~policies.scaledown.scale_down_quiet_until`, its part
-    that depends on the spec alone kept on the service (``down_quiet``)."""
-    if svc.ruled_at is None:
+    and snapshot (until its next step: the window's contents change only then). The rules'
+    answers are :func:`~policies.rules.breach_quiet_until` and
+    :func:`~policies.scaledown.scale_down_quiet_until`, their parts that depend on the spec
+    alone kept on the service (``breach_quiet``, ``down_quiet``)."""
+    if svc.ruled_at is None or svc.breach_quiet is not None:  # never quiet: any tick may act
         return False
     workload = inv.service_workload.get(svc.key)
     spec, slo = svc.spec, svc.slo
-    if breach_quiet_until(spec, slo, workload) != math.inf:
+    if breach_quiet_read(spec, slo, workload) != math.inf:
         return False
     if workload is None:
         return True

@@ -17,6 +17,7 @@ from policies.headroom import ServiceLoad
 from policies.indicators import request_rate
 from policies.inventory import Inventory
 from policies.model import ServiceSpec
+from policies.rules import breach_quiet_static
 from policies.scaledown import Recommendations, scale_down_quiet_static
 from policies.slo import ExceedanceWindow, SloState
 from policies.windows import LatencyWindow
@@ -28,6 +29,7 @@ class ServiceTrack:
     """One service's windows, SLO state and schedule (see the module docstring)."""
 
     __slots__ = (
+        "breach_quiet",
         "down",
         "down_quiet",
         "due",
@@ -77,7 +79,9 @@ class ServiceTrack:
         self.exceed = self._counters(spec)
         self.slo = SloState()
         self.down = self._recommendations(spec, None)
+        #: :func:`~policies.rules.breach_quiet_static` and
         #: :func:`~policies.scaledown.scale_down_quiet_static` of the spec, worked out once.
+        self.breach_quiet = breach_quiet_static(spec)
         self.down_quiet = scale_down_quiet_static(spec)
         #: Learned capacity, start-up and growth, for a service with ``scale.leading``.
         self.load = self._load(spec, None)
@@ -119,6 +123,7 @@ class ServiceTrack:
             self.exceed = self._counters(spec)
         self.spec = spec
         self.down = self._recommendations(spec, self.down)
+        self.breach_quiet = breach_quiet_static(spec)
         self.down_quiet = scale_down_quiet_static(spec)
         self.load = self._load(spec, self.load)
         self.q = new.percentile / 100.0

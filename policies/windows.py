@@ -555,6 +555,7 @@ class LatencyWindow(_Ring):
         collapsed = False
         # Counts are whole numbers, so these sums are exact in any order.
         zeros = total = 0.0
+        stores = []  # the non-empty ones' bins, offset and key range, for _scan_quantile
         for c in live:
             store = c.store
             if store.is_collapsed:
@@ -564,10 +565,12 @@ class LatencyWindow(_Ring):
             n = store.count
             if n:
                 total += n
-                if store.min_key < lo:
-                    lo = store.min_key
-                if store.max_key > hi:
-                    hi = store.max_key
+                first, last = store.min_key, store.max_key
+                if first < lo:
+                    lo = first
+                if last > hi:
+                    hi = last
+                stores.append((store.bins, store.offset, first, last))
         if collapsed or (hi >= lo and hi - lo + 1 > self._bin_limit):
             if self._agg:
                 self._drop_sum()
@@ -582,7 +585,7 @@ class LatencyWindow(_Ring):
         if not total:
             return None  # unreachable: a live interval holds a value
         if len(live) <= _SCAN_INTERVALS and not 0.1 < q < 0.9:
-            return self._scan_quantile(live, q, r, total, (lo, hi))
+            return self._scan_quantile(stores, q, r, total, (lo, hi))
         *older, newest = live
         self._sync(older, lo, hi)
         store = newest.store
@@ -616,17 +619,18 @@ class LatencyWindow(_Ring):
         return float(self._mapping.value(i + off))
 
     def _scan_quantile(
-        self, live: list[_Interval], q: float, r: float, total: float, keys: tuple[float, float]
+        self,
+        stores: list[tuple[list[float], int, int, int]],
+        q: float,
+        r: float,
+        total: float,
+        keys: tuple[float, float],
     ) -> float:
         """:meth:`_fast_quantile`'s answer (the key of rank ``r`` among ``total`` positive
         values, within ``keys``) without the running sum: walking keys in from the near end (a
         tail percentile is a few keys from it), each key's count summed over the few live
-        intervals. Counts are whole numbers: the same key."""
-        stores = [
-            (c.store.bins, c.store.offset, c.store.min_key, c.store.max_key)
-            for c in live
-            if c.store.count
-        ]
+        intervals' ``stores`` (bins, offset, first and last key of each non-empty one). Counts
+        are whole numbers: the same key."""
         key, step = (int(keys[1]), -1) if q >= 0.5 else (int(keys[0]), 1)
         cum = total if q >= 0.5 else 0.0
         while True:

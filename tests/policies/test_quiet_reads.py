@@ -1,11 +1,11 @@
 """The quiet ticks' cheaper reads give the answers of the reads they stand for.
 
-The engine asks the scale-down rule whether it can only hold on every quiet tick that steps a
-service, so the rule's answer comes in two parts: what the spec alone decides
-(``scale_down_quiet_static``, kept on the service) and what must be read from its state
-(``scale_down_quiet_read``). These table tests check that the parts give
-``scale_down_quiet_until``'s answer over specs, replicas, SLO states and windows, and that the
-latency window's cached reads follow its writes and the clock.
+The engine asks the breach response and the scale-down rule whether they can only hold on every
+quiet tick that steps a service, so each rule's answer comes in two parts: what the spec alone
+decides (``*_quiet_static``, kept on the service) and what must be read from its state
+(``*_quiet_read``). These table tests check that the parts give ``breach_quiet_until``'s and
+``scale_down_quiet_until``'s answers over specs, replicas, SLO states and windows, and that
+the latency window's cached reads follow its writes and the clock.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from policy_fixtures import BASE, T0, WHOLE, make_policy
 
 from policies.inventory import Inventory
 from policies.model import Policy
+from policies.rules import breach_quiet_read, breach_quiet_static, breach_quiet_until
 from policies.scaledown import (
     scale_down_quiet_read,
     scale_down_quiet_static,
@@ -129,6 +130,41 @@ def test_the_split_answers_as_the_whole(
     if wl is not None:
         split = static if static is not None else scale_down_quiet_read(spec, slo, wl, win, T0)
         assert split == want
+
+
+# (id, scale kind, replicas, state, want)
+BREACH: list[tuple[str, str, int | None, State, float]] = [
+    ("ok", "down", 4, "ok", INF),
+    ("recovering", "down", 4, "recovering", INF),
+    ("stale", "down", 4, "stale", INF),
+    ("breaching-room", "down", 4, "breaching", -INF),
+    ("breaching-at-max", "down", 8, "breaching", INF),
+    ("breaching-no-workload", "down", None, "breaching", -INF),
+    ("breaching-at-max-no-scale", "none", 8, "breaching", -INF),
+    ("breaching-at-max-up-only", "up", 8, "breaching", INF),
+    ("leading-ok", "leading", 4, "ok", -INF),
+    ("leading-at-max", "leading", 8, "breaching", -INF),
+    ("signals-ok", "signals", 4, "ok", -INF),
+    ("signals-no-workload", "signals", None, "ok", -INF),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "replicas", "state", "want"), [c[1:] for c in BREACH], ids=[c[0] for c in BREACH]
+)
+def test_the_breach_split_answers_as_the_whole(
+    kind: str, replicas: int | None, state: State, want: float
+) -> None:
+    """``breach_quiet_until`` gives the expected answer, and so do its two parts: the spec's
+    static answer where it has one (kept on the service), else the read."""
+    p = policy(kind)
+    spec = p.spec.services["chat"]
+    wl = workload(p, replicas)
+    slo = SloState(state=state, since=T0 - 100, last_level="above")
+    assert breach_quiet_until(spec, slo, wl) == want
+    static = breach_quiet_static(spec)
+    assert ServiceTrack("chat", spec).breach_quiet == static
+    assert (static if static is not None else breach_quiet_read(spec, slo, wl)) == want
 
 
 def test_a_cached_read_follows_writes_and_the_clock() -> None:
