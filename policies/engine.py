@@ -111,6 +111,10 @@ class Engine:
         self.put_latency = self._intake.put_latency
         self.put_utilization = self._intake.put_utilization
         self.merge_idle = self._intake.merge_idle
+        #: ``advance(now)``: the caller's clock reads ``now``: no event may move a window past
+        #: ``now`` plus one resolution from here on (:mod:`policies.intake`). An older ``now``
+        #: changes nothing. The intake's own too: a replay calls it every tick.
+        self.advance = self._intake.advance
         #: ``disrupted`` as the cached inventory was built with it.
         self._indexed_disrupted: dict[str, tuple[float, ...]] = {}
         self._inventory: Inventory | None = None
@@ -159,12 +163,7 @@ class Engine:
             # consumer would retry the batch, counting its first events twice).
             self._index(last[0])
 
-    # -- events (``observe`` and ``observe_many`` are the intake's own) ------------------------
-
-    def advance(self, now: float) -> None:
-        """The caller's clock reads ``now``: no event may move a window past ``now`` plus one
-        resolution from here on (:mod:`policies.intake`). An older ``now`` changes nothing."""
-        self._intake.advance(now)
+    # -- events (``observe``, ``observe_many`` and ``advance`` are the intake's own) -----------
 
     @property
     def observed(self) -> int:
