@@ -41,12 +41,13 @@ from typing import Final
 from policies.intake import Intake
 from policies.inventory import Inventory
 from policies.model import Policy
-from policies.pool_rules import converts_below
+from policies.pool_rules import convert_margin
 from policies.rules import breach_quiet_read
 from policies.scaledown import scale_down_quiet_read
 from policies.servicetrack import ServiceTrack
 from policies.slo import steady_until, step
 from policies.snapshot import Snapshot
+from policies.windows import UtilizationWindow
 
 __all__ = ["PoolsSeen", "Scheduler"]
 
@@ -121,8 +122,9 @@ class Scheduler:
         #: nothing, so the pool's mean need not be read).
         self._pools_unmet = False
         #: Whether the whole-card pool's mean was at or above ``convertBelow`` (or unknown),
-        #: for (events taken, the window's slot): neither changed, nor did the mean.
-        self._mean_for = (-1, 0)
+        #: and while it stays so: for the window, its epoch and the slot read, up to how many
+        #: events taken (:func:`~policies.pool_rules.convert_margin`).
+        self._mean_for: tuple[UtilizationWindow, int, int, int] | None = None
         self._mean_high = False
         #: After :meth:`idle` found a quiet tick: its snapshot, until when nothing the engine
         #: follows can wake (a service's wake time, the pool rules' timers) and whether the
@@ -136,7 +138,7 @@ class Scheduler:
         self._ordered = ordered
         self._seen = None
         self._pools_seen = None
-        self._mean_for = (-1, 0)
+        self._mean_for = None
         self.busy = {}
         self._gap_s = min(
             (
@@ -227,15 +229,26 @@ class Scheduler:
 
     def _mean_high_at(self, now: float) -> bool:
         """Whether the whole-card pool's mean is at or above ``convertBelow`` (or unknown) at
-        ``now``: read again only when a reading came or the window moved a slot."""
+        ``now``: read again only when the slot read or the window's epoch changed, or more
+        events came than the readings it could take and stay so (none when it was below)."""
         intake = self._intake
-        key = (intake.observed, int(now // intake.util_interval))  # what the mean depends on
-        if key != self._mean_for:
-            assert self._policy is not None
-            mig = self._policy.spec.mig
-            assert mig is not None
-            self._mean_for = key
-            self._mean_high = not converts_below(mig, intake.pool_windows[mig.from_pool], now)
+        slot = int(now // intake.util_interval)  # the slot a read at now covers last
+        seen = self._mean_for
+        if (
+            seen is not None
+            and intake.observed <= seen[3]
+            and seen[2] == slot
+            and seen[1] == seen[0].epoch
+        ):
+            return self._mean_high
+        assert self._policy is not None
+        mig = self._policy.spec.mig
+        assert mig is not None
+        window = intake.pool_windows[mig.from_pool]
+        margin = convert_margin(mig, window, now)
+        self._mean_high = margin >= 0
+        # each event adds at most one reading to the window
+        self._mean_for = (window, window.epoch, slot, intake.observed + max(margin, 0))
         return self._mean_high
 
     def _slo_due(self, now: float, inv: Inventory) -> list[ServiceTrack]:

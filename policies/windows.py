@@ -198,10 +198,13 @@ class _Ring:
         return self._length
 
     def _span(self, now: float) -> tuple[int, int]:
-        """The first and last slot a read at ``now`` covers (empty when first > last)."""
+        """The first and last slot a read at ``now`` covers (empty when first > last). Plain
+        comparisons, not ``max``/``min`` calls: every read starts here."""
         last = _slot_of(now, self._interval_s)
-        first = max(last, self._head) - self._length + 1
-        return first, min(last, self._head)
+        head = self._head
+        if last > head:
+            return last - self._length + 1, head
+        return head - self._length + 1, last
 
     def _admit(self, slot: int) -> bool:
         """Whether a write to ``slot`` may land: it advances the head, or counts one more late
@@ -777,10 +780,14 @@ class LatencyWindow(_Ring):
 class UtilizationWindow(_Ring):
     """Utilization (percent) of one GPU or MIG instance over a sliding window of event time."""
 
-    __slots__ = ("_counts", "_maxes", "_slots", "_sums")
+    __slots__ = ("_counts", "_maxes", "_slots", "_sums", "epoch")
 
     def __init__(self, *, window_s: float, interval_s: float) -> None:
         super().__init__(window_s=window_s, interval_s=interval_s)
+        #: Counts the writes that may take readings out of a read: the head moving on (the
+        #: oldest interval leaves) and intervals put whole. Between two, at the same slot of
+        #: ``now``, a read only gains readings.
+        self.epoch = 0
         self._slots = [_NO_SLOT] * self._length
         self._sums = [0.0] * self._length
         self._counts = [0] * self._length
@@ -797,6 +804,7 @@ class UtilizationWindow(_Ring):
             raise ValueError(f"ts must be finite; got {ts}") from exc
         if slot > self._head:
             self._head = slot
+            self.epoch += 1
         elif slot <= self._head - self._length:
             self._late += 1
             return False
@@ -814,15 +822,20 @@ class UtilizationWindow(_Ring):
         return True
 
     def mean(self, now: float) -> float | None:
-        """Mean of the readings in the window at ``now``; ``None`` when there are none. One
-        pass, no intermediate list: the engine reads a pool's mean on most ticks."""
+        """Mean of the readings in the window at ``now``; ``None`` when there are none."""
+        total, n = self.totals(now)
+        return total / n if n else None
+
+    def totals(self, now: float) -> tuple[float, int]:
+        """The sum and the number of the readings in the window at ``now``, as :meth:`mean`
+        divides them. One pass, no intermediate list: the engine reads a pool's mean often."""
         first, last = self._span(now)
         total, n = 0.0, 0
         for slot, s, c in zip(self._slots, self._sums, self._counts, strict=True):
             if first <= slot <= last:
                 total += s
                 n += c
-        return total / n if n else None
+        return total, n
 
     def max(self, now: float) -> float | None:
         """Highest reading in the window at ``now``; ``None`` when there are none."""
@@ -860,6 +873,7 @@ class UtilizationWindow(_Ring):
         held; ``False`` (a late write) when the slot has left the ring."""
         if not self._admit(slot):
             return False
+        self.epoch += 1
         i = slot % self._length
         self._slots[i], self._sums[i], self._counts[i], self._maxes[i] = slot, total, count, peak
         return True

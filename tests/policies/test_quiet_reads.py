@@ -4,8 +4,10 @@ The engine asks the breach response and the scale-down rule whether they can onl
 quiet tick that steps a service, so each rule's answer comes in two parts: what the spec alone
 decides (``*_quiet_static``, kept on the service) and what must be read from its state
 (``*_quiet_read``). These table tests check that the parts give ``breach_quiet_until``'s and
-``scale_down_quiet_until``'s answers over specs, replicas, SLO states and windows, and that
-the latency window's cached reads follow its writes and the clock.
+``scale_down_quiet_until``'s answers over specs, replicas, SLO states and windows; that the
+latency window's cached reads follow its writes and the clock; and that the whole-card pool's
+mean, read again only past the readings it can take (``convert_margin``), cannot have fallen
+below ``convertBelow`` before then.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from policy_fixtures import BASE, T0, WHOLE, make_policy
 
 from policies.inventory import Inventory
 from policies.model import Policy
+from policies.pool_rules import convert_margin, converts_below
 from policies.rules import breach_quiet_read, breach_quiet_static, breach_quiet_until
 from policies.scaledown import (
     scale_down_quiet_read,
@@ -29,7 +32,7 @@ from policies.scaledown import (
 from policies.servicetrack import ServiceTrack
 from policies.slo import Level, SloState, State
 from policies.snapshot import SnapshotBuilder, Workload
-from policies.windows import LatencyWindow
+from policies.windows import LatencyWindow, UtilizationWindow
 
 INF = math.inf
 
@@ -181,3 +184,58 @@ def test_a_cached_read_follows_writes_and_the_clock() -> None:
     assert w.quantile(T0 + 1, 0.01) == pytest.approx(1.0, rel=0.01)
     assert w.quantile(T0 + 3, 0.99) == pytest.approx(1.0, rel=0.01)  # T0's interval left
     assert w.quantile(T0 + 4, 0.99) is None
+
+
+# (id, readings, their utilization, convertBelow %)
+MARGINS: list[tuple[str, int, float, float]] = [
+    ("busy", 100, 30.0, 20.0),
+    ("just-above", 100, 20.5, 20.0),
+    ("at-the-limit", 100, 20.0, 20.0),
+    ("below", 100, 10.0, 20.0),
+    ("one-reading", 1, 90.0, 20.0),
+    ("many-readings", 5000, 55.0, 20.0),
+    ("idle-pool", 50, 0.0, 5.0),
+    ("never-converts", 50, 0.0, 0.0),
+    ("no-readings", 0, 0.0, 20.0),
+]
+
+
+@pytest.mark.parametrize(
+    ("n", "util", "below"), [c[1:] for c in MARGINS], ids=[c[0] for c in MARGINS]
+)
+def test_the_pool_mean_stays_up_for_its_margin(n: int, util: float, below: float) -> None:
+    """After ``convert_margin`` more readings at 0 % (the most any can pull the mean down) the
+    pool still does not convert; a margin of ``-1`` is a pool that converts now."""
+    mig = policy("down").spec.mig
+    assert mig is not None
+    mig = mig.model_copy(update={"convert_below": below / 100.0})
+    w = UtilizationWindow(window_s=300.0, interval_s=10.0)
+    for i in range(n):
+        w.add(T0 + (i % 10), util)
+    margin = convert_margin(mig, w, T0 + 9)
+    assert (margin < 0) == converts_below(mig, w, T0 + 9)
+    assert (margin < 0) == (n > 0 and util < below)
+    if margin < 0:
+        return
+    for _ in range(min(margin, 100_000)):
+        w.add(T0 + 9, 0.0)
+    assert not converts_below(mig, w, T0 + 9)
+    if below > 0 and margin < 100_000:  # a little past the margin, zeros do bring it down
+        for _ in range(margin // 100 + 3):
+            w.add(T0 + 9, 0.0)
+        assert converts_below(mig, w, T0 + 9)
+
+
+def test_the_epoch_counts_what_takes_readings_out() -> None:
+    """A reading in the newest interval leaves the epoch as it is; one that moves the head on,
+    or an interval put whole, moves it."""
+    w = UtilizationWindow(window_s=30.0, interval_s=10.0)
+    w.add(T0, 50.0)
+    epoch = w.epoch
+    w.add(T0 + 5, 40.0)
+    w.add(T0 - 5, 40.0)  # an older interval gains a reading: nothing leaves
+    assert w.epoch == epoch
+    w.add(T0 + 10, 40.0)
+    assert w.epoch == epoch + 1
+    w.put_interval(int(T0 // 10), 10.0, 1, 10.0)
+    assert w.epoch == epoch + 2
