@@ -387,7 +387,7 @@ class Engine:
         """Per pool: nodes, whole GPUs, free GPUs (from the last snapshot) and utilization."""
         inv = self._inventory
         intake = self._intake
-        idle = intake.idle.idle_gpus(now, intake.util_window_s, intake.stale_s) if inv else {}
+        reclaimable = self.reclaimable(now)
         out = []
         for name in sorted(self._policy.spec.pools):
             pool = self._policy.spec.pools[name]
@@ -400,10 +400,21 @@ class Engine:
                     capacity_gpus=inv.capacity.get(name, 0) if inv else 0,
                     free_gpus=inv.free.get(name, 0) if inv else 0,
                     util_pct=window.mean(now) if window is not None else None,
-                    reclaimable_gpus=_reclaimable(inv, name, idle) if inv else 0,
+                    reclaimable_gpus=reclaimable[name],
                 )
             )
         return out
+
+    def reclaimable(self, now: float) -> dict[str, int]:
+        """Per pool (in name order), :attr:`PoolStatus.reclaimable_gpus` alone: what a replay
+        samples once per timeline bucket, without the pools' means :meth:`pool_status` reads."""
+        inv = self._inventory
+        names = sorted(self._policy.spec.pools)
+        if inv is None:
+            return dict.fromkeys(names, 0)
+        intake = self._intake
+        idle = intake.idle.idle_gpus(now, intake.util_window_s, intake.stale_s)
+        return {name: _reclaimable(inv, name, idle) for name in names}
 
     def budget_states(self, now: float) -> list[BudgetState]:
         """Each budget's limit, use and what remains in its window (for metrics)."""

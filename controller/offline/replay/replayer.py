@@ -432,7 +432,7 @@ class _Replay:
                 add(b, util)
             account.tick_util(util)
         if tl.is_sample_tick(self.k):  # reclaimable GPUs: once per bucket, not every tick
-            sample_reclaimable(summary, tl, b, self.engine.pool_status(now))
+            sample_reclaimable(summary, tl, b, self.engine.reclaimable(now))
         if summary.first_tick is None:
             summary.first_tick = now
         summary.last_tick = now
