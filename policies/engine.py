@@ -268,8 +268,8 @@ class Engine:
             return []  # a quiet tick: every rule would decide nothing and change nothing
         decide = self._decide
         rnd = decide.round(now, self._policy, inv, self._intake)
-        for svc, settled in decide.rule_services(rnd, ruled, last_round):
-            schedule.settle(svc, settled)
+        for svc, until in decide.rule_services(rnd, ruled, last_round):
+            schedule.settle(svc, until)
         if rnd.decisions or not schedule.pools_quiet(now, seen):
             until, unmet = decide.rule_pools(rnd, self._intake, busy_pools)
             schedule.pools_ran(bool(rnd.decisions), seen, until, unmet)

@@ -25,7 +25,8 @@ Design:
   why among its alternatives, training does not grow, and it is no MIG revert demand.
 * The pool rules (training growth, MIG) share the round and live in :mod:`policies.pool_rules`.
 * Each rule answers "until when can I only hold?" beside itself
-  (:func:`breach_quiet_until`): the engine's incremental schedule asks the rule, never a copy.
+  (:func:`breach_quiet_until`, and after a round :func:`breach_wait_until`, which counts a
+  running cooldown): the engine's incremental schedule asks the rule, never a copy.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ __all__ = [
     "breach_quiet_read",
     "breach_quiet_static",
     "breach_quiet_until",
+    "breach_wait_until",
     "leading_inputs",
     "quota_note",
     "respond_to_breach",
@@ -189,6 +191,25 @@ def breach_quiet_read(spec: ServiceSpec, slo: SloState, workload: Workload | Non
     bounds = spec.replicas
     at_max = workload is not None and bounds is not None and workload.replicas >= bounds.max
     return math.inf if spec.scale is not None and at_max else -math.inf
+
+
+def breach_wait_until(
+    rnd: Round, key: str, spec: ServiceSpec, slo: SloState, workload: Workload | None
+) -> float:
+    """Until when :func:`respond_to_breach`, having run this round, can only hold while
+    ``slo``, the window and the snapshot (``workload``) stay as they are and no feedback comes:
+    :func:`breach_quiet_until` where that is for ever; else the end of the service's cooldown
+    while one runs, since a breaching service in its cooldown returns before anything else
+    (not with ``scale.readyEndsCooldown``, whose early end reads the clock against
+    ``breachAfter``); else ``-math.inf`` (any tick may act: a budget, free GPUs, victims)."""
+    quiet = breach_quiet_until(spec, slo, workload)
+    if quiet == math.inf or breach_quiet_static(spec) is not None:
+        return quiet
+    if spec.scale is not None and spec.scale.ready_ends_cooldown:
+        return -math.inf
+    cooldown = spec.cooldown if spec.cooldown is not None else rnd.policy.spec.cooldowns.service
+    left = rnd.cooldowns.remaining_s(key, rnd.now, cooldown)
+    return rnd.now + left if left > 0.0 else -math.inf
 
 
 def responds(spec: ServiceSpec, slo: SloState) -> bool:

@@ -17,7 +17,10 @@ Design:
 * A service's rules run when its SLO was stepped since its rules last ran (unless the step
   changed nothing and they would only hold), or every tick while it is unsettled (its breach
   response may act at any tick, or its scale-down did not only hold: cooldowns, budgets and
-  the stabilization window decide); a settled service's skipped ticks would each only have
+  the stabilization window decide), or when the time its rules said they would hold until
+  comes (a breaching service's cooldown ends: :func:`~policies.rules.breach_wait_until`;
+  feedback that may give a cooldown back runs them at the next tick instead); a settled
+  service's skipped ticks would each only have
   recorded its current replicas as its recommendation, and :meth:`Recommendations.hold
   <policies.scaledown.Recommendations.hold>` records them in one call when it next runs. A new
   snapshot, a reload, or a gap between ticks longer than the shortest stabilization window
@@ -101,9 +104,11 @@ class Scheduler:
         #: next one, and only when no event made them due again (on a busy stream, never).
         self._settling: list[ServiceTrack] = []
         #: Indexes of services whose rules run at the next round: stepped since their rules
-        #: last ran, or unsettled.
+        #: last ran, or unsettled; and (rules_at, index) of those whose rules run again at a
+        #: time.
         self._rules: set[int] = set()
         self._unsettled: set[int] = set()
+        self._rule_wakes: list[tuple[float, int]] = []
         #: key -> pool of the services breaching or recovering.
         self.busy: dict[str, str] = {}
         #: What the last tick saw; a change steps every service.
@@ -134,6 +139,7 @@ class Scheduler:
     def configure(self, policy: Policy, ordered: list[ServiceTrack]) -> None:
         """Adopt a policy and its services (in order): the next tick steps every service."""
         self.quiet = None
+        self._rule_wakes = []
         self._policy = policy
         self._ordered = ordered
         self._seen = None
@@ -151,9 +157,13 @@ class Scheduler:
 
     def forget_pools(self) -> None:
         """Feedback came (an outcome, a log record): a budget unit, a cooldown or a MIG slot
-        may have come back, so the pool rules run at the next tick."""
+        may have come back, so the pool rules run at the next tick, and so do the rules of the
+        services waiting for a cooldown to end."""
         self._pools_seen = None
         self.quiet = None
+        for _, i in self._rule_wakes:
+            self._rules.add(i)
+        self._rule_wakes = []
 
     # -- one evaluation ------------------------------------------------------------------------
 
@@ -186,18 +196,28 @@ class Scheduler:
     def take_ruled(self, now: float) -> tuple[list[ServiceTrack], float | None]:
         """The services whose rules this round runs, in order, and ``now`` of the last round
         (this one is ``now``)."""
-        ruled = [self._ordered[i] for i in sorted(self._rules | self._unsettled)]
+        wakes, rules = self._rule_wakes, self._rules
+        while wakes and wakes[0][0] <= now:
+            at, i = heapq.heappop(wakes)
+            if self._ordered[i].rules_at == at:
+                rules.add(i)
+        ruled = [self._ordered[i] for i in sorted(rules | self._unsettled)]
         self._rules = set()
         last_round, self.last_round = self.last_round, now
         return ruled, last_round
 
-    def settle(self, svc: ServiceTrack, settled: bool) -> None:
-        """After ``svc``'s rules ran: ``settled`` when, with the same SLO state and snapshot,
-        they would only hold at every later tick (else they run every tick)."""
-        if settled:
-            self._unsettled.discard(svc.index)
-        else:
+    def settle(self, svc: ServiceTrack, until: float) -> None:
+        """After ``svc``'s rules ran: until when, with the same SLO state and snapshot, they
+        would only hold (``math.inf``: settled; ``-math.inf``: they run every tick; else they
+        run again then)."""
+        svc.rules_at = -math.inf
+        if until == -math.inf:
             self._unsettled.add(svc.index)
+            return
+        self._unsettled.discard(svc.index)
+        if until < math.inf:
+            svc.rules_at = at = early(until)
+            heapq.heappush(self._rule_wakes, (at, svc.index))
 
     def pools_ran(self, decided: bool, seen: PoolsSeen, until: float, unmet: bool) -> None:
         """The pool rules ran: whether anything was decided, and (from the rules) until when
@@ -273,6 +293,7 @@ class Scheduler:
             self._settling = []
             self._rules = set(range(len(self._ordered)))
             self._unsettled = set()
+            self._rule_wakes = []
             return self._ordered
         self._wake_due(now)
         due = self._due[:]
@@ -342,6 +363,7 @@ class Scheduler:
             or policy.spec.kill_switch
             or self._rules
             or self._unsettled
+            or self._rules_due(now)
             or last is None
             or now - last > self._gap_s
         ):
@@ -366,14 +388,25 @@ class Scheduler:
             if due:
                 self.quiet = None
                 return True
-        wakes = self._wakes
+        wakes, rule_wakes = self._wakes, self._rule_wakes
+        until = min(wakes[0][0], self._pools_wake) if wakes else self._pools_wake
+        if rule_wakes and rule_wakes[0][0] < until:
+            until = rule_wakes[0][0]
         mig = policy.spec.mig
         self.quiet = (
             snapshot,
-            min(wakes[0][0], self._pools_wake) if wakes else self._pools_wake,
+            until,
             mig is not None and mig.enabled and not self.busy and not self._pools_unmet,
         )
         return True
+
+    def _rules_due(self, now: float) -> bool:
+        """Whether a service's rules must run at ``now`` by its time (dropping the stale
+        entries in front: a service ruled since, for another reason)."""
+        wakes, ordered = self._rule_wakes, self._ordered
+        while wakes and ordered[wakes[0][1]].rules_at != wakes[0][0]:
+            heapq.heappop(wakes)
+        return bool(wakes) and wakes[0][0] <= now
 
     def _record_quiet(self, now: float) -> None:
         """Record a tick at ``now`` as ``evaluate`` records one that decided nothing."""

@@ -45,6 +45,7 @@ class ServiceTrack:
         "namespace",
         "q",
         "ruled_at",
+        "rules_at",
         "samples",
         "slo",
         "spec",
@@ -65,6 +66,9 @@ class ServiceTrack:
         self.samples = 0
         #: When the rules last ran for the service.
         self.ruled_at: float | None = None
+        #: When its rules must run again though nothing changed (a cooldown ends;
+        #: :mod:`policies.scheduling`), ``-math.inf`` for no such time.
+        self.rules_at = -math.inf
         self.name = name
         self.namespace = spec.namespace
         self.key = f"{spec.namespace}/{name}"

@@ -613,3 +613,38 @@ def test_a_leading_scale_up_held_by_its_cooldown_comes_when_the_cooldown_ends() 
     )
     ups = [(now, quiet) for now, quiet, ds in both.decided if ds[-1]["rule"] == "leading-scale-up"]
     assert ups[:2] == [(T0 + 1, False), (T0 + 11, True)]
+
+
+def test_a_breach_held_by_its_cooldown_is_idle_until_the_cooldown_ends() -> None:
+    """A breach held by a 1m window of slow requests, ticks asked ``idle`` first: while the
+    30s cooldown after the first scale-up runs and nothing is due, the ticks are idle (the
+    breach response says it holds until the cooldown ends), and the second scale-up comes the
+    moment it ends, as ticking everything decides."""
+    both = IdleLockstep(policy(training=None, mig=None))
+    snap = snapshot(0)
+    feed = burst(T0 + 20, 900.0)
+    idle_in_cooldown = 0
+    for k in range(1, 51):
+        both.observe(feed(T0 + k - 0.5))
+        before = both.idle_ticks
+        both.evaluate(T0 + k, snap)
+        idle_in_cooldown += both.idle_ticks - before if 11 < k < 41 else 0
+    ups = [now for now, _, ds in both.decided if ds[-1]["rule"] == "slo-breach-scale-up"]
+    assert ups == [T0 + 11, T0 + 41]
+    assert idle_in_cooldown >= 5  # the ticks after the events stop, before intervals leave
+
+
+def test_feedback_that_gives_a_cooldown_back_runs_a_waiting_breach_response() -> None:
+    """The first scale-up refused with a retry 5s later: the cooldown it started is taken back,
+    so the breach response, waiting for that cooldown to end with no event or interval to
+    step chat meanwhile, tries again at the retry time, as ticking everything does."""
+    both = IdleLockstep(policy(training=None, mig=None))
+    snap = snapshot(0)
+    feed = burst(T0 + 10, 900.0)
+    for k in range(1, 30):
+        both.observe(feed(T0 + k - 0.5))
+        for d in both.evaluate(T0 + k, snap):
+            if k == 11:
+                both.not_done(d, reason="refused", retry_at=T0 + k + 5)
+    ups = [now for now, _, ds in both.decided if ds[-1]["rule"] == "slo-breach-scale-up"]
+    assert ups[:2] == [T0 + 11, T0 + 16]
