@@ -111,6 +111,18 @@ class Engine:
         self.put_latency = self._intake.put_latency
         self.put_utilization = self._intake.put_utilization
         self.merge_idle = self._intake.merge_idle
+        #: ``idle(now, snapshot)``: whether ``evaluate(now, snapshot)`` would be a quiet tick:
+        #: the snapshot and policy of the last evaluation, the SLOs due (events for a service
+        #: since, a wake time come) stepping to the same state with rules that would only hold,
+        #: no other service's rules to run and the pool rules quiet. If so, the tick is
+        #: recorded as ``evaluate`` would record it (it returned no decision, changed no SLO
+        #: state, and the due services were ticked) and the caller may skip the rest of its
+        #: tick; if not, nothing changed and the caller evaluates. Always ``False`` when not
+        #: incremental. A run of quiet ticks costs little: after one, the next is quiet as long
+        #: as no event made a service due, no wake time or pool timer came and the pool's mean
+        #: did not drop (anything else, an evaluation, a reload, feedback, drops what was
+        #: known). The schedule's own method: a replay asks it every tick.
+        self.idle = self._schedule.idle
         #: ``advance(now)``: the caller's clock reads ``now``: no event may move a window past
         #: ``now`` plus one resolution from here on (:mod:`policies.intake`). An older ``now``
         #: changes nothing. The intake's own too: a replay calls it every tick.
@@ -245,7 +257,7 @@ class Engine:
         schedule = self._schedule
         schedule.quiet = None
         inv = self._index(snapshot)
-        schedule.step_slos(now, inv)
+        schedule.step_slos(now, inv, snapshot)
         if self._policy.spec.kill_switch:
             for sig in self._intake.signals.values():
                 sig.tick(now)  # further objectives keep their state, as the primary does
@@ -274,22 +286,6 @@ class Engine:
             until, unmet = decide.rule_pools(rnd, self._intake, busy_pools)
             schedule.pools_ran(bool(rnd.decisions), seen, until, unmet)
         return rnd.decisions
-
-    def idle(self, now: float, snapshot: Snapshot) -> bool:
-        """Whether ``evaluate(now, snapshot)`` would be a quiet tick: the snapshot and policy
-        of the last evaluation, the SLOs due (events for a service since, a wake time come)
-        stepping to the same state with rules that would only hold, no other service's rules
-        to run and the pool rules quiet. If so, the tick is recorded as ``evaluate`` would
-        record it (it returned no decision, changed no SLO state, and the due services were
-        ticked) and the caller may skip the rest of its tick; if not, nothing changed and the
-        caller evaluates. Always ``False`` when not incremental.
-
-        A run of quiet ticks costs little: after one, the next is quiet as long as no event
-        made a service due, no wake time or pool timer came and the pool's mean did not drop
-        (anything else, an evaluation, a reload, feedback, drops what was known)."""
-        cached = self._inventory_for
-        current = cached is not None and cached[0] is snapshot and cached[1] is self._policy
-        return self._schedule.idle(now, snapshot, self._inventory if current else None)
 
     @property
     def ledger(self) -> Ledger:

@@ -113,6 +113,8 @@ class Scheduler:
         self.busy: dict[str, str] = {}
         #: What the last tick saw; a change steps every service.
         self._seen: tuple[Inventory, Policy] | None = None
+        #: The snapshot the last evaluation indexed (its inventory is ``_seen``'s).
+        self._indexed: Snapshot | None = None
         #: The services whose SLO state the last evaluation changed.
         self.changed: list[ServiceTrack] = []
         #: ``now`` of the last round that ran the rules.
@@ -140,6 +142,7 @@ class Scheduler:
         """Adopt a policy and its services (in order): the next tick steps every service."""
         self.quiet = None
         self._rule_wakes = []
+        self._indexed = None
         self._policy = policy
         self._ordered = ordered
         self._seen = None
@@ -167,10 +170,11 @@ class Scheduler:
 
     # -- one evaluation ------------------------------------------------------------------------
 
-    def step_slos(self, now: float, inv: Inventory) -> None:
-        """Step the SLOs due at ``now`` (every SLO, as far as anyone can tell) and note whose
-        rules the round runs."""
+    def step_slos(self, now: float, inv: Inventory, snapshot: Snapshot) -> None:
+        """Step the SLOs due at ``now`` (every SLO, as far as anyone can tell; ``inv`` indexes
+        ``snapshot``) and note whose rules the round runs."""
         self.quiet = None
+        self._indexed = snapshot
         due = self._slo_due(now, inv)
         changed = self.changed = []
         full = not self.incremental or due is self._ordered
@@ -334,9 +338,9 @@ class Scheduler:
 
     # -- quiet ticks ---------------------------------------------------------------------------
 
-    def idle(self, now: float, snapshot: Snapshot, inv: Inventory | None) -> bool:
-        """See :meth:`policies.engine.Engine.idle`; ``inv`` is the inventory of ``snapshot``
-        under the current policy when the engine has it indexed, else ``None``."""
+    def idle(self, now: float, snapshot: Snapshot) -> bool:
+        """See :attr:`policies.engine.Engine.idle` (this method itself: a driver asks it every
+        tick)."""
         seen, last = self._seen, self.last_round
         quiet = self.quiet
         if (
@@ -356,8 +360,7 @@ class Scheduler:
         if (
             not self.incremental
             or seen is None
-            or inv is None
-            or seen[0] is not inv
+            or self._indexed is not snapshot
             or seen[1] is not policy
             or policy is None
             or policy.spec.kill_switch
@@ -368,6 +371,7 @@ class Scheduler:
             or now - last > self._gap_s
         ):
             return False
+        inv = seen[0]
         self._wake_due(now)
         due = self._due
         samples = self._steps_hold(now, due, inv)
