@@ -64,6 +64,7 @@ __all__ = [
     "scale_down_quiet_read",
     "scale_down_quiet_static",
     "scale_down_quiet_until",
+    "scale_down_reads_window",
     "step_limit",
 ]
 
@@ -180,16 +181,24 @@ def scale_down_quiet_read(
 ) -> float:
     """:func:`scale_down_quiet_until` for a service with a workload whose
     :func:`scale_down_quiet_static` is ``None``: read from its SLO state, replicas and window."""
-    bounds, scale = spec.replicas, spec.scale
-    assert bounds is not None
+    scale = spec.scale
     assert scale is not None
     current = workload.replicas
-    if not _reads_percentile(slo, current, bounds.min):
+    if not scale_down_reads_window(spec, slo, workload):
         return math.inf
     if scale.leading is not None:
         return -math.inf
     recommended, p, _ = _recommend(spec, slo, window, now, current, samples=0, load=None)
     return math.inf if p is None or recommended >= current else -math.inf
+
+
+def scale_down_reads_window(spec: ServiceSpec, slo: SloState, workload: Workload) -> bool:
+    """Whether :func:`scale_down_quiet_read` reads the window for ``slo`` and ``workload`` (a
+    spec whose :func:`scale_down_quiet_static` is ``None``): otherwise its answer, for ever,
+    stands whatever the window holds."""
+    bounds = spec.replicas
+    assert bounds is not None
+    return _reads_percentile(slo, workload.replicas, bounds.min)
 
 
 def _recommend(

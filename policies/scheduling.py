@@ -46,7 +46,7 @@ from policies.inventory import Inventory
 from policies.model import Policy
 from policies.pool_rules import convert_margin
 from policies.rules import breach_quiet_read
-from policies.scaledown import scale_down_quiet_read
+from policies.scaledown import scale_down_quiet_read, scale_down_reads_window
 from policies.servicetrack import ServiceTrack
 from policies.slo import steady_until, step
 from policies.snapshot import Snapshot
@@ -57,6 +57,10 @@ __all__ = ["PoolsSeen", "Scheduler"]
 #: A service is ticked this much (relative to the time) before a computed deadline, so float
 #: rounding never makes it late; ticking early only costs the tick.
 _EARLY: Final = 1e-12
+
+#: How many of a window's coming changes a service whose rules read only its level is looked
+#: past when its next step is worked out (each costs one read of its counters).
+_LOOKAHEAD: Final = 3
 
 #: What the pool rules saw: the snapshot's inventory, the policy and the busy pools.
 PoolsSeen = tuple[Inventory, Policy, set[str]]
@@ -74,6 +78,17 @@ def holds_only(svc: ServiceTrack, inv: Inventory, now: float) -> bool:
     answers are :func:`~policies.rules.breach_quiet_until` and
     :func:`~policies.scaledown.scale_down_quiet_until`, their parts that depend on the spec
     alone kept on the service (``breach_quiet``, ``down_quiet``)."""
+    hold = _holds_unread(svc, inv)
+    if hold is not None:
+        return hold
+    workload = inv.service_workload.get(svc.key)
+    assert workload is not None  # else the hold would not read the window
+    return scale_down_quiet_read(svc.spec, svc.slo, workload, svc.latency, now) == math.inf
+
+
+def _holds_unread(svc: ServiceTrack, inv: Inventory) -> bool | None:
+    """:func:`holds_only` where the service's SLO state and workload decide it whatever its
+    window holds; ``None`` where the scale-down rule reads the window's percentile."""
     if svc.ruled_at is None or svc.breach_quiet is not None:  # never quiet: any tick may act
         return False
     workload = inv.service_workload.get(svc.key)
@@ -84,8 +99,23 @@ def holds_only(svc: ServiceTrack, inv: Inventory, now: float) -> bool:
         return True
     down = svc.down_quiet
     if down is None:
-        down = scale_down_quiet_read(spec, slo, workload, svc.latency, now)
+        return None if scale_down_reads_window(spec, slo, workload) else True
     return down == math.inf
+
+
+def _level_changes(svc: ServiceTrack, until: float, timers: float) -> float:
+    """From ``until``, the first time a read of ``svc``'s window (without writes) changes, on:
+    when its level may first differ from its SLO state's (the level every step leaves),
+    looking :data:`_LOOKAHEAD` changes ahead at most, or ``timers`` (its SLO timers) if that
+    comes first. A step before then would return the state itself."""
+    exceed, level, q, least = svc.exceed, svc.slo.last_level, svc.q, svc.min_samples
+    for _ in range(_LOOKAHEAD):
+        if exceed.level(until, q, least)[0] != level:
+            return until
+        until = exceed.steady_until(until)
+        if until >= timers:
+            return timers
+    return until
 
 
 class Scheduler:
@@ -328,13 +358,29 @@ class Scheduler:
             if svc.due:
                 continue  # events again: no need to know when it would have changed
             # no write since it was stepped: when its reads or its SLO timers change next
-            wake = min(svc.exceed.steady_until(svc.ticked_at), steady_until(svc.slo, svc.spec.slo))
-            svc.wake = wake = early(wake)
+            until = svc.exceed.steady_until(svc.ticked_at)
+            timers = steady_until(svc.slo, svc.spec.slo)
+            if until < timers and self._reads_level_only(svc):
+                until = _level_changes(svc, until, timers)
+            svc.wake = wake = early(until if until < timers else timers)
             if wake <= now:
                 svc.due = True
                 due.append(svc)
             elif wake < math.inf:
                 heapq.heappush(wakes, (wake, svc.index))
+
+    def _reads_level_only(self, svc: ServiceTrack) -> bool:
+        """Whether a step of ``svc`` that leaves its level as it is changes nothing and its
+        rules would only hold whatever its window holds (:func:`holds_only`, reading no
+        percentile), its rules not run every tick nor waiting for a time: then only its
+        level, not its every read, tells when it must be stepped again."""
+        seen = self._seen
+        return (
+            seen is not None
+            and svc.rules_at == -math.inf
+            and svc.index not in self._unsettled
+            and _holds_unread(svc, seen[0]) is True
+        )
 
     # -- quiet ticks ---------------------------------------------------------------------------
 
