@@ -60,7 +60,7 @@ _EARLY: Final = 1e-12
 
 #: How many of a window's coming changes a service whose rules read only its level is looked
 #: past when its next step is worked out (each costs one read of its counters).
-_LOOKAHEAD: Final = 3
+_LOOKAHEAD: Final = 1
 
 #: What the pool rules saw: the snapshot's inventory, the policy and the busy pools.
 PoolsSeen = tuple[Inventory, Policy, set[str]]
