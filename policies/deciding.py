@@ -35,7 +35,7 @@ from policies.loadsignals import tick_round
 from policies.mig import MigFlights
 from policies.model import Policy
 from policies.pool_rules import grow_quiet_until, grow_training, mig_quiet_until, run_mig
-from policies.rules import Round, breach_quiet_until, respond_to_breach, responds
+from policies.rules import Round, breach_wait_until, respond_to_breach, responds
 from policies.scaledown import scale_down
 from policies.servicetrack import ServiceTrack, observe_load
 
@@ -88,10 +88,10 @@ class Decider:
 
     def rule_services(
         self, rnd: Round, ruled: list[ServiceTrack], last_round: float | None
-    ) -> list[tuple[ServiceTrack, bool]]:
+    ) -> list[tuple[ServiceTrack, float]]:
         """Run the service rules for ``ruled`` (breach responses first, then scale-downs);
-        returns each with whether it is settled: with the same SLO state and snapshot, its
-        rules would only hold at every later tick."""
+        returns each with until when, with the same SLO state and snapshot, its rules would
+        only hold (``math.inf``: settled; ``-math.inf``: they may act at any tick)."""
         for svc in ruled:
             observe_load(svc, rnd.now, rnd.inv)
             sig = rnd.signals.get(svc.key)
@@ -141,8 +141,8 @@ class Decider:
                 )
             svc.ruled_at = now
             workload = inv.service_workload.get(svc.key)
-            quiet = breach_quiet_until(svc.spec, svc.slo, workload) == math.inf
-            out.append((svc, settled and quiet))
+            until = breach_wait_until(rnd, svc.key, svc.spec, svc.slo, workload)
+            out.append((svc, until if settled else -math.inf))
         return out
 
     def rule_pools(self, rnd: Round, intake: Intake, busy_pools: set[str]) -> tuple[float, bool]:

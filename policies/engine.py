@@ -111,6 +111,22 @@ class Engine:
         self.put_latency = self._intake.put_latency
         self.put_utilization = self._intake.put_utilization
         self.merge_idle = self._intake.merge_idle
+        #: ``idle(now, snapshot)``: whether ``evaluate(now, snapshot)`` would be a quiet tick:
+        #: the snapshot and policy of the last evaluation, the SLOs due (events for a service
+        #: since, a wake time come) stepping to the same state with rules that would only hold,
+        #: no other service's rules to run and the pool rules quiet. If so, the tick is
+        #: recorded as ``evaluate`` would record it (it returned no decision, changed no SLO
+        #: state, and the due services were ticked) and the caller may skip the rest of its
+        #: tick; if not, nothing changed and the caller evaluates. Always ``False`` when not
+        #: incremental. A run of quiet ticks costs little: after one, the next is quiet as long
+        #: as no event made a service due, no wake time or pool timer came and the pool's mean
+        #: did not drop (anything else, an evaluation, a reload, feedback, drops what was
+        #: known). The schedule's own method: a replay asks it every tick.
+        self.idle = self._schedule.idle
+        #: ``advance(now)``: the caller's clock reads ``now``: no event may move a window past
+        #: ``now`` plus one resolution from here on (:mod:`policies.intake`). An older ``now``
+        #: changes nothing. The intake's own too: a replay calls it every tick.
+        self.advance = self._intake.advance
         #: ``disrupted`` as the cached inventory was built with it.
         self._indexed_disrupted: dict[str, tuple[float, ...]] = {}
         self._inventory: Inventory | None = None
@@ -159,12 +175,7 @@ class Engine:
             # consumer would retry the batch, counting its first events twice).
             self._index(last[0])
 
-    # -- events (``observe`` and ``observe_many`` are the intake's own) ------------------------
-
-    def advance(self, now: float) -> None:
-        """The caller's clock reads ``now``: no event may move a window past ``now`` plus one
-        resolution from here on (:mod:`policies.intake`). An older ``now`` changes nothing."""
-        self._intake.advance(now)
+    # -- events (``observe``, ``observe_many`` and ``advance`` are the intake's own) -----------
 
     @property
     def observed(self) -> int:
@@ -246,7 +257,7 @@ class Engine:
         schedule = self._schedule
         schedule.quiet = None
         inv = self._index(snapshot)
-        schedule.step_slos(now, inv)
+        schedule.step_slos(now, inv, snapshot)
         if self._policy.spec.kill_switch:
             for sig in self._intake.signals.values():
                 sig.tick(now)  # further objectives keep their state, as the primary does
@@ -269,28 +280,12 @@ class Engine:
             return []  # a quiet tick: every rule would decide nothing and change nothing
         decide = self._decide
         rnd = decide.round(now, self._policy, inv, self._intake)
-        for svc, settled in decide.rule_services(rnd, ruled, last_round):
-            schedule.settle(svc, settled)
+        for svc, until in decide.rule_services(rnd, ruled, last_round):
+            schedule.settle(svc, until)
         if rnd.decisions or not schedule.pools_quiet(now, seen):
             until, unmet = decide.rule_pools(rnd, self._intake, busy_pools)
             schedule.pools_ran(bool(rnd.decisions), seen, until, unmet)
         return rnd.decisions
-
-    def idle(self, now: float, snapshot: Snapshot) -> bool:
-        """Whether ``evaluate(now, snapshot)`` would be a quiet tick: the snapshot and policy
-        of the last evaluation, the SLOs due (events for a service since, a wake time come)
-        stepping to the same state with rules that would only hold, no other service's rules
-        to run and the pool rules quiet. If so, the tick is recorded as ``evaluate`` would
-        record it (it returned no decision, changed no SLO state, and the due services were
-        ticked) and the caller may skip the rest of its tick; if not, nothing changed and the
-        caller evaluates. Always ``False`` when not incremental.
-
-        A run of quiet ticks costs little: after one, the next is quiet as long as no event
-        made a service due, no wake time or pool timer came and the pool's mean did not drop
-        (anything else, an evaluation, a reload, feedback, drops what was known)."""
-        cached = self._inventory_for
-        current = cached is not None and cached[0] is snapshot and cached[1] is self._policy
-        return self._schedule.idle(now, snapshot, self._inventory if current else None)
 
     @property
     def ledger(self) -> Ledger:
@@ -388,7 +383,7 @@ class Engine:
         """Per pool: nodes, whole GPUs, free GPUs (from the last snapshot) and utilization."""
         inv = self._inventory
         intake = self._intake
-        idle = intake.idle.idle_gpus(now, intake.util_window_s, intake.stale_s) if inv else {}
+        reclaimable = self.reclaimable(now)
         out = []
         for name in sorted(self._policy.spec.pools):
             pool = self._policy.spec.pools[name]
@@ -401,10 +396,21 @@ class Engine:
                     capacity_gpus=inv.capacity.get(name, 0) if inv else 0,
                     free_gpus=inv.free.get(name, 0) if inv else 0,
                     util_pct=window.mean(now) if window is not None else None,
-                    reclaimable_gpus=_reclaimable(inv, name, idle) if inv else 0,
+                    reclaimable_gpus=reclaimable[name],
                 )
             )
         return out
+
+    def reclaimable(self, now: float) -> dict[str, int]:
+        """Per pool (in name order), :attr:`PoolStatus.reclaimable_gpus` alone: what a replay
+        samples once per timeline bucket, without the pools' means :meth:`pool_status` reads."""
+        inv = self._inventory
+        names = sorted(self._policy.spec.pools)
+        if inv is None:
+            return dict.fromkeys(names, 0)
+        intake = self._intake
+        idle = intake.idle.idle_gpus(now, intake.util_window_s, intake.stale_s)
+        return {name: _reclaimable(inv, name, idle) for name in names}
 
     def budget_states(self, now: float) -> list[BudgetState]:
         """Each budget's limit, use and what remains in its window (for metrics)."""

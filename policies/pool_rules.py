@@ -17,7 +17,9 @@ Design:
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
+from typing import Final
 
 from policies.budgets import Budgets, Cooldowns
 from policies.checkpoint import next_checkpoint
@@ -37,6 +39,7 @@ from policies.snapshot import MIG_DISABLED
 from policies.windows import UtilizationWindow
 
 __all__ = [
+    "convert_margin",
     "converts_below",
     "grow_quiet_until",
     "grow_training",
@@ -375,8 +378,29 @@ def grow_quiet_until(
 def converts_below(mig: MigSpec, pool_window: UtilizationWindow, now: float) -> bool:
     """Whether the whole-card pool's mean utilization is below ``convertBelow`` at ``now``
     (:func:`~policies.mig.plan_conversions` may convert); unknown is not below."""
-    mean = pool_window.mean(now)
-    return mean is not None and mean < mig.convert_below * 100.0
+    return convert_margin(mig, pool_window, now) < 0
+
+
+#: How far below its true value a float sum of readings may fall, relatively: summing ``n``
+#: non-negative readings rounds by at most ``n`` ulps, far under this for a billion readings.
+_SUM_SLACK: Final = 1e-6
+
+
+def convert_margin(mig: MigSpec, pool_window: UtilizationWindow, now: float) -> int:
+    """``-1`` when :func:`converts_below`; otherwise how many more readings the pool's window
+    may take, read at the same slot of ``now`` and with no interval leaving or put whole
+    (:attr:`~policies.windows.UtilizationWindow.epoch`), before its mean could fall below
+    ``convertBelow``: readings are never negative, so the mean stays at least the sum over the
+    readings then counted (``sys.maxsize``: never, with ``convertBelow`` at 0). The
+    engine's schedule reads the mean again only past that many readings."""
+    total, n = pool_window.totals(now)
+    limit = mig.convert_below * 100.0
+    if n and total / n < limit:
+        return -1
+    if limit <= 0.0:
+        return sys.maxsize
+    floor = total * (1.0 - _SUM_SLACK) / (limit * (1.0 + _SUM_SLACK))
+    return max(0, math.floor(floor) - n)
 
 
 def mig_quiet_until(

@@ -25,7 +25,8 @@ Design:
   why among its alternatives, training does not grow, and it is no MIG revert demand.
 * The pool rules (training growth, MIG) share the round and live in :mod:`policies.pool_rules`.
 * Each rule answers "until when can I only hold?" beside itself
-  (:func:`breach_quiet_until`): the engine's incremental schedule asks the rule, never a copy.
+  (:func:`breach_quiet_until`, and after a round :func:`breach_wait_until`, which counts a
+  running cooldown): the engine's incremental schedule asks the rule, never a copy.
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ from policies.windows import LatencyWindow
 
 __all__ = [
     "Round",
+    "breach_quiet_read",
+    "breach_quiet_static",
     "breach_quiet_until",
+    "breach_wait_until",
     "leading_inputs",
     "quota_note",
     "respond_to_breach",
@@ -160,15 +164,52 @@ def breach_quiet_until(spec: ServiceSpec, slo: SloState, workload: Workload | No
     the percentile alone and is at ``replicas.max`` already; else ``-math.inf`` (any tick may
     act: a cooldown or a scale-step budget runs out, ready replicas end a cooldown, a request
     rate's span grows). The rule itself starts from this answer, so the engine's incremental
-    schedule (:mod:`policies.scheduling`) cannot drift from it."""
+    schedule (:mod:`policies.scheduling`) cannot drift from it. In two parts, so the schedule
+    works the first out once per spec: :func:`breach_quiet_static` and
+    :func:`breach_quiet_read`."""
+    static = breach_quiet_static(spec)
+    if static is not None:
+        return static
+    return breach_quiet_read(spec, slo, workload)
+
+
+def breach_quiet_static(spec: ServiceSpec) -> float | None:
+    """:func:`breach_quiet_until`'s answer where ``spec`` alone decides it (``-math.inf``: a
+    leading indicator or signals), or ``None`` where the state must be read
+    (:func:`breach_quiet_read`)."""
     scale = spec.scale
     if (scale is not None and scale.leading is not None) or spec.has_signals():
         return -math.inf
+    return None
+
+
+def breach_quiet_read(spec: ServiceSpec, slo: SloState, workload: Workload | None) -> float:
+    """:func:`breach_quiet_until` for a service whose :func:`breach_quiet_static` is ``None``:
+    read from its SLO state and replicas."""
     if slo.state != "breaching":
         return math.inf
     bounds = spec.replicas
     at_max = workload is not None and bounds is not None and workload.replicas >= bounds.max
-    return math.inf if scale is not None and at_max else -math.inf
+    return math.inf if spec.scale is not None and at_max else -math.inf
+
+
+def breach_wait_until(
+    rnd: Round, key: str, spec: ServiceSpec, slo: SloState, workload: Workload | None
+) -> float:
+    """Until when :func:`respond_to_breach`, having run this round, can only hold while
+    ``slo``, the window and the snapshot (``workload``) stay as they are and no feedback comes:
+    :func:`breach_quiet_until` where that is for ever; else the end of the service's cooldown
+    while one runs, since a breaching service in its cooldown returns before anything else
+    (not with ``scale.readyEndsCooldown``, whose early end reads the clock against
+    ``breachAfter``); else ``-math.inf`` (any tick may act: a budget, free GPUs, victims)."""
+    quiet = breach_quiet_until(spec, slo, workload)
+    if quiet == math.inf or breach_quiet_static(spec) is not None:
+        return quiet
+    if spec.scale is not None and spec.scale.ready_ends_cooldown:
+        return -math.inf
+    cooldown = spec.cooldown if spec.cooldown is not None else rnd.policy.spec.cooldowns.service
+    left = rnd.cooldowns.remaining_s(key, rnd.now, cooldown)
+    return rnd.now + left if left > 0.0 else -math.inf
 
 
 def responds(spec: ServiceSpec, slo: SloState) -> bool:

@@ -57,7 +57,16 @@ from policies.slo import SloState
 from policies.snapshot import Workload
 from policies.windows import LatencyWindow
 
-__all__ = ["RULE", "Recommendations", "scale_down", "scale_down_quiet_until", "step_limit"]
+__all__ = [
+    "RULE",
+    "Recommendations",
+    "scale_down",
+    "scale_down_quiet_read",
+    "scale_down_quiet_static",
+    "scale_down_quiet_until",
+    "scale_down_reads_window",
+    "step_limit",
+]
 
 RULE = "slo-scale-down"
 
@@ -144,19 +153,52 @@ def scale_down_quiet_until(
     :meth:`Recommendations.hold` may record the skipped ticks later; else ``-math.inf``. With a
     leading indicator the request rate moves with the clock, so only a tick that reads no
     percentile holds for ever. The rule asks the same questions, so the engine's incremental
-    schedule (:mod:`policies.scheduling`) cannot drift from it."""
+    schedule (:mod:`policies.scheduling`) cannot drift from it. In two parts, so the schedule
+    works the first out once per spec: :func:`scale_down_quiet_static` and
+    :func:`scale_down_quiet_read`."""
+    if workload is None:
+        return math.inf
+    static = scale_down_quiet_static(spec)
+    if static is not None:
+        return static
+    return scale_down_quiet_read(spec, slo, workload, window, now)
+
+
+def scale_down_quiet_static(spec: ServiceSpec) -> float | None:
+    """:func:`scale_down_quiet_until`'s answer for a service with a workload where ``spec``
+    alone decides it (``math.inf`` without ``scale.down``, ``-math.inf`` with signals), or
+    ``None`` where the state must be read (:func:`scale_down_quiet_read`)."""
     scale, bounds = spec.scale, spec.replicas
-    if scale is None or scale.down is None or bounds is None or workload is None:
+    if scale is None or scale.down is None or bounds is None:
         return math.inf
     if spec.has_signals():
         return -math.inf  # load gauges and further objectives move without the window
+    return None
+
+
+def scale_down_quiet_read(
+    spec: ServiceSpec, slo: SloState, workload: Workload, window: LatencyWindow, now: float
+) -> float:
+    """:func:`scale_down_quiet_until` for a service with a workload whose
+    :func:`scale_down_quiet_static` is ``None``: read from its SLO state, replicas and window."""
+    scale = spec.scale
+    assert scale is not None
     current = workload.replicas
-    if not _reads_percentile(slo, current, bounds.min):
+    if not scale_down_reads_window(spec, slo, workload):
         return math.inf
     if scale.leading is not None:
         return -math.inf
     recommended, p, _ = _recommend(spec, slo, window, now, current, samples=0, load=None)
     return math.inf if p is None or recommended >= current else -math.inf
+
+
+def scale_down_reads_window(spec: ServiceSpec, slo: SloState, workload: Workload) -> bool:
+    """Whether :func:`scale_down_quiet_read` reads the window for ``slo`` and ``workload`` (a
+    spec whose :func:`scale_down_quiet_static` is ``None``): otherwise its answer, for ever,
+    stands whatever the window holds."""
+    bounds = spec.replicas
+    assert bounds is not None
+    return _reads_percentile(slo, workload.replicas, bounds.min)
 
 
 def _recommend(

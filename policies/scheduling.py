@@ -17,7 +17,10 @@ Design:
 * A service's rules run when its SLO was stepped since its rules last ran (unless the step
   changed nothing and they would only hold), or every tick while it is unsettled (its breach
   response may act at any tick, or its scale-down did not only hold: cooldowns, budgets and
-  the stabilization window decide); a settled service's skipped ticks would each only have
+  the stabilization window decide), or when the time its rules said they would hold until
+  comes (a breaching service's cooldown ends: :func:`~policies.rules.breach_wait_until`;
+  feedback that may give a cooldown back runs them at the next tick instead); a settled
+  service's skipped ticks would each only have
   recorded its current replicas as its recommendation, and :meth:`Recommendations.hold
   <policies.scaledown.Recommendations.hold>` records them in one call when it next runs. A new
   snapshot, a reload, or a gap between ticks longer than the shortest stabilization window
@@ -41,18 +44,23 @@ from typing import Final
 from policies.intake import Intake
 from policies.inventory import Inventory
 from policies.model import Policy
-from policies.pool_rules import converts_below
-from policies.rules import breach_quiet_until
-from policies.scaledown import scale_down_quiet_until
+from policies.pool_rules import convert_margin
+from policies.rules import breach_quiet_read
+from policies.scaledown import scale_down_quiet_read, scale_down_reads_window
 from policies.servicetrack import ServiceTrack
 from policies.slo import steady_until, step
 from policies.snapshot import Snapshot
+from policies.windows import UtilizationWindow
 
 __all__ = ["PoolsSeen", "Scheduler"]
 
 #: A service is ticked this much (relative to the time) before a computed deadline, so float
 #: rounding never makes it late; ticking early only costs the tick.
 _EARLY: Final = 1e-12
+
+#: How many of a window's coming changes a service whose rules read only its level is looked
+#: past when its next step is worked out (each costs one read of its counters).
+_LOOKAHEAD: Final = 1
 
 #: What the pool rules saw: the snapshot's inventory, the policy and the busy pools.
 PoolsSeen = tuple[Inventory, Policy, set[str]]
@@ -66,15 +74,48 @@ def early(until: float) -> float:
 def holds_only(svc: ServiceTrack, inv: Inventory, now: float) -> bool:
     """Whether a service whose SLO step at ``now`` changed nothing would, ruled, only hold: it
     was ruled before and each of its rules says it can only hold with this SLO state, window
-    and snapshot (until its next step: the window's contents change only then)."""
-    if svc.ruled_at is None:
+    and snapshot (until its next step: the window's contents change only then). The rules'
+    answers are :func:`~policies.rules.breach_quiet_until` and
+    :func:`~policies.scaledown.scale_down_quiet_until`, their parts that depend on the spec
+    alone kept on the service (``breach_quiet``, ``down_quiet``)."""
+    hold = _holds_unread(svc, inv)
+    if hold is not None:
+        return hold
+    workload = inv.service_workload.get(svc.key)
+    assert workload is not None  # else the hold would not read the window
+    return scale_down_quiet_read(svc.spec, svc.slo, workload, svc.latency, now) == math.inf
+
+
+def _holds_unread(svc: ServiceTrack, inv: Inventory) -> bool | None:
+    """:func:`holds_only` where the service's SLO state and workload decide it whatever its
+    window holds; ``None`` where the scale-down rule reads the window's percentile."""
+    if svc.ruled_at is None or svc.breach_quiet is not None:  # never quiet: any tick may act
         return False
     workload = inv.service_workload.get(svc.key)
     spec, slo = svc.spec, svc.slo
-    return (
-        breach_quiet_until(spec, slo, workload) == math.inf
-        and scale_down_quiet_until(spec, slo, workload, svc.latency, now) == math.inf
-    )
+    if breach_quiet_read(spec, slo, workload) != math.inf:
+        return False
+    if workload is None:
+        return True
+    down = svc.down_quiet
+    if down is None:
+        return None if scale_down_reads_window(spec, slo, workload) else True
+    return down == math.inf
+
+
+def _level_changes(svc: ServiceTrack, until: float, timers: float) -> float:
+    """From ``until``, the first time a read of ``svc``'s window (without writes) changes, on:
+    when its level may first differ from its SLO state's (the level every step leaves),
+    looking :data:`_LOOKAHEAD` changes ahead at most, or ``timers`` (its SLO timers) if that
+    comes first. A step before then would return the state itself."""
+    exceed, level, q, least = svc.exceed, svc.slo.last_level, svc.q, svc.min_samples
+    for _ in range(_LOOKAHEAD):
+        if exceed.level(until, q, least)[0] != level:
+            return until
+        until = exceed.steady_until(until)
+        if until >= timers:
+            return timers
+    return until
 
 
 class Scheduler:
@@ -93,13 +134,17 @@ class Scheduler:
         #: next one, and only when no event made them due again (on a busy stream, never).
         self._settling: list[ServiceTrack] = []
         #: Indexes of services whose rules run at the next round: stepped since their rules
-        #: last ran, or unsettled.
+        #: last ran, or unsettled; and (rules_at, index) of those whose rules run again at a
+        #: time.
         self._rules: set[int] = set()
         self._unsettled: set[int] = set()
+        self._rule_wakes: list[tuple[float, int]] = []
         #: key -> pool of the services breaching or recovering.
         self.busy: dict[str, str] = {}
         #: What the last tick saw; a change steps every service.
         self._seen: tuple[Inventory, Policy] | None = None
+        #: The snapshot the last evaluation indexed (its inventory is ``_seen``'s).
+        self._indexed: Snapshot | None = None
         #: The services whose SLO state the last evaluation changed.
         self.changed: list[ServiceTrack] = []
         #: ``now`` of the last round that ran the rules.
@@ -114,8 +159,9 @@ class Scheduler:
         #: nothing, so the pool's mean need not be read).
         self._pools_unmet = False
         #: Whether the whole-card pool's mean was at or above ``convertBelow`` (or unknown),
-        #: for (events taken, the window's slot): neither changed, nor did the mean.
-        self._mean_for = (-1, 0)
+        #: and while it stays so: for the window, its epoch and the slot read, up to how many
+        #: events taken (:func:`~policies.pool_rules.convert_margin`).
+        self._mean_for: tuple[UtilizationWindow, int, int, int] | None = None
         self._mean_high = False
         #: After :meth:`idle` found a quiet tick: its snapshot, until when nothing the engine
         #: follows can wake (a service's wake time, the pool rules' timers) and whether the
@@ -125,11 +171,13 @@ class Scheduler:
     def configure(self, policy: Policy, ordered: list[ServiceTrack]) -> None:
         """Adopt a policy and its services (in order): the next tick steps every service."""
         self.quiet = None
+        self._rule_wakes = []
+        self._indexed = None
         self._policy = policy
         self._ordered = ordered
         self._seen = None
         self._pools_seen = None
-        self._mean_for = (-1, 0)
+        self._mean_for = None
         self.busy = {}
         self._gap_s = min(
             (
@@ -142,16 +190,21 @@ class Scheduler:
 
     def forget_pools(self) -> None:
         """Feedback came (an outcome, a log record): a budget unit, a cooldown or a MIG slot
-        may have come back, so the pool rules run at the next tick."""
+        may have come back, so the pool rules run at the next tick, and so do the rules of the
+        services waiting for a cooldown to end."""
         self._pools_seen = None
         self.quiet = None
+        for _, i in self._rule_wakes:
+            self._rules.add(i)
+        self._rule_wakes = []
 
     # -- one evaluation ------------------------------------------------------------------------
 
-    def step_slos(self, now: float, inv: Inventory) -> None:
-        """Step the SLOs due at ``now`` (every SLO, as far as anyone can tell) and note whose
-        rules the round runs."""
+    def step_slos(self, now: float, inv: Inventory, snapshot: Snapshot) -> None:
+        """Step the SLOs due at ``now`` (every SLO, as far as anyone can tell; ``inv`` indexes
+        ``snapshot``) and note whose rules the round runs."""
         self.quiet = None
+        self._indexed = snapshot
         due = self._slo_due(now, inv)
         changed = self.changed = []
         full = not self.incremental or due is self._ordered
@@ -177,18 +230,28 @@ class Scheduler:
     def take_ruled(self, now: float) -> tuple[list[ServiceTrack], float | None]:
         """The services whose rules this round runs, in order, and ``now`` of the last round
         (this one is ``now``)."""
-        ruled = [self._ordered[i] for i in sorted(self._rules | self._unsettled)]
+        wakes, rules = self._rule_wakes, self._rules
+        while wakes and wakes[0][0] <= now:
+            at, i = heapq.heappop(wakes)
+            if self._ordered[i].rules_at == at:
+                rules.add(i)
+        ruled = [self._ordered[i] for i in sorted(rules | self._unsettled)]
         self._rules = set()
         last_round, self.last_round = self.last_round, now
         return ruled, last_round
 
-    def settle(self, svc: ServiceTrack, settled: bool) -> None:
-        """After ``svc``'s rules ran: ``settled`` when, with the same SLO state and snapshot,
-        they would only hold at every later tick (else they run every tick)."""
-        if settled:
-            self._unsettled.discard(svc.index)
-        else:
+    def settle(self, svc: ServiceTrack, until: float) -> None:
+        """After ``svc``'s rules ran: until when, with the same SLO state and snapshot, they
+        would only hold (``math.inf``: settled; ``-math.inf``: they run every tick; else they
+        run again then)."""
+        svc.rules_at = -math.inf
+        if until == -math.inf:
             self._unsettled.add(svc.index)
+            return
+        self._unsettled.discard(svc.index)
+        if until < math.inf:
+            svc.rules_at = at = early(until)
+            heapq.heappush(self._rule_wakes, (at, svc.index))
 
     def pools_ran(self, decided: bool, seen: PoolsSeen, until: float, unmet: bool) -> None:
         """The pool rules ran: whether anything was decided, and (from the rules) until when
@@ -220,15 +283,26 @@ class Scheduler:
 
     def _mean_high_at(self, now: float) -> bool:
         """Whether the whole-card pool's mean is at or above ``convertBelow`` (or unknown) at
-        ``now``: read again only when a reading came or the window moved a slot."""
+        ``now``: read again only when the slot read or the window's epoch changed, or more
+        events came than the readings it could take and stay so (none when it was below)."""
         intake = self._intake
-        key = (intake.observed, int(now // intake.util_interval))  # what the mean depends on
-        if key != self._mean_for:
-            assert self._policy is not None
-            mig = self._policy.spec.mig
-            assert mig is not None
-            self._mean_for = key
-            self._mean_high = not converts_below(mig, intake.pool_windows[mig.from_pool], now)
+        slot = int(now // intake.util_interval)  # the slot a read at now covers last
+        seen = self._mean_for
+        if (
+            seen is not None
+            and intake.observed <= seen[3]
+            and seen[2] == slot
+            and seen[1] == seen[0].epoch
+        ):
+            return self._mean_high
+        assert self._policy is not None
+        mig = self._policy.spec.mig
+        assert mig is not None
+        window = intake.pool_windows[mig.from_pool]
+        margin = convert_margin(mig, window, now)
+        self._mean_high = margin >= 0
+        # each event adds at most one reading to the window
+        self._mean_for = (window, window.epoch, slot, intake.observed + max(margin, 0))
         return self._mean_high
 
     def _slo_due(self, now: float, inv: Inventory) -> list[ServiceTrack]:
@@ -253,6 +327,7 @@ class Scheduler:
             self._settling = []
             self._rules = set(range(len(self._ordered)))
             self._unsettled = set()
+            self._rule_wakes = []
             return self._ordered
         self._wake_due(now)
         due = self._due[:]
@@ -283,19 +358,35 @@ class Scheduler:
             if svc.due:
                 continue  # events again: no need to know when it would have changed
             # no write since it was stepped: when its reads or its SLO timers change next
-            wake = min(svc.exceed.steady_until(svc.ticked_at), steady_until(svc.slo, svc.spec.slo))
-            svc.wake = wake = early(wake)
+            until = svc.exceed.steady_until(svc.ticked_at)
+            timers = steady_until(svc.slo, svc.spec.slo)
+            if until < timers and self._reads_level_only(svc):
+                until = _level_changes(svc, until, timers)
+            svc.wake = wake = early(until if until < timers else timers)
             if wake <= now:
                 svc.due = True
                 due.append(svc)
             elif wake < math.inf:
                 heapq.heappush(wakes, (wake, svc.index))
 
+    def _reads_level_only(self, svc: ServiceTrack) -> bool:
+        """Whether a step of ``svc`` that leaves its level as it is changes nothing and its
+        rules would only hold whatever its window holds (:func:`holds_only`, reading no
+        percentile), its rules not run every tick nor waiting for a time: then only its
+        level, not its every read, tells when it must be stepped again."""
+        seen = self._seen
+        return (
+            seen is not None
+            and svc.rules_at == -math.inf
+            and svc.index not in self._unsettled
+            and _holds_unread(svc, seen[0]) is True
+        )
+
     # -- quiet ticks ---------------------------------------------------------------------------
 
-    def idle(self, now: float, snapshot: Snapshot, inv: Inventory | None) -> bool:
-        """See :meth:`policies.engine.Engine.idle`; ``inv`` is the inventory of ``snapshot``
-        under the current policy when the engine has it indexed, else ``None``."""
+    def idle(self, now: float, snapshot: Snapshot) -> bool:
+        """See :attr:`policies.engine.Engine.idle` (this method itself: a driver asks it every
+        tick)."""
         seen, last = self._seen, self.last_round
         quiet = self.quiet
         if (
@@ -315,17 +406,18 @@ class Scheduler:
         if (
             not self.incremental
             or seen is None
-            or inv is None
-            or seen[0] is not inv
+            or self._indexed is not snapshot
             or seen[1] is not policy
             or policy is None
             or policy.spec.kill_switch
             or self._rules
             or self._unsettled
+            or self._rules_due(now)
             or last is None
             or now - last > self._gap_s
         ):
             return False
+        inv = seen[0]
         self._wake_due(now)
         due = self._due
         samples = self._steps_hold(now, due, inv)
@@ -346,14 +438,25 @@ class Scheduler:
             if due:
                 self.quiet = None
                 return True
-        wakes = self._wakes
+        wakes, rule_wakes = self._wakes, self._rule_wakes
+        until = min(wakes[0][0], self._pools_wake) if wakes else self._pools_wake
+        if rule_wakes and rule_wakes[0][0] < until:
+            until = rule_wakes[0][0]
         mig = policy.spec.mig
         self.quiet = (
             snapshot,
-            min(wakes[0][0], self._pools_wake) if wakes else self._pools_wake,
+            until,
             mig is not None and mig.enabled and not self.busy and not self._pools_unmet,
         )
         return True
+
+    def _rules_due(self, now: float) -> bool:
+        """Whether a service's rules must run at ``now`` by its time (dropping the stale
+        entries in front: a service ruled since, for another reason)."""
+        wakes, ordered = self._rule_wakes, self._ordered
+        while wakes and ordered[wakes[0][1]].rules_at != wakes[0][0]:
+            heapq.heappop(wakes)
+        return bool(wakes) and wakes[0][0] <= now
 
     def _record_quiet(self, now: float) -> None:
         """Record a tick at ``now`` as ``evaluate`` records one that decided nothing."""

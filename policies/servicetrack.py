@@ -17,7 +17,8 @@ from policies.headroom import ServiceLoad
 from policies.indicators import request_rate
 from policies.inventory import Inventory
 from policies.model import ServiceSpec
-from policies.scaledown import Recommendations
+from policies.rules import breach_quiet_static
+from policies.scaledown import Recommendations, scale_down_quiet_static
 from policies.slo import ExceedanceWindow, SloState
 from policies.windows import LatencyWindow
 
@@ -28,7 +29,9 @@ class ServiceTrack:
     """One service's windows, SLO state and schedule (see the module docstring)."""
 
     __slots__ = (
+        "breach_quiet",
         "down",
+        "down_quiet",
         "due",
         "exceed",
         "index",
@@ -42,6 +45,7 @@ class ServiceTrack:
         "namespace",
         "q",
         "ruled_at",
+        "rules_at",
         "samples",
         "slo",
         "spec",
@@ -62,6 +66,9 @@ class ServiceTrack:
         self.samples = 0
         #: When the rules last ran for the service.
         self.ruled_at: float | None = None
+        #: When its rules must run again though nothing changed (a cooldown ends;
+        #: :mod:`policies.scheduling`), ``-math.inf`` for no such time.
+        self.rules_at = -math.inf
         self.name = name
         self.namespace = spec.namespace
         self.key = f"{spec.namespace}/{name}"
@@ -76,6 +83,10 @@ class ServiceTrack:
         self.exceed = self._counters(spec)
         self.slo = SloState()
         self.down = self._recommendations(spec, None)
+        #: :func:`~policies.rules.breach_quiet_static` and
+        #: :func:`~policies.scaledown.scale_down_quiet_static` of the spec, worked out once.
+        self.breach_quiet = breach_quiet_static(spec)
+        self.down_quiet = scale_down_quiet_static(spec)
         #: Learned capacity, start-up and growth, for a service with ``scale.leading``.
         self.load = self._load(spec, None)
 
@@ -116,6 +127,8 @@ class ServiceTrack:
             self.exceed = self._counters(spec)
         self.spec = spec
         self.down = self._recommendations(spec, self.down)
+        self.breach_quiet = breach_quiet_static(spec)
+        self.down_quiet = scale_down_quiet_static(spec)
         self.load = self._load(spec, self.load)
         self.q = new.percentile / 100.0
         self.min_samples = new.min_samples

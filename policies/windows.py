@@ -38,9 +38,9 @@ by C-level ``map`` calls and counted in one short loop (:func:`_add_inside`), ab
 cost for a 40-value batch. Histogram bounds are keyed once per distinct set of bounds, since
 a producer sends the same bounds every time.
 
-Reads are cached on a signature of the live intervals (slot and count of each), so repeated reads
-between writes cost one pass over the ring, and a read after writes to the newest interval only
-re-merges that interval onto a cached merge of the older ones.
+Reads are cached on the writes so far and the span of slots read, so repeated reads between
+writes cost two comparisons, and a read after writes to the newest interval only re-merges that
+interval onto a cached merge of the older ones.
 
 Histograms. A bucket's requests are recorded at the bucket's *upper* bound. A quantile then
 errs high by at most its bucket's width (the histogram's resolution,
@@ -198,10 +198,13 @@ class _Ring:
         return self._length
 
     def _span(self, now: float) -> tuple[int, int]:
-        """The first and last slot a read at ``now`` covers (empty when first > last)."""
+        """The first and last slot a read at ``now`` covers (empty when first > last). Plain
+        comparisons, not ``max``/``min`` calls: every read starts here."""
         last = _slot_of(now, self._interval_s)
-        first = max(last, self._head) - self._length + 1
-        return first, min(last, self._head)
+        head = self._head
+        if last > head:
+            return last - self._length + 1, head
+        return head - self._length + 1, last
 
     def _admit(self, slot: int) -> bool:
         """Whether a write to ``slot`` may land: it advances the head, or counts one more late
@@ -254,6 +257,7 @@ class LatencyWindow(_Ring):
         "_overflow",
         "_read_key",
         "_scale",
+        "_writes",
     )
 
     def __init__(
@@ -288,7 +292,9 @@ class LatencyWindow(_Ring):
         # last bound a producer sends: a handful).
         self._overflow: dict[int, float] = {}
         self._full_key: tuple[tuple[int, float, int], ...] = ()
-        self._read_key: tuple[tuple[int, float, int], ...] = ()
+        #: Write calls so far: with the span a read covers, what its answer depends on.
+        self._writes = 0
+        self._read_key = (-1, 0, 0)
         # The running sum of the older live intervals' bins (see _fast_quantile): bins from key
         # _agg_off, their total, the zeros, and slot -> (interval, count, zeros) when folded.
         self._agg: list[float] = []
@@ -317,6 +323,7 @@ class LatencyWindow(_Ring):
         except (ValueError, OverflowError) as exc:
             raise ValueError(f"ts must be finite; got {ts}") from exc
         if slot == self._last_slot:
+            self._writes += 1
             return self._last_cell
         return self._cell(slot)
 
@@ -452,6 +459,7 @@ class LatencyWindow(_Ring):
     def _cell(self, slot: int) -> _Interval | None:
         """The interval for ``slot``, advancing the head or recycling a stale cell as needed;
         ``None`` (and one more late write) when the slot has left the ring."""
+        self._writes += 1
         if slot > self._head:
             self._head = slot
         elif slot <= self._head - self._length:
@@ -477,21 +485,23 @@ class LatencyWindow(_Ring):
         the window holds none."""
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"q must be within [0, 1]; got {q}")
-        live = self._live(now)
-        if not live:
-            return None
-        key = tuple([(c.slot, c.store.count, c.zeros) for c in live])
-        if key != self._read_key:
-            self._read_key = key
+        first, last = self._span(now)
+        read = (self._writes, first, last)
+        if read != self._read_key:
+            self._read_key = read
             self._answers = {}
         answers = self._answers
         if q in answers:
             return answers[q]
-        value = self._fast_quantile(live, q)
-        if value == _NO_FAST:
-            sketch = self._sketch(live, key)
-            got = sketch.get_quantile_value(q)
-            value = None if got is None else float(got)
+        live = self._cells_in(first, last)
+        if not live:
+            value = None
+        else:
+            value = self._fast_quantile(live, q)
+            if value == _NO_FAST:
+                key = tuple([(c.slot, c.store.count, c.zeros) for c in live])
+                got = self._sketch(live, key).get_quantile_value(q)
+                value = None if got is None else float(got)
         answers[q] = value
         return value
 
@@ -515,9 +525,12 @@ class LatencyWindow(_Ring):
         return live[0].slot * self._interval_s if live else None
 
     def _live(self, now: float) -> list[_Interval]:
-        """Non-empty intervals covered by a read at ``now``, oldest first: slot by slot (at
+        """Non-empty intervals covered by a read at ``now``, oldest first."""
+        return self._cells_in(*self._span(now))
+
+    def _cells_in(self, first: int, last: int) -> list[_Interval]:
+        """Non-empty intervals of slots ``first`` to ``last``, oldest first: slot by slot (at
         most one ring's worth, each in its own cell), so no sort."""
-        first, last = self._span(now)
         cells, length = self._cells, self._length
         live = []
         for slot in range(first, last + 1):
@@ -545,6 +558,7 @@ class LatencyWindow(_Ring):
         collapsed = False
         # Counts are whole numbers, so these sums are exact in any order.
         zeros = total = 0.0
+        stores = []  # the non-empty ones' bins, offset and key range, for _scan_quantile
         for c in live:
             store = c.store
             if store.is_collapsed:
@@ -554,10 +568,12 @@ class LatencyWindow(_Ring):
             n = store.count
             if n:
                 total += n
-                if store.min_key < lo:
-                    lo = store.min_key
-                if store.max_key > hi:
-                    hi = store.max_key
+                first, last = store.min_key, store.max_key
+                if first < lo:
+                    lo = first
+                if last > hi:
+                    hi = last
+                stores.append((store.bins, store.offset, first, last))
         if collapsed or (hi >= lo and hi - lo + 1 > self._bin_limit):
             if self._agg:
                 self._drop_sum()
@@ -572,7 +588,7 @@ class LatencyWindow(_Ring):
         if not total:
             return None  # unreachable: a live interval holds a value
         if len(live) <= _SCAN_INTERVALS and not 0.1 < q < 0.9:
-            return self._scan_quantile(live, q, r, total, (lo, hi))
+            return self._scan_quantile(stores, q, r, total, (lo, hi))
         *older, newest = live
         self._sync(older, lo, hi)
         store = newest.store
@@ -606,17 +622,18 @@ class LatencyWindow(_Ring):
         return float(self._mapping.value(i + off))
 
     def _scan_quantile(
-        self, live: list[_Interval], q: float, r: float, total: float, keys: tuple[float, float]
+        self,
+        stores: list[tuple[list[float], int, int, int]],
+        q: float,
+        r: float,
+        total: float,
+        keys: tuple[float, float],
     ) -> float:
         """:meth:`_fast_quantile`'s answer (the key of rank ``r`` among ``total`` positive
         values, within ``keys``) without the running sum: walking keys in from the near end (a
         tail percentile is a few keys from it), each key's count summed over the few live
-        intervals. Counts are whole numbers: the same key."""
-        stores = [
-            (c.store.bins, c.store.offset, c.store.min_key, c.store.max_key)
-            for c in live
-            if c.store.count
-        ]
+        intervals' ``stores`` (bins, offset, first and last key of each non-empty one). Counts
+        are whole numbers: the same key."""
         key, step = (int(keys[1]), -1) if q >= 0.5 else (int(keys[0]), 1)
         cum = total if q >= 0.5 else 0.0
         while True:
@@ -757,17 +774,20 @@ class LatencyWindow(_Ring):
         self._last_slot, self._last_cell = slot, cell
         self._drop_merges()
         self._drop_sum()
-        self._read_key = ()
         return True
 
 
 class UtilizationWindow(_Ring):
     """Utilization (percent) of one GPU or MIG instance over a sliding window of event time."""
 
-    __slots__ = ("_counts", "_maxes", "_slots", "_sums")
+    __slots__ = ("_counts", "_maxes", "_slots", "_sums", "epoch")
 
     def __init__(self, *, window_s: float, interval_s: float) -> None:
         super().__init__(window_s=window_s, interval_s=interval_s)
+        #: Counts the writes that may take readings out of a read: the head moving on (the
+        #: oldest interval leaves) and intervals put whole. Between two, at the same slot of
+        #: ``now``, a read only gains readings.
+        self.epoch = 0
         self._slots = [_NO_SLOT] * self._length
         self._sums = [0.0] * self._length
         self._counts = [0] * self._length
@@ -784,6 +804,7 @@ class UtilizationWindow(_Ring):
             raise ValueError(f"ts must be finite; got {ts}") from exc
         if slot > self._head:
             self._head = slot
+            self.epoch += 1
         elif slot <= self._head - self._length:
             self._late += 1
             return False
@@ -801,15 +822,20 @@ class UtilizationWindow(_Ring):
         return True
 
     def mean(self, now: float) -> float | None:
-        """Mean of the readings in the window at ``now``; ``None`` when there are none. One
-        pass, no intermediate list: the engine reads a pool's mean on most ticks."""
+        """Mean of the readings in the window at ``now``; ``None`` when there are none."""
+        total, n = self.totals(now)
+        return total / n if n else None
+
+    def totals(self, now: float) -> tuple[float, int]:
+        """The sum and the number of the readings in the window at ``now``, as :meth:`mean`
+        divides them. One pass, no intermediate list: the engine reads a pool's mean often."""
         first, last = self._span(now)
         total, n = 0.0, 0
         for slot, s, c in zip(self._slots, self._sums, self._counts, strict=True):
             if first <= slot <= last:
                 total += s
                 n += c
-        return total / n if n else None
+        return total, n
 
     def max(self, now: float) -> float | None:
         """Highest reading in the window at ``now``; ``None`` when there are none."""
@@ -847,6 +873,7 @@ class UtilizationWindow(_Ring):
         held; ``False`` (a late write) when the slot has left the ring."""
         if not self._admit(slot):
             return False
+        self.epoch += 1
         i = slot % self._length
         self._slots[i], self._sums[i], self._counts[i], self._maxes[i] = slot, total, count, peak
         return True

@@ -36,13 +36,13 @@ def test_idle_inference_replicas_are_reported_reclaimable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[float] = []
-    status = Engine.pool_status
+    reclaimable = Engine.reclaimable
 
     def counted(self: Engine, now: float) -> object:
         calls.append(now)
-        return status(self, now)
+        return reclaimable(self, now)
 
-    monkeypatch.setattr(Engine, "pool_status", counted)
+    monkeypatch.setattr(Engine, "reclaimable", counted)
     settings = SimulateSettings(duration_s=2700.0, seed=1, points=90)
     bench = Bench.of(
         load_scenario(SCENARIO), load_policy_text(BALANCED.read_text()), lambda s: Quiet(), settings

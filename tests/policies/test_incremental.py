@@ -27,6 +27,7 @@ from policies.model import Policy
 from policies.snapshot import Snapshot, SnapshotBuilder
 from replay.replay_builders import write_recording
 from streams.events import Event, InferenceLatency
+from support.engine_probes import last_stepped
 
 MIG = {"ebbtide.io/pool": "mig"}
 
@@ -613,3 +614,57 @@ def test_a_leading_scale_up_held_by_its_cooldown_comes_when_the_cooldown_ends() 
     )
     ups = [(now, quiet) for now, quiet, ds in both.decided if ds[-1]["rule"] == "leading-scale-up"]
     assert ups[:2] == [(T0 + 1, False), (T0 + 11, True)]
+
+
+def test_a_breach_held_by_its_cooldown_is_idle_until_the_cooldown_ends() -> None:
+    """A breach held by a 1m window of slow requests, ticks asked ``idle`` first: while the
+    30s cooldown after the first scale-up runs and nothing is due, the ticks are idle (the
+    breach response says it holds until the cooldown ends), and the second scale-up comes the
+    moment it ends, as ticking everything decides."""
+    both = IdleLockstep(policy(training=None, mig=None))
+    snap = snapshot(0)
+    feed = burst(T0 + 20, 900.0)
+    idle_in_cooldown = 0
+    for k in range(1, 51):
+        both.observe(feed(T0 + k - 0.5))
+        before = both.idle_ticks
+        both.evaluate(T0 + k, snap)
+        idle_in_cooldown += both.idle_ticks - before if 11 < k < 41 else 0
+    ups = [now for now, _, ds in both.decided if ds[-1]["rule"] == "slo-breach-scale-up"]
+    assert ups == [T0 + 11, T0 + 41]
+    assert idle_in_cooldown >= 5  # the ticks after the events stop, before intervals leave
+
+
+def test_feedback_that_gives_a_cooldown_back_runs_a_waiting_breach_response() -> None:
+    """The first scale-up refused with a retry 5s later: the cooldown it started is taken back,
+    so the breach response, waiting for that cooldown to end with no event or interval to
+    step chat meanwhile, tries again at the retry time, as ticking everything does."""
+    both = IdleLockstep(policy(training=None, mig=None))
+    snap = snapshot(0)
+    feed = burst(T0 + 10, 900.0)
+    for k in range(1, 30):
+        both.observe(feed(T0 + k - 0.5))
+        for d in both.evaluate(T0 + k, snap):
+            if k == 11:
+                both.not_done(d, reason="refused", retry_at=T0 + k + 5)
+    ups = [now for now, _, ds in both.decided if ds[-1]["rule"] == "slo-breach-scale-up"]
+    assert ups[:2] == [T0 + 11, T0 + 16]
+
+
+def test_a_service_whose_rules_read_only_its_level_is_stepped_when_the_level_may_change() -> None:
+    """search at its minimum (its rules read no percentile) gets 60ms requests every 5s for
+    30s, then none: its intervals leave its 1m window one by one from +60s and its level
+    stays "below" until the last has gone. Ticked through ``idle``, it is stepped when its
+    level may change (a few window changes looked past at a time), not at each interval
+    leaving, and every tick decides what ticking everything decides."""
+    both = IdleLockstep(policy(training=None, mig=None))
+    snap = snapshot(3)  # search at its minimum (1 replica)
+    steps = set()
+    for k in range(1, 120):
+        events = [latency(T0 + k - 0.5, 60.0, "search")] * 10 if k % 5 == 0 and k <= 30 else []
+        both.observe(events)
+        both.evaluate(T0 + k, snap)
+        steps.add(last_stepped(both.inc, "serving/search"))
+    assert both.inc.slo_state("serving/search").last_level == "none"
+    after_events = sorted(t for t in steps if t > T0 + 31)
+    assert 1 <= len(after_events) <= 3, after_events  # not one per interval leaving (6)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from policies.engine import Engine, ReloadResult
 from policies.loader import Source, check_policy
 
-__all__ = ["cooldown_remaining", "gpu_utilization", "reload_sources"]
+__all__ = ["cooldown_remaining", "gpu_utilization", "last_stepped", "reload_sources"]
 
 
 def reload_sources(engine: Engine, sources: Sequence[Source]) -> ReloadResult:
@@ -36,3 +36,8 @@ def cooldown_remaining(engine: Engine, service_key: str, now: float) -> float:
     if cooldown is None:
         cooldown = engine.policy.spec.cooldowns.service
     return engine._decide.cooldowns.remaining_s(service_key, now, cooldown)
+
+
+def last_stepped(engine: Engine, service_key: str) -> float:
+    """When ``service_key``'s SLO was last stepped (``-inf`` before its first step)."""
+    return engine._services[service_key].ticked_at

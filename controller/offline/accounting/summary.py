@@ -35,12 +35,11 @@ Definitions (the README and ``summary.json`` use exactly these):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from controller.offline.accounting.timeline import Timeline
-from policies.engine import PoolStatus
 from policies.model import Policy
 
 __all__ = [
@@ -180,18 +179,19 @@ class PoolAccount:
 
 
 def sample_reclaimable(
-    summary: Summary, timeline: Timeline, bucket: int, statuses: Iterable[PoolStatus]
+    summary: Summary, timeline: Timeline, bucket: int, reclaimable: Mapping[str, int]
 ) -> None:
-    """Record each pool's reclaimable GPUs on a sample tick (:meth:`Timeline.is_sample_tick`):
-    the ``reclaim:<pool>`` series, and GPU-seconds as if the value held for the bucket's ticks.
-    Once a bucket, not every tick: the engine's :meth:`~policies.engine.Engine.pool_status`
-    reads every GPU's utilization window, costly at 10,000 GPUs."""
+    """Record each pool's reclaimable GPUs (pool -> GPUs, from the engine's
+    :meth:`~policies.engine.Engine.reclaimable`) on a sample tick
+    (:meth:`Timeline.is_sample_tick`): the ``reclaim:<pool>`` series, and GPU-seconds as if the
+    value held for the bucket's ticks. Once a bucket, not every tick: it reads every GPU's
+    idleness, costly at 10,000 GPUs."""
     seconds = timeline.stride * summary.dt
-    for status in statuses:
-        account = summary.pools.get(status.name)
+    for name, gpus in reclaimable.items():
+        account = summary.pools.get(name)
         if account is not None:
-            timeline.add(f"reclaim:{status.name}", bucket, float(status.reclaimable_gpus))
-            account.reclaimable_gpu_s += status.reclaimable_gpus * seconds
+            timeline.add(f"reclaim:{name}", bucket, float(gpus))
+            account.reclaimable_gpu_s += gpus * seconds
 
 
 def _round(value: float | None) -> float | None:

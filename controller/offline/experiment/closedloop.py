@@ -653,7 +653,7 @@ class _Loop:
                 tl.add(f"use:{name}:{u}", bucket, v)
             summary.pools[name].tick(util, uses)
         if sample:
-            sample_reclaimable(summary, tl, bucket, self.meter.pool_status(now))
+            sample_reclaimable(summary, tl, bucket, self.meter.reclaimable(now))
         self.training_gpu_s += sum(u.training for u in usage.values()) * self.dt
         if self.goodput is not None:
             self.goodput.update()

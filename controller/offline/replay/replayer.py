@@ -93,6 +93,22 @@ READS_PER_SAMPLE: Final = 16
 GC_THRESHOLD: Final = 20_000
 
 
+#: What :meth:`_Replay._quiet_ticks` reads: the timeline, the simulated cluster, the engine's
+#: ``idle`` and ``advance``, the pool meter's sums and counts, the pools' utilization cells,
+#: ``t0`` and ``dt``.
+_QuietEnv = tuple[
+    Timeline,
+    SimCluster,
+    Callable[[float, Snapshot], bool],
+    Callable[[float], None],
+    list[float],
+    list[int],
+    list[tuple[int, list[float], list[int], PoolAccount]],
+    float,
+    float,
+]
+
+
 @dataclass(frozen=True, slots=True)
 class Withheld:
     """An event a :class:`TickHook` keeps from the engine: it still advances the replay's
@@ -180,6 +196,10 @@ class _Replay:
         #: and for :meth:`_quiet_ticks`, its index, that channel's cells and its account.
         self.util_sinks: list[tuple[Callable[[int, float], None], PoolAccount]] = []
         self.util_cells: list[tuple[int, list[float], list[int], PoolAccount]] = []
+        #: What :meth:`_quiet_ticks` reads (from :meth:`_start`), and the quiet ticks it ran
+        #: that are not counted yet (:meth:`_count_quiet`).
+        self.quiet_env: _QuietEnv | None = None
+        self.quiet_held = 0
         #: The GPUs by use per pool (from ``usage``), and the ticks of bucket ``uses_bucket``
         #: not yet accounted with them (see :meth:`_flush_uses`).
         self.usage: Mapping[str, GpuUse] | None = None
@@ -227,20 +247,18 @@ class _Replay:
         is mostly quiet ticks, and a method call per step of each was a sizeable share of it.
         Every tick of a run falls in one timeline bucket ``b`` (the first tick of a bucket is a
         sample tick, never quiet); the pools' utilization is added as :meth:`_end_tick` adds it
-        (the same floats in the same order), straight into the channels' cells."""
-        tl, cluster, summary = self.timeline, self.cluster, self.summary
-        assert tl is not None
-        assert cluster is not None
+        (the same floats in the same order), straight into the channels' cells. The ticks are
+        counted (:meth:`_count_quiet`) only before the next tick that is not quiet: a call runs
+        about one tick, between two events."""
         k, now = self.k, self.next_tick
+        assert self.quiet_env is not None
+        tl, cluster, idle, advance, sums, counts, cells, t0, dt = self.quiet_env
         stride = tl.stride
         if now >= ts or k % stride == 0:
             return  # a sample tick: GPUs by use are flushed, every service accounted
-        snap = self.snap
+        snap, above, due = self.snap, self.above, self.cluster_due
         assert snap is not None
         b = k // stride
-        idle, advance, above = self.engine.idle, self.engine.advance, self.above
-        t0, dt, due = self.t0, self.dt, self.cluster_due
-        sums, counts, cells = self.meter.sums, self.meter.counts, self.util_cells
         first = k
         while True:
             if now >= due:
@@ -263,23 +281,31 @@ class _Replay:
                     account.util_sum += util
                     account.util_ticks += 1
             k += 1
-            last, now = now, t0 + k * dt
+            now = t0 + k * dt
             advance(now)  # events up to the next tick are on time
             if now >= ts or k % stride == 0:
                 break
         self.k, self.next_tick = k, now
-        n = k - first
+        self.quiet_held += k - first
+
+    def _count_quiet(self) -> None:
+        """Count the quiet ticks :meth:`_quiet_ticks` ran since the last count: all in one
+        timeline bucket, since the first tick of a bucket is not quiet and counts them first."""
+        n = self.quiet_held
         if not n:
             return
-        for _, _, _, account in cells:
+        self.quiet_held = 0
+        tl, summary = self.timeline, self.summary
+        assert tl is not None
+        for _, _, _, account in self.util_cells:
             account.ticks += n
-        tl.bucket(k - 1)  # the timeline's last tick (no new bucket: the run's are in b)
+        self.uses_bucket = tl.bucket(self.k - 1)  # the timeline's last tick: no new bucket
         self.uses_ticks += n
-        self.uses_bucket = b
-        summary.last_tick = last
+        summary.last_tick = self.t0 + (self.k - 1) * self.dt  # as the loop worked it out
         summary.ticks += n
 
     def _tick(self, now: float) -> None:
+        self._count_quiet()
         if self.speed is not None:
             delay = self.wall0 + (now - self.t0) / self.speed - time.perf_counter()
             if delay > 0:
@@ -340,6 +366,7 @@ class _Replay:
         its accounting in full (GPUs by use flushed, the plot's services, reclaimable GPUs) but
         no ``evaluate``, which would decide nothing. ``False``, with nothing done but the
         cluster's ``advance``, otherwise."""
+        self._count_quiet()
         cluster, tl, snap = self.cluster, self.timeline, self.snap
         assert cluster is not None
         assert tl is not None
@@ -405,7 +432,7 @@ class _Replay:
                 add(b, util)
             account.tick_util(util)
         if tl.is_sample_tick(self.k):  # reclaimable GPUs: once per bucket, not every tick
-            sample_reclaimable(summary, tl, b, self.engine.pool_status(now))
+            sample_reclaimable(summary, tl, b, self.engine.reclaimable(now))
         if summary.first_tick is None:
             summary.first_tick = now
         summary.last_tick = now
@@ -434,6 +461,11 @@ class _Replay:
             self.util_sinks.append((tl.adder(f"util:{name}"), self.summary.pools[name]))
             cells = tl.cells(f"util:{name}")
             self.util_cells.append((len(self.util_cells), *cells, self.summary.pools[name]))
+        engine, meter = self.engine, self.meter
+        self.quiet_env = (
+            *(tl, sim, engine.idle, engine.advance, meter.sums, meter.counts, self.util_cells),
+            *(self.t0, dt),
+        )
 
     def _until(self, ts: float) -> None:
         """Run every tick before ``ts``: the quiet ones the short way (:meth:`_quiet_ticks`;
@@ -496,6 +528,7 @@ class _Replay:
         self.summary.latency_matched = matched
         if self.timeline is not None:  # every event is at or before next_tick: one more covers them
             self._until(math.nextafter(self.next_tick, math.inf))  # that one tick
+            self._count_quiet()
             self._flush_uses()
             end = self.t0 + self.k * self.dt
             for i, (_, acc, _) in enumerate(self.services):
