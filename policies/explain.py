@@ -277,7 +277,7 @@ def _scale(sc: ScaleSpec, svc: ServiceSpec, workload: str, cooldown: float) -> l
     if sc.shrink_first:
         lines.append(
             "New replicas only into GPUs free now: GPUs freed from training are taken by the "
-            "next step."
+            "next step; no pod its owner would recreate is evicted for them."
         )
     else:
         lines.append("New replicas may be placed while training is still giving GPUs back.")

@@ -45,7 +45,9 @@ Design (Kueue's ``GetTargets`` in spirit: decide on an in-memory view, actuate e
      first, the kube-scheduler's DefaultPreemption takes the GPU back for them and nominates
      them to the node (``status.nominatedNodeName``), which pods of lower priority may not
      take. At equal or lower priority the eviction only moves the pod: it is refused, with
-     the reason.
+     the reason. It is refused too when the claimant's pods will not be queued until the
+     GPUs are free (``scale.shrinkFirst``, ``claimant_waits``): nothing outranks the
+     replacement then, which takes the GPU back at once, and the next try evicts again.
 6. **Restartable tasks before a DDP job** (``training.restarts.tasksFirst``): a DDP/elastic
    job (any kind but ``Job``) restarts every worker from its last checkpoint on any membership
    change (TorchElastic, ``torch/distributed/elastic/agent/server/api.py``,
@@ -233,6 +235,7 @@ def plan_capacity(
     notices: Notices | None = None,
     fit: Fit | None = None,
     claimant_priority: int | None = None,
+    claimant_waits: bool = False,
 ) -> Plan:
     """Free at least ``needed`` whole GPUs in ``pool`` (as many as possible when it cannot);
     with ``fit``, free until ``fit.replicas`` replicas each fit on one node instead.
@@ -260,6 +263,7 @@ def plan_capacity(
             notices=notices,
             fit=fit,
             claimant_priority=claimant_priority,
+            claimant_waits=claimant_waits,
         )
 
     plan = run(training)
@@ -348,6 +352,7 @@ def _plan(
     notices: Notices | None,
     fit: Fit | None,
     claimant_priority: int | None,
+    claimant_waits: bool = False,
 ) -> Plan:
     """Free at least ``needed`` whole GPUs in ``pool`` (as many as possible when it cannot);
     with ``fit``, free until ``fit.replicas`` replicas each fit on one node instead.
@@ -358,7 +363,8 @@ def _plan(
     ``resize_held`` maps workloads whose shrink failed lately to the reason: not shrunk again;
     ``notices`` (the need's view of the checkpoint handshake) keeps it to one notice at a time;
     ``claimant_priority`` is the priority of the pods the GPUs are freed for (None: no rule
-    about pods their owner recreates, see the module docstring).
+    about pods their owner recreates, see the module docstring); ``claimant_waits``: those pods
+    are created only once the GPUs are free (``scale.shrinkFirst``).
     """
     held = held or {}
     resize_held = resize_held or {}
@@ -387,7 +393,7 @@ def _plan(
         gang's other members included."""
         why = held.get(pod.key) or _protection(pod, view, protected_namespaces)
         if why is None and view is not None and view.key not in instead:
-            why = _replaced(pod, view, claimant_priority)
+            why = _replaced(pod, view, claimant_priority, waits=claimant_waits)
         return why
 
     def reject(option: str, why: str) -> None:
@@ -607,12 +613,23 @@ def _shrink_instead(
     return ShrinkStep(view.key, w.kind, w.replicas, to, gain, tuple(p.key for p in pods))
 
 
-def _replaced(pod: Pod, view: TrainingView, claimant_priority: int | None) -> str | None:
+def _replaced(
+    pod: Pod, view: TrainingView, claimant_priority: int | None, *, waits: bool = False
+) -> str | None:
     """Why evicting ``pod`` frees nothing for pods of ``claimant_priority``: its owner
-    recreates it, and the replacement does not lose the scheduler's queue to them."""
-    if claimant_priority is None or claimant_priority > pod.priority:
+    recreates it, and the replacement does not lose the scheduler's queue to them, or (with
+    ``waits``) finds no claimant queued at all."""
+    if claimant_priority is None:
         return None
     kind = view.workload.kind
+    if waits:
+        return (
+            f"its {kind} would recreate it at once, and the replicas the GPUs are for are "
+            "created only once they are free (shrinkFirst): the replacement would take the GPU "
+            "back (a Deployment with ebbtide.io/max-replicas is shrunk instead)"
+        )
+    if claimant_priority > pod.priority:
+        return None
     return (
         f"its {kind} would recreate it at priority {pod.priority}, not below the "
         f"{claimant_priority} of the pods the GPUs are for: the replacement could take the GPU "

@@ -422,6 +422,7 @@ def respond_to_breach(
                 notices=Notices(key, now, training.checkpoint.deadline),
                 fit=fit,
                 claimant_priority=None if workload is None else workload.priority,
+                claimant_waits=first,
             )
             alternatives.extend(plan.rejected)
     freed = plan.freed if plan is not None else 0

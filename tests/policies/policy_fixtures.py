@@ -194,6 +194,7 @@ def plan(
     claimant: int | None = None,
     policy: Policy | None = None,
     notices: Notices | None = None,
+    claimant_waits: bool = False,
 ) -> Plan:
     """The victim plan for ``needed`` GPUs in the whole pool under the default policy's victim
     order (``policy``: another one's training settings); checks that the snapshot was not
@@ -214,6 +215,7 @@ def plan(
         fit=fit,
         claimant_priority=claimant,
         notices=notices,
+        claimant_waits=claimant_waits,
     )
     assert snapshot == before  # inputs are not mutated
     return out

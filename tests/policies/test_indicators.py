@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from policy_fixtures import T0, feed_latency, policy_dict, to_yaml, training
+from policy_fixtures import T0, feed_latency, plan, policy_dict, to_yaml, training
 
 from policies.casetest import load_cases, run_cases
-from policies.decisions import Decision, Scale
+from policies.decisions import Decision, Evict, Scale
 from policies.engine import Engine
 from policies.loader import PolicyLoadError, Source, load_policy, load_policy_text, read_sources
 from policies.model import Policy
@@ -217,3 +217,32 @@ def test_shrink_first_frees_the_whole_climb_at_once() -> None:
             if isinstance(d, Scale) and d.role == "training"
         ]
     assert shrinks == [(14, 6)]
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_shrink_first_evicts_no_pod_its_owner_recreates(first: bool) -> None:
+    """chat (priority 1000) breaching on a full node whose training (priority 10) is at its
+    floor: only evictions could free GPUs. Without shrinkFirst chat's new pods are queued at
+    once and outrank the replacement the training's owner creates, so its pods are evicted.
+    With shrinkFirst chat's replicas are created only once the GPUs are free: the replacement
+    would take the GPU back at once and the next round evict again, so nothing is evicted,
+    and the plan says why."""
+    b = SnapshotBuilder()
+    b.node("w0", gpus=8, labels=WHOLE)
+    b.workload("serving", "chat", replicas=2, nodes=["w0"], priority=1000)
+    training(b, "elastic", replicas=6, nodes=["w0"], min_replicas=6, max_replicas=8, priority=10)
+    engine = Engine(chat_policy(readyEndsCooldown=True, shrinkFirst=first))
+    decisions: list[Decision] = []
+    for s in range(20):
+        feed_latency(engine, T0 + s, T0 + s + 1, 500.0)
+        decisions += engine.evaluate(T0 + s + 1, b.build())
+    evicted = [d for d in decisions if isinstance(d, Evict)]
+    if not first:
+        assert evicted
+        return
+    assert evicted == []
+    waits = plan(b.build(), 1, claimant=1000, claimant_waits=True)
+    assert waits.evictions == ()
+    said = [a.why_not for a in waits.rejected]
+    assert any("shrinkFirst" in w and "PyTorchJob would recreate it" in w for w in said), said
+    assert len(plan(b.build(), 1, claimant=1000).evictions) == 1

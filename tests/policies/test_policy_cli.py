@@ -89,7 +89,7 @@ def test_test_command_passes_and_fails(tmp_path: Path) -> None:
     )
     code, out, _ = invoke("test", str(LIBRARY / "balanced.yaml"), str(broken))
     assert code == 1
-    assert "FAIL  a sustained breach preempts sweep tasks rather than restart the DDP job" in out
+    assert "FAIL  a sustained breach shrinks sweep tasks rather than restart the DDP job" in out
     assert "-{action: scale, target: serving/chat, from: 2, to: 9" in out
     assert "+{action: scale, target: serving/chat, from: 2, to: 4" in out
 
