@@ -58,10 +58,6 @@ __all__ = ["PoolsSeen", "Scheduler"]
 #: rounding never makes it late; ticking early only costs the tick.
 _EARLY: Final = 1e-12
 
-#: How many of a window's coming changes a service whose rules read only its level is looked
-#: past when its next step is worked out (each costs one read of its counters).
-_LOOKAHEAD: Final = 1
-
 #: What the pool rules saw: the snapshot's inventory, the policy and the busy pools.
 PoolsSeen = tuple[Inventory, Policy, set[str]]
 
@@ -101,21 +97,6 @@ def _holds_unread(svc: ServiceTrack, inv: Inventory) -> bool | None:
     if down is None:
         return None if scale_down_reads_window(spec, slo, workload) else True
     return down == math.inf
-
-
-def _level_changes(svc: ServiceTrack, until: float, timers: float) -> float:
-    """From ``until``, the first time a read of ``svc``'s window (without writes) changes, on:
-    when its level may first differ from its SLO state's (the level every step leaves),
-    looking :data:`_LOOKAHEAD` changes ahead at most, or ``timers`` (its SLO timers) if that
-    comes first. A step before then would return the state itself."""
-    exceed, level, q, least = svc.exceed, svc.slo.last_level, svc.q, svc.min_samples
-    for _ in range(_LOOKAHEAD):
-        if exceed.level(until, q, least)[0] != level:
-            return until
-        until = exceed.steady_until(until)
-        if until >= timers:
-            return timers
-    return until
 
 
 class Scheduler:
@@ -357,11 +338,18 @@ class Scheduler:
         for svc in stepped:
             if svc.due:
                 continue  # events again: no need to know when it would have changed
-            # no write since it was stepped: when its reads or its SLO timers change next
-            until = svc.exceed.steady_until(svc.ticked_at)
+            # No write since it was stepped: when its reads or its SLO timers change next; for
+            # a service whose rules read only its level, when its level may first differ from
+            # its SLO state's (the level every step leaves), looking one window change ahead
+            # (each look reads its counters; the next event mostly comes first). A step before
+            # then would return the state itself.
+            if self._reads_level_only(svc):
+                until = svc.exceed.level_steady_until(
+                    svc.ticked_at, svc.q, svc.min_samples, svc.slo.last_level
+                )
+            else:
+                until = svc.exceed.steady_until(svc.ticked_at)
             timers = steady_until(svc.slo, svc.spec.slo)
-            if until < timers and self._reads_level_only(svc):
-                until = _level_changes(svc, until, timers)
             svc.wake = wake = early(until if until < timers else timers)
             if wake <= now:
                 svc.due = True

@@ -164,6 +164,19 @@ def _quiet(state: SloState, now: float, spec: SloSpec) -> SloState:
     return SloState(state.state, state.since, state.pending_since, state.breaches, "none", now)
 
 
+def _level_of(n: int, above_hi: int, above_lo: int, q: float, min_samples: int) -> Level:
+    """Where the ``q``-quantile of ``n`` requests stands, ``above_hi`` of them above the high
+    threshold and ``above_lo`` above the low one."""
+    if n < max(1, min_samples):
+        return "none"
+    need = n - math.floor(q * (n - 1))
+    if above_hi >= need:
+        return "above"
+    if above_lo >= need:
+        return "between"
+    return "below"
+
+
 class ExceedanceWindow:
     """Per-interval counts of requests, and of those above two thresholds, over a sliding window
     aligned exactly with :class:`~policies.windows.LatencyWindow` (same slots, same span).
@@ -324,14 +337,47 @@ class ExceedanceWindow:
     def level(self, now: float, q: float, min_samples: int) -> tuple[Level, int]:
         """Where the window's ``q``-quantile stands, and how many samples it holds."""
         n, above_hi, above_lo = self.counts(now)
-        if n < max(1, min_samples):
-            return "none", n
-        need = n - math.floor(q * (n - 1))
-        if above_hi >= need:
-            return "above", n
-        if above_lo >= need:
-            return "between", n
-        return "below", n
+        return _level_of(n, above_hi, above_lo, q, min_samples), n
+
+    def level_steady_until(self, now: float, q: float, min_samples: int, level: Level) -> float:
+        """From ``now``, without writes, the first time the window's level may differ from
+        ``level`` (the level a read at ``now`` gives), looking one change of the window ahead:
+        its first change (:meth:`steady_until`) when the level read there differs, else the
+        change after it. For a service whose rules read only its level (the engine's schedule):
+        one call, and one scan of the ring past the first change for both the level there and
+        the change after it."""
+        until = self.steady_until(now)
+        if until == math.inf:
+            return until
+        interval, length, head = self._interval, self._length, self._head
+        last = int(until // interval)
+        first = (last if last > head else head) - length + 1
+        n, above_hi, above_lo = self._totals
+        soonest = _NO_SLOT
+        # counts(until) and steady_until(until) in one loop; an empty cell (whose threshold
+        # counts are empty too) adds nothing to either
+        for slot, cn, chi, clo in zip(
+            self._slots, self._n, self._above_hi, self._above_lo, strict=True
+        ):
+            if not cn:
+                continue
+            if slot < first:
+                n -= cn
+                above_hi -= chi
+                above_lo -= clo
+                continue
+            if slot > last:
+                n -= cn
+                above_hi -= chi
+                above_lo -= clo
+                at = slot
+            else:
+                at = slot + length
+            if soonest == _NO_SLOT or at < soonest:
+                soonest = at
+        if _level_of(n, above_hi, above_lo, q, min_samples) != level:
+            return until
+        return math.inf if soonest == _NO_SLOT else soonest * interval
 
     # -- sharded ingest: intervals out (aggregators) and in (deciders), see policies.partials --
 
