@@ -381,15 +381,20 @@ class Scheduler:
             quiet is not None
             and quiet[0] is snapshot
             and now < quiet[1]
-            and not self._due
             and not self._settling
             and last is not None
             and now - last <= self._gap_s
         ):
+            # Since the quiet tick that set ``quiet`` nothing the full check reads has changed
+            # (whatever would, resets it), no wake has come and the pool rules stay quiet but
+            # for their mean: only the services events made due are left to step.
             if quiet[2] and not self._mean_high_at(now):
                 return False
-            self._record_quiet(now)
-            return True
+            if not self._due:
+                self._record_quiet(now)
+                return True
+            assert seen is not None
+            return self._step_quiet(now, seen[0], snapshot)
         policy = self._policy
         if (
             not self.incremental
@@ -407,9 +412,17 @@ class Scheduler:
             return False
         inv = seen[0]
         self._wake_due(now)
+        if not self.pools_quiet(now, (inv, policy, set(self.busy.values()))):
+            return False
+        return self._step_quiet(now, inv, snapshot)
+
+    def _step_quiet(self, now: float, inv: Inventory, snapshot: Snapshot) -> bool:
+        """:meth:`idle` once nothing but the due services may make the tick at ``now`` more
+        than quiet: steps them when each would hold (``False`` otherwise, nothing done), and
+        notes until when the next quiet tick is a short one."""
         due = self._due
         samples = self._steps_hold(now, due, inv)
-        if samples is None or not self.pools_quiet(now, (inv, policy, set(self.busy.values()))):
+        if samples is None:
             return False
         self._record_quiet(now)
         if due:  # stepped as evaluate steps them: their state stays, their rules would hold
@@ -430,6 +443,8 @@ class Scheduler:
         until = min(wakes[0][0], self._pools_wake) if wakes else self._pools_wake
         if rule_wakes and rule_wakes[0][0] < until:
             until = rule_wakes[0][0]
+        policy = self._policy
+        assert policy is not None
         mig = policy.spec.mig
         self.quiet = (
             snapshot,
