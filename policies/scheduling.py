@@ -75,8 +75,12 @@ def holds_only(svc: ServiceTrack, inv: Inventory, now: float) -> bool:
     :func:`~policies.scaledown.scale_down_quiet_until`, their parts that depend on the spec
     alone kept on the service (``breach_quiet``, ``down_quiet``)."""
     hold = _holds_unread(svc, inv)
-    if hold is not None:
-        return hold
+    return _holds_read(svc, inv, now) if hold is None else hold
+
+
+def _holds_read(svc: ServiceTrack, inv: Inventory, now: float) -> bool:
+    """:func:`holds_only` where :func:`_holds_unread` has no answer: the scale-down rule reads
+    the window's percentile."""
     workload = inv.service_workload.get(svc.key)
     assert workload is not None  # else the hold would not read the window
     return scale_down_quiet_read(svc.spec, svc.slo, workload, svc.latency, now) == math.inf
@@ -330,12 +334,16 @@ class Scheduler:
                 svc.due = True
                 due.append(svc)
 
-    def _push_wakes(self, stepped: list[ServiceTrack], now: float) -> None:
+    def _push_wakes(
+        self, stepped: list[ServiceTrack], now: float, unread: list[bool] | None = None
+    ) -> None:
         """Work out when each of ``stepped`` (stepped, and not written since) must be stepped
-        again: due at once when that is ``now`` already, else on the heap."""
+        again: due at once when that is ``now`` already, else on the heap. ``unread``: for
+        each, whether its rules would only hold whatever its window holds, where the step
+        that stepped them just asked (:meth:`_reads_level_only`)."""
         due = self._due
         wakes = self._wakes
-        for svc in stepped:
+        for j, svc in enumerate(stepped):
             if svc.due:
                 continue  # events again: no need to know when it would have changed
             # No write since it was stepped: when its reads or its SLO timers change next; for
@@ -343,7 +351,7 @@ class Scheduler:
             # its SLO state's (the level every step leaves), looking one window change ahead
             # (each look reads its counters; the next event mostly comes first). A step before
             # then would return the state itself.
-            if self._reads_level_only(svc):
+            if self._reads_level_only(svc, None if unread is None else unread[j]):
                 until = svc.exceed.level_steady_until(
                     svc.ticked_at, svc.q, svc.min_samples, svc.slo.last_level
                 )
@@ -357,18 +365,16 @@ class Scheduler:
             elif wake < math.inf:
                 heapq.heappush(wakes, (wake, svc.index))
 
-    def _reads_level_only(self, svc: ServiceTrack) -> bool:
+    def _reads_level_only(self, svc: ServiceTrack, unread: bool | None) -> bool:
         """Whether a step of ``svc`` that leaves its level as it is changes nothing and its
         rules would only hold whatever its window holds (:func:`holds_only`, reading no
-        percentile), its rules not run every tick nor waiting for a time: then only its
-        level, not its every read, tells when it must be stepped again."""
+        percentile: ``unread`` when the caller knows, else read here), its rules not run every
+        tick nor waiting for a time: then only its level, not its every read, tells when it
+        must be stepped again."""
         seen = self._seen
-        return (
-            seen is not None
-            and svc.rules_at == -math.inf
-            and svc.index not in self._unsettled
-            and _holds_unread(svc, seen[0]) is True
-        )
+        if seen is None or svc.rules_at != -math.inf or svc.index in self._unsettled:
+            return False
+        return _holds_unread(svc, seen[0]) is True if unread is None else unread
 
     # -- quiet ticks ---------------------------------------------------------------------------
 
@@ -421,12 +427,12 @@ class Scheduler:
         than quiet: steps them when each would hold (``False`` otherwise, nothing done), and
         notes until when the next quiet tick is a short one."""
         due = self._due
-        samples = self._steps_hold(now, due, inv)
-        if samples is None:
+        steps = self._steps_hold(now, due, inv)
+        if steps is None:
             return False
         self._record_quiet(now)
         if due:  # stepped as evaluate steps them: their state stays, their rules would hold
-            for svc, n in zip(due, samples, strict=True):
+            for svc, (n, _) in zip(due, steps, strict=True):
                 svc.samples = n
                 svc.due = False
                 svc.ticked_at = now
@@ -435,7 +441,7 @@ class Scheduler:
             # A quiet tick: their wake times now, not at the next tick (as after an evaluation,
             # where a busy stream would make them moot), so the next quiet tick is a short one.
             # An event before the wake leaves a stale heap entry: at worst one more step.
-            self._push_wakes(stepped, now)
+            self._push_wakes(stepped, now, [unread for _, unread in steps])
             if due:
                 self.quiet = None
                 return True
@@ -467,17 +473,21 @@ class Scheduler:
         self.changed = []
         self.last_round = now
 
-    def _steps_hold(self, now: float, due: list[ServiceTrack], inv: Inventory) -> list[int] | None:
-        """The samples in each of ``due``'s windows when stepping each SLO at ``now`` would
-        leave its state the same object and its rules would only hold (:func:`holds_only`),
-        so ``evaluate`` would change nothing but when it was stepped; ``None`` otherwise.
-        Reads only: :func:`~policies.slo.step` is pure."""
-        samples = []
+    def _steps_hold(
+        self, now: float, due: list[ServiceTrack], inv: Inventory
+    ) -> list[tuple[int, bool]] | None:
+        """For each of ``due``, the samples in its window and whether its rules would only hold
+        whatever its window holds (:func:`_holds_unread`), when stepping each SLO at ``now``
+        would leave its state the same object and its rules would only hold
+        (:func:`holds_only`), so ``evaluate`` would change nothing but when it was stepped;
+        ``None`` otherwise. Reads only: :func:`~policies.slo.step` is pure."""
+        steps = []
         for svc in due:
             level, n = svc.exceed.level(now, svc.q, svc.min_samples)
-            if step(svc.slo, level, now, svc.spec.slo) is not svc.slo or not holds_only(
-                svc, inv, now
-            ):
+            if step(svc.slo, level, now, svc.spec.slo) is not svc.slo:
                 return None
-            samples.append(n)
-        return samples
+            unread = _holds_unread(svc, inv)
+            if not (_holds_read(svc, inv, now) if unread is None else unread):
+                return None
+            steps.append((n, unread is True))
+        return steps
