@@ -30,7 +30,8 @@ Design:
   of their timers ran out and, where MIG may convert, the whole-card pool's mean is not below
   ``convertBelow``.
 * :meth:`Scheduler.idle` answers whether a whole tick would be quiet, so a driver may skip it;
-  after one quiet tick, a run of them costs a few comparisons.
+  after one quiet tick, a run of them costs a few comparisons, and one whose only news is
+  services made due by events steps them without checking the rest again.
 * The decisions are those of stepping everything (``Engine(…, incremental=False)``, kept for
   the tests and benchmarks that check exactly that).
 """
