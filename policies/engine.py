@@ -119,9 +119,9 @@ class Engine:
         #: state, and the due services were ticked) and the caller may skip the rest of its
         #: tick; if not, nothing changed and the caller evaluates. Always ``False`` when not
         #: incremental. A run of quiet ticks costs little: after one, the next is quiet as long
-        #: as no event made a service due, no wake time or pool timer came and the pool's mean
-        #: did not drop (anything else, an evaluation, a reload, feedback, drops what was
-        #: known). The schedule's own method: a replay asks it every tick.
+        #: as no wake time or pool timer came and the pool's mean did not drop (anything else,
+        #: an evaluation, a reload, feedback, drops what was known), the services events made
+        #: due only stepped. The schedule's own method: a replay asks it every tick.
         self.idle = self._schedule.idle
         #: ``advance(now)``: the caller's clock reads ``now``: no event may move a window past
         #: ``now`` plus one resolution from here on (:mod:`policies.intake`). An older ``now``

@@ -30,7 +30,8 @@ Design:
   of their timers ran out and, where MIG may convert, the whole-card pool's mean is not below
   ``convertBelow``.
 * :meth:`Scheduler.idle` answers whether a whole tick would be quiet, so a driver may skip it;
-  after one quiet tick, a run of them costs a few comparisons.
+  after one quiet tick, a run of them costs a few comparisons, and one whose only news is
+  services made due by events steps them without checking the rest again.
 * The decisions are those of stepping everything (``Engine(…, incremental=False)``, kept for
   the tests and benchmarks that check exactly that).
 """
@@ -58,10 +59,6 @@ __all__ = ["PoolsSeen", "Scheduler"]
 #: rounding never makes it late; ticking early only costs the tick.
 _EARLY: Final = 1e-12
 
-#: How many of a window's coming changes a service whose rules read only its level is looked
-#: past when its next step is worked out (each costs one read of its counters).
-_LOOKAHEAD: Final = 1
-
 #: What the pool rules saw: the snapshot's inventory, the policy and the busy pools.
 PoolsSeen = tuple[Inventory, Policy, set[str]]
 
@@ -79,8 +76,12 @@ def holds_only(svc: ServiceTrack, inv: Inventory, now: float) -> bool:
     :func:`~policies.scaledown.scale_down_quiet_until`, their parts that depend on the spec
     alone kept on the service (``breach_quiet``, ``down_quiet``)."""
     hold = _holds_unread(svc, inv)
-    if hold is not None:
-        return hold
+    return _holds_read(svc, inv, now) if hold is None else hold
+
+
+def _holds_read(svc: ServiceTrack, inv: Inventory, now: float) -> bool:
+    """:func:`holds_only` where :func:`_holds_unread` has no answer: the scale-down rule reads
+    the window's percentile."""
     workload = inv.service_workload.get(svc.key)
     assert workload is not None  # else the hold would not read the window
     return scale_down_quiet_read(svc.spec, svc.slo, workload, svc.latency, now) == math.inf
@@ -101,21 +102,6 @@ def _holds_unread(svc: ServiceTrack, inv: Inventory) -> bool | None:
     if down is None:
         return None if scale_down_reads_window(spec, slo, workload) else True
     return down == math.inf
-
-
-def _level_changes(svc: ServiceTrack, until: float, timers: float) -> float:
-    """From ``until``, the first time a read of ``svc``'s window (without writes) changes, on:
-    when its level may first differ from its SLO state's (the level every step leaves),
-    looking :data:`_LOOKAHEAD` changes ahead at most, or ``timers`` (its SLO timers) if that
-    comes first. A step before then would return the state itself."""
-    exceed, level, q, least = svc.exceed, svc.slo.last_level, svc.q, svc.min_samples
-    for _ in range(_LOOKAHEAD):
-        if exceed.level(until, q, least)[0] != level:
-            return until
-        until = exceed.steady_until(until)
-        if until >= timers:
-            return timers
-    return until
 
 
 class Scheduler:
@@ -349,19 +335,30 @@ class Scheduler:
                 svc.due = True
                 due.append(svc)
 
-    def _push_wakes(self, stepped: list[ServiceTrack], now: float) -> None:
+    def _push_wakes(
+        self, stepped: list[ServiceTrack], now: float, unread: list[bool] | None = None
+    ) -> None:
         """Work out when each of ``stepped`` (stepped, and not written since) must be stepped
-        again: due at once when that is ``now`` already, else on the heap."""
+        again: due at once when that is ``now`` already, else on the heap. ``unread``: for
+        each, whether its rules would only hold whatever its window holds, where the step
+        that stepped them just asked (:meth:`_reads_level_only`)."""
         due = self._due
         wakes = self._wakes
-        for svc in stepped:
+        for j, svc in enumerate(stepped):
             if svc.due:
                 continue  # events again: no need to know when it would have changed
-            # no write since it was stepped: when its reads or its SLO timers change next
-            until = svc.exceed.steady_until(svc.ticked_at)
+            # No write since it was stepped: when its reads or its SLO timers change next; for
+            # a service whose rules read only its level, when its level may first differ from
+            # its SLO state's (the level every step leaves), looking one window change ahead
+            # (each look reads its counters; the next event mostly comes first). A step before
+            # then would return the state itself.
+            if self._reads_level_only(svc, None if unread is None else unread[j]):
+                until = svc.exceed.level_steady_until(
+                    svc.ticked_at, svc.q, svc.min_samples, svc.slo.last_level
+                )
+            else:
+                until = svc.exceed.steady_until(svc.ticked_at)
             timers = steady_until(svc.slo, svc.spec.slo)
-            if until < timers and self._reads_level_only(svc):
-                until = _level_changes(svc, until, timers)
             svc.wake = wake = early(until if until < timers else timers)
             if wake <= now:
                 svc.due = True
@@ -369,18 +366,16 @@ class Scheduler:
             elif wake < math.inf:
                 heapq.heappush(wakes, (wake, svc.index))
 
-    def _reads_level_only(self, svc: ServiceTrack) -> bool:
+    def _reads_level_only(self, svc: ServiceTrack, unread: bool | None) -> bool:
         """Whether a step of ``svc`` that leaves its level as it is changes nothing and its
         rules would only hold whatever its window holds (:func:`holds_only`, reading no
-        percentile), its rules not run every tick nor waiting for a time: then only its
-        level, not its every read, tells when it must be stepped again."""
+        percentile: ``unread`` when the caller knows, else read here), its rules not run every
+        tick nor waiting for a time: then only its level, not its every read, tells when it
+        must be stepped again."""
         seen = self._seen
-        return (
-            seen is not None
-            and svc.rules_at == -math.inf
-            and svc.index not in self._unsettled
-            and _holds_unread(svc, seen[0]) is True
-        )
+        if seen is None or svc.rules_at != -math.inf or svc.index in self._unsettled:
+            return False
+        return _holds_unread(svc, seen[0]) is True if unread is None else unread
 
     # -- quiet ticks ---------------------------------------------------------------------------
 
@@ -393,15 +388,20 @@ class Scheduler:
             quiet is not None
             and quiet[0] is snapshot
             and now < quiet[1]
-            and not self._due
             and not self._settling
             and last is not None
             and now - last <= self._gap_s
         ):
+            # Since the quiet tick that set ``quiet`` nothing the full check reads has changed
+            # (whatever would, resets it), no wake has come and the pool rules stay quiet but
+            # for their mean: only the services events made due are left to step.
             if quiet[2] and not self._mean_high_at(now):
                 return False
-            self._record_quiet(now)
-            return True
+            if not self._due:
+                self._record_quiet(now)
+                return True
+            assert seen is not None
+            return self._step_quiet(now, seen[0], snapshot)
         policy = self._policy
         if (
             not self.incremental
@@ -419,13 +419,21 @@ class Scheduler:
             return False
         inv = seen[0]
         self._wake_due(now)
+        if not self.pools_quiet(now, (inv, policy, set(self.busy.values()))):
+            return False
+        return self._step_quiet(now, inv, snapshot)
+
+    def _step_quiet(self, now: float, inv: Inventory, snapshot: Snapshot) -> bool:
+        """:meth:`idle` once nothing but the due services may make the tick at ``now`` more
+        than quiet: steps them when each would hold (``False`` otherwise, nothing done), and
+        notes until when the next quiet tick is a short one."""
         due = self._due
-        samples = self._steps_hold(now, due, inv)
-        if samples is None or not self.pools_quiet(now, (inv, policy, set(self.busy.values()))):
+        steps = self._steps_hold(now, due, inv)
+        if steps is None:
             return False
         self._record_quiet(now)
         if due:  # stepped as evaluate steps them: their state stays, their rules would hold
-            for svc, n in zip(due, samples, strict=True):
+            for svc, (n, _) in zip(due, steps, strict=True):
                 svc.samples = n
                 svc.due = False
                 svc.ticked_at = now
@@ -434,7 +442,7 @@ class Scheduler:
             # A quiet tick: their wake times now, not at the next tick (as after an evaluation,
             # where a busy stream would make them moot), so the next quiet tick is a short one.
             # An event before the wake leaves a stale heap entry: at worst one more step.
-            self._push_wakes(stepped, now)
+            self._push_wakes(stepped, now, [unread for _, unread in steps])
             if due:
                 self.quiet = None
                 return True
@@ -442,6 +450,8 @@ class Scheduler:
         until = min(wakes[0][0], self._pools_wake) if wakes else self._pools_wake
         if rule_wakes and rule_wakes[0][0] < until:
             until = rule_wakes[0][0]
+        policy = self._policy
+        assert policy is not None
         mig = policy.spec.mig
         self.quiet = (
             snapshot,
@@ -464,17 +474,21 @@ class Scheduler:
         self.changed = []
         self.last_round = now
 
-    def _steps_hold(self, now: float, due: list[ServiceTrack], inv: Inventory) -> list[int] | None:
-        """The samples in each of ``due``'s windows when stepping each SLO at ``now`` would
-        leave its state the same object and its rules would only hold (:func:`holds_only`),
-        so ``evaluate`` would change nothing but when it was stepped; ``None`` otherwise.
-        Reads only: :func:`~policies.slo.step` is pure."""
-        samples = []
+    def _steps_hold(
+        self, now: float, due: list[ServiceTrack], inv: Inventory
+    ) -> list[tuple[int, bool]] | None:
+        """For each of ``due``, the samples in its window and whether its rules would only hold
+        whatever its window holds (:func:`_holds_unread`), when stepping each SLO at ``now``
+        would leave its state the same object and its rules would only hold
+        (:func:`holds_only`), so ``evaluate`` would change nothing but when it was stepped;
+        ``None`` otherwise. Reads only: :func:`~policies.slo.step` is pure."""
+        steps = []
         for svc in due:
             level, n = svc.exceed.level(now, svc.q, svc.min_samples)
-            if step(svc.slo, level, now, svc.spec.slo) is not svc.slo or not holds_only(
-                svc, inv, now
-            ):
+            if step(svc.slo, level, now, svc.spec.slo) is not svc.slo:
                 return None
-            samples.append(n)
-        return samples
+            unread = _holds_unread(svc, inv)
+            if not (_holds_read(svc, inv, now) if unread is None else unread):
+                return None
+            steps.append((n, unread is True))
+        return steps

@@ -164,6 +164,19 @@ def _quiet(state: SloState, now: float, spec: SloSpec) -> SloState:
     return SloState(state.state, state.since, state.pending_since, state.breaches, "none", now)
 
 
+def _level_of(n: int, above_hi: int, above_lo: int, q: float, min_samples: int) -> Level:
+    """Where the ``q``-quantile of ``n`` requests stands, ``above_hi`` of them above the high
+    threshold and ``above_lo`` above the low one."""
+    if n < max(1, min_samples):
+        return "none"
+    need = n - math.floor(q * (n - 1))
+    if above_hi >= need:
+        return "above"
+    if above_lo >= need:
+        return "between"
+    return "below"
+
+
 class ExceedanceWindow:
     """Per-interval counts of requests, and of those above two thresholds, over a sliding window
     aligned exactly with :class:`~policies.windows.LatencyWindow` (same slots, same span).
@@ -310,6 +323,16 @@ class ExceedanceWindow:
         interval, length, head = self._interval, self._length, self._head
         last = int(now // interval)
         first = (last if last > head else head) - length + 1
+        if last >= head:
+            # Nothing written ahead of the read: the oldest interval in it leaves first. Every
+            # cell holds a slot of the ring ending at the head (older ones are cleared as it
+            # moves: ``_index``), so slot ``s`` is in cell ``s % length``; the slots from
+            # ``first`` on are probed oldest first, and mostly the first probe finds it.
+            counts = self._n
+            for slot in range(first, head + 1):
+                if counts[slot % length]:
+                    return (slot + length) * interval
+            return math.inf
         # The earliest change in slots (``slot * interval`` grows with ``slot``): one plain
         # loop, the engine asks this of every service it ticked. An int sentinel, not ``inf``:
         # comparing an int with a float is slower than with an int, and this is a hot loop.
@@ -324,14 +347,41 @@ class ExceedanceWindow:
     def level(self, now: float, q: float, min_samples: int) -> tuple[Level, int]:
         """Where the window's ``q``-quantile stands, and how many samples it holds."""
         n, above_hi, above_lo = self.counts(now)
-        if n < max(1, min_samples):
-            return "none", n
-        need = n - math.floor(q * (n - 1))
-        if above_hi >= need:
-            return "above", n
-        if above_lo >= need:
-            return "between", n
-        return "below", n
+        return _level_of(n, above_hi, above_lo, q, min_samples), n
+
+    def level_steady_until(self, now: float, q: float, min_samples: int, level: Level) -> float:
+        """From ``now``, without writes, the first time the window's level may differ from
+        ``level`` (the level a read at ``now`` gives), looking one change of the window ahead:
+        its first change (:meth:`steady_until`) when the level read there differs, else the
+        change after it. For a service whose rules read only its level (the engine's schedule),
+        in one call."""
+        until = self.steady_until(now)
+        if until == math.inf:
+            return until
+        interval, length, head = self._interval, self._length, self._head
+        last = int(until // interval)
+        if last < head:  # an interval written ahead of ``now`` enters first
+            if self.level(until, q, min_samples)[0] != level:
+                return until
+            return self.steady_until(until)
+        # As mostly: the oldest interval leaves first, so the read at ``until`` is past the
+        # head. Slot ``s`` is in cell ``s % length`` (see steady_until): the cells before
+        # ``first`` (the one that left; ``first`` is at most ``head + 1``) come off the totals,
+        # and the oldest from ``first`` on leaves next.
+        first = (last if last > head else head) - length + 1
+        n, above_hi, above_lo = self._totals
+        counts, his, los = self._n, self._above_hi, self._above_lo
+        for slot in range(head - length + 1, first):
+            i = slot % length
+            n -= counts[i]
+            above_hi -= his[i]
+            above_lo -= los[i]
+        if _level_of(n, above_hi, above_lo, q, min_samples) != level:
+            return until
+        for slot in range(first, head + 1):
+            if counts[slot % length]:
+                return (slot + length) * interval
+        return math.inf
 
     # -- sharded ingest: intervals out (aggregators) and in (deciders), see policies.partials --
 

@@ -527,19 +527,32 @@ def test_runs_of_idle_ticks_decide_as_ticking_everything(seed: int) -> None:
     assert "mig-convert" in rules
 
 
-def test_readings_that_pull_the_pool_mean_down_inside_a_run_of_idle_ticks_convert_at_once() -> None:
+def mean_pulled_down(t: float) -> list[Event]:
+    """GPU readings at ``t``: w0 busy at 60%, w2 and w3 idle, every 50s, and at +900 a burst of
+    idle readings that pulls the whole-card pool's mean below convertBelow."""
+    k = int(t - T0)
+    repeat = 6 if k == 900 else 1
+    events: list[Event] = [util(t, "w0", g, 60.0) for g in range(8)] if k % 50 == 7 else []
+    if k % 50 == 7 or k == 900:
+        events += [util(t, n, g, 1.0) for n in ("w2", "w3") for g in range(8)] * repeat
+    return events
+
+
+@pytest.mark.parametrize("search", [False, True])
+def test_readings_that_pull_the_pool_mean_down_inside_a_run_of_idle_ticks_convert_at_once(
+    search: bool,
+) -> None:
     """w0 busy at 60%, w2 and w3 idle, every 50s: the whole-card pool's mean (20.7%) stays just
     above convertBelow, so ticks are idle. Then a burst of idle readings pulls it to ~16% on a
     tick with no other change: the node idle for longer than convertAfter converts on that
-    very tick, as ticking everything decides, not when the window next moves."""
+    very tick, as ticking everything decides, not when the window next moves. With ``search``,
+    search's events (within its objective: its rules would hold) every 5s, one of them on the
+    burst's tick: after an idle tick the next ones keep what it found and only step the
+    services events made due, but the pool's mean is read on those too."""
 
     def feed(t: float) -> list[Event]:
-        k = int(t - T0)
-        repeat = 6 if k == 900 else 1
-        events: list[Event] = [util(t, "w0", g, 60.0) for g in range(8)] if k % 50 == 7 else []
-        if k % 50 == 7 or k == 900:
-            events += [util(t, n, g, 1.0) for n in ("w2", "w3") for g in range(8)] * repeat
-        return events
+        due = [latency(t, 60.0, "search")] if search and int(t - T0) % 5 == 0 else []
+        return mean_pulled_down(t) + due
 
     both = IdleLockstep(policy(training=None))
     snap = snapshot(0)
@@ -548,6 +561,7 @@ def test_readings_that_pull_the_pool_mean_down_inside_a_run_of_idle_ticks_conver
         both.evaluate(T0 + k, snap)
     assert both.first("mig-convert") == (T0 + 901, False)  # the burst came at +900.5
     assert both.idle_ticks > 800
+    assert both.idle_after_events > (100 if search else 0)  # search's, stepped on idle ticks
 
 
 def test_replay_advances_the_simulated_cluster_on_quiet_ticks_when_something_is_due(

@@ -5,9 +5,10 @@ quiet tick that steps a service, so each rule's answer comes in two parts: what 
 decides (``*_quiet_static``, kept on the service) and what must be read from its state
 (``*_quiet_read``). These table tests check that the parts give ``breach_quiet_until``'s and
 ``scale_down_quiet_until``'s answers over specs, replicas, SLO states and windows; that the
-latency window's cached reads follow its writes and the clock; and that the whole-card pool's
+latency window's cached reads follow its writes and the clock; that the whole-card pool's
 mean, read again only past the readings it can take (``convert_margin``), cannot have fallen
-below ``convertBelow`` before then.
+below ``convertBelow`` before then; and that the look one change ahead of a service whose rules
+read only its level (``ExceedanceWindow.level_steady_until``) reads as the reads it stands for.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import random
 from typing import Any
 
 import pytest
@@ -30,7 +32,7 @@ from policies.scaledown import (
     scale_down_quiet_until,
 )
 from policies.servicetrack import ServiceTrack
-from policies.slo import Level, SloState, State
+from policies.slo import ExceedanceWindow, Level, SloState, State
 from policies.snapshot import SnapshotBuilder, Workload
 from policies.windows import LatencyWindow, UtilizationWindow
 
@@ -239,3 +241,48 @@ def test_the_epoch_counts_what_takes_readings_out() -> None:
     assert w.epoch == epoch + 1
     w.put_interval(int(T0 // 10), 10.0, 1, 10.0)
     assert w.epoch == epoch + 2
+
+
+def _steady_reference(w: ExceedanceWindow, now: float) -> float:
+    """:meth:`ExceedanceWindow.steady_until` as first written: every cell looked at."""
+    interval, length, head = w._interval, w._length, w._head
+    last = int(now // interval)
+    first = max(last, head) - length + 1
+    ats = [
+        slot if slot > last else slot + length
+        for slot, n in zip(w._slots, w._n, strict=True)
+        if n and slot >= first
+    ]
+    return min(ats) * interval if ats else INF
+
+
+def _level_steady_reference(
+    w: ExceedanceWindow, now: float, q: float, least: int, level: Level
+) -> float:
+    """:meth:`ExceedanceWindow.level_steady_until` from the reads it stands for."""
+    until = _steady_reference(w, now)
+    if until == INF or w.level(until, q, least)[0] != level:
+        return until
+    return _steady_reference(w, until)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_level_look_ahead_reads_as_its_reads(seed: int) -> None:
+    """The window's next change (``steady_until``, probing the oldest slots first when nothing
+    was written ahead of the read) is the earliest of its cells' leaving or entering; and one
+    scan past it gives what a level read there and the change after it give. Over windows
+    written at random slots (ahead of the reads too, and with empty slots between), at reads
+    before, at and after the newest slot, for every level."""
+    rnd = random.Random(seed)
+    interval = rnd.choice([1.0, 60.0, 0.1])
+    w = ExceedanceWindow(window_s=5 * interval, interval_s=interval, high=100.0, low=60.0)
+    t = 1_000 * interval
+    for _ in range(rnd.randrange(0, 12)):
+        t += rnd.choice([0.0, 0.3, 1.0, 2.0, 7.0]) * interval
+        w.add_many(t, [rnd.uniform(20.0, 160.0) for _ in range(rnd.randrange(1, 30))])
+    for now in (t - 2.5 * interval, t - 0.5 * interval, t, t + 0.7 * interval, t + 3 * interval):
+        assert w.steady_until(now) == _steady_reference(w, now), now
+        for q, least in ((0.99, 1), (0.5, 20), (0.9, 3)):
+            for level in ("above", "between", "below", "none"):
+                want = _level_steady_reference(w, now, q, least, level)
+                assert w.level_steady_until(now, q, least, level) == want, (now, q, level)

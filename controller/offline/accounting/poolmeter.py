@@ -47,6 +47,16 @@ def _shape(ev: GpuUtilization) -> Shape:
     return None if ev.mig_instance is None else (ev.mig_profile or "")
 
 
+class _Device:
+    """A device's pool (its index, -1: none) and last reading."""
+
+    __slots__ = ("pool", "util")
+
+    def __init__(self, pool: int, util: float) -> None:
+        self.pool = pool
+        self.util = util
+
+
 class PoolMeter:
     """Pool utilization from readings (see the module docstring)."""
 
@@ -54,8 +64,8 @@ class PoolMeter:
         self.names = [name for name, _ in pools]
         self.selectors = [sel for _, sel in pools]
         self.node_pool: dict[str, int] = {}
-        #: Per device: ``[pool index (-1: none), last reading]``.
-        self.cells: dict[DeviceKey, list[float]] = {}
+        #: Per device: its pool and last reading.
+        self.cells: dict[DeviceKey, _Device] = {}
         #: Per physical GPU: the shape of the devices held for it, and their keys.
         self.gpus: dict[GpuKey, tuple[Shape, list[DeviceKey]]] = {}
         self.sums = [0.0] * len(pools)
@@ -85,9 +95,9 @@ class PoolMeter:
         sums, counts = [0.0] * len(self.names), [0] * len(self.names)
         for (node, _, _), cell in self.cells.items():
             i = self.node_pool.get(node, -1)
-            cell[0] = i
+            cell.pool = i
             if i >= 0:
-                sums[i] += cell[1]
+                sums[i] += cell.util
                 counts[i] += 1
         self.sums[:], self.counts[:] = sums, counts  # in place: callers may hold the lists
 
@@ -96,10 +106,10 @@ class PoolMeter:
         key = (ev.node, ev.gpu, ev.mig_instance)
         cell = self.cells.get(key)
         if cell is not None:
-            i = int(cell[0])
+            i = cell.pool
             if i >= 0:
-                self.sums[i] += ev.util_pct - cell[1]
-            cell[1] = ev.util_pct
+                self.sums[i] += ev.util_pct - cell.util
+            cell.util = ev.util_pct
             return
         gpu = (ev.node, ev.gpu)
         shape = _shape(ev)
@@ -111,7 +121,7 @@ class PoolMeter:
             held = self.gpus[gpu] = (shape, [])
         held[1].append(key)
         i = self.node_pool.get(ev.node, -1)
-        self.cells[key] = [float(i), ev.util_pct]
+        self.cells[key] = _Device(i, ev.util_pct)
         if i >= 0:
             self.sums[i] += ev.util_pct
             self.counts[i] += 1
@@ -129,10 +139,10 @@ class PoolMeter:
 
     def _drop(self, gpu: GpuKey) -> None:
         for key in self.gpus.pop(gpu)[1]:
-            i, util = self.cells.pop(key)
-            if i >= 0:
-                self.sums[int(i)] -= util
-                self.counts[int(i)] -= 1
+            cell = self.cells.pop(key)
+            if cell.pool >= 0:
+                self.sums[cell.pool] -= cell.util
+                self.counts[cell.pool] -= 1
 
     def pool_util(self, i: int) -> float | None:
         """Pool ``i``'s utilization (percent), ``None`` before any of its devices reported."""

@@ -175,10 +175,7 @@ class _Replay:
         self.pool_names = sorted(pools)
         self.meter = PoolMeter([(p, pools[p].node_selector) for p in self.pool_names])
         self.snap: Snapshot | None = None
-        self.services = [
-            (key, acc, policy.spec.services[key.split("/", 1)[1]].slo.percentile / 100.0)
-            for key, acc in self.summary.services.items()
-        ]
+        self.services = list(self.summary.services.items())
         self.resolution = {
             f"{spec.namespace}/{name}": spec.slo.resolution
             for name, spec in policy.spec.services.items()
@@ -188,10 +185,13 @@ class _Replay:
         #: accounted (every tick since at that level); the services above their objective,
         #: each with when its breach's peak is read next (the next window slot's start, a
         #: little early: accounting a service at any tick is right, only needless).
-        self.index = {key: i for i, (key, _, _) in enumerate(self.services)}
+        self.index = {key: i for i, (key, _) in enumerate(self.services)}
         self.levels: list[str] = ["none"] * len(self.services)
         self.since = [0] * len(self.services)
         self.above: dict[int, float] = {}
+        #: Per service (in ``services`` order): its percentile channel's ``add`` (from
+        #: :meth:`_start`).
+        self.plot_sinks: list[Callable[[int, float], None]] = []
         #: Per pool: its utilization channel's ``add`` (from :meth:`_start`) and its account;
         #: and for :meth:`_quiet_ticks`, its index, that channel's cells and its account.
         self.util_sinks: list[tuple[Callable[[int, float], None], PoolAccount]] = []
@@ -227,10 +227,6 @@ class _Replay:
                 tl.add_many(f"use:{name}:{u}", self.uses_bucket, v, n)
             self.summary.pools[name].hold_uses(uses, n)
         self.uses_ticks = 0
-
-    def _quantile(self, key: str, q: float, now: float) -> float | None:
-        """The windowed percentile of service ``key`` (``q`` is its SLO's, as the engine's)."""
-        return self.engine.quantile(key, now)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -391,7 +387,7 @@ class _Replay:
         """Service ``i``'s SLO accounting at the tick ``now`` (in timeline bucket ``b``): its
         unaccounted ticks since it last changed, this tick's level, and a windowed percentile
         when the plot samples it or its breach enters a new window slot."""
-        key, acc, q = self.services[i]
+        key, acc = self.services[i]
         k, levels, since = self.k, self.levels, self.since
         if since[i] < k:
             acc.repeat(levels[i], k - since[i])
@@ -411,10 +407,9 @@ class _Replay:
         else:
             self.above.pop(i, None)
         if read:
-            p = self._quantile(key, q, now)
+            p = self.engine.quantile(key, now)
             if p is not None:
-                assert self.timeline is not None
-                self.timeline.add(f"p:{key}", b, p)
+                self.plot_sinks[i](b, p)
         acc.tick(now, level, p)
 
     def _peaks_due(self, now: float) -> list[int]:
@@ -450,8 +445,9 @@ class _Replay:
         self.loop = Loop(self.engine, SimRuntime(sim, gate))
         self.wall0 = time.perf_counter()
         tl = self.timeline = Timeline(start=self.t0, dt=dt, capacity=self.points)
-        for key, _, _ in self.services:
+        for key, _ in self.services:
             tl.channel(f"p:{key}", "max")
+        self.plot_sinks = [tl.adder(f"p:{key}") for key, _ in self.services]
         self.util_sinks, self.util_cells = [], []
         for name in self.pool_names:
             tl.channel(f"util:{name}", "mean")
@@ -531,7 +527,7 @@ class _Replay:
             self._count_quiet()
             self._flush_uses()
             end = self.t0 + self.k * self.dt
-            for i, (_, acc, _) in enumerate(self.services):
+            for i, (_, acc) in enumerate(self.services):
                 if self.since[i] < self.k:
                     acc.repeat(self.levels[i], self.k - self.since[i])
                 acc.close(end)
