@@ -68,6 +68,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from policies.checkpoint import Notices, opted_in, since_checkpoint
 from policies.decisions import Alternative
@@ -613,6 +614,12 @@ def _shrink_instead(
     return ShrinkStep(view.key, w.kind, w.replicas, to, gain, tuple(p.key for p in pods))
 
 
+_TAKES_BACK: Final = (
+    "the replacement could take the GPU back (a Deployment with ebbtide.io/max-replicas is "
+    "shrunk instead)"
+)
+
+
 def _replaced(
     pod: Pod, view: TrainingView, claimant_priority: int | None, *, waits: bool = False
 ) -> str | None:
@@ -625,15 +632,13 @@ def _replaced(
     if waits:
         return (
             f"its {kind} would recreate it at once, and the replicas the GPUs are for are "
-            "created only once they are free (shrinkFirst): the replacement would take the GPU "
-            "back (a Deployment with ebbtide.io/max-replicas is shrunk instead)"
+            f"created only once they are free (shrinkFirst): {_TAKES_BACK}"
         )
     if claimant_priority > pod.priority:
         return None
     return (
         f"its {kind} would recreate it at priority {pod.priority}, not below the "
-        f"{claimant_priority} of the pods the GPUs are for: the replacement could take the GPU "
-        "back (a Deployment with ebbtide.io/max-replicas is shrunk instead)"
+        f"{claimant_priority} of the pods the GPUs are for: {_TAKES_BACK}"
     )
 
 

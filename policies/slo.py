@@ -378,10 +378,7 @@ class ExceedanceWindow:
             above_lo -= los[i]
         if _level_of(n, above_hi, above_lo, q, min_samples) != level:
             return until
-        for slot in range(first, head + 1):
-            if counts[slot % length]:
-                return (slot + length) * interval
-        return math.inf
+        return self.steady_until(until)  # from ``first`` on, as above
 
     # -- sharded ingest: intervals out (aggregators) and in (deciders), see policies.partials --
 
