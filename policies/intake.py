@@ -302,16 +302,17 @@ class Intake:
             self.skewed += 1
             ts = self.clock
         value = event.latency_ms
+        slow = 1  # requests above the recovery threshold (a histogram's: taken as some)
         if value is not None:
             if not svc.latency.add(ts, value):
                 self.late += 1
                 return False
-            svc.exceed.add(ts, value)
+            slow = svc.exceed.add(ts, value)
         elif event.samples_ms is not None:
             if not svc.latency.add_many(ts, event.samples_ms):
                 self.late += 1
                 return False
-            svc.exceed.add_many(ts, event.samples_ms)
+            slow = svc.exceed.add_many(ts, event.samples_ms)
         elif event.histogram is not None:
             h = event.histogram
             if not svc.latency.add_histogram(ts, h.bounds_ms, h.counts):
@@ -320,7 +321,7 @@ class Intake:
             svc.exceed.add_histogram(ts, h.bounds_ms, h.counts)
             if svc.exceed.unresolved is not None and svc.key not in self.unresolved:
                 self.unresolved[svc.key] = svc.exceed.unresolved
-        if not svc.due:
+        if not svc.due and (slow or not svc.below_holds):
             svc.due = True
             self.due.append(svc)
         if self.signals:  # the common policy has no further objective: no lookup

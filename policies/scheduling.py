@@ -7,7 +7,10 @@ Design:
   interval left (or entered) its window (:meth:`~policies.slo.ExceedanceWindow.steady_until`),
   or one of its SLO timers runs out (:func:`~policies.slo.steady_until`: breachAfter,
   recoverAfter, staleAfter); a min-heap holds the next of these per service, worked out at the
-  tick after it was stepped and only if no event made it due again.
+  tick after it was stepped and only if no event made it due again. A service whose quiet
+  step left it "below" with rules that only hold whatever its window holds is not made due by
+  an event of requests all under its recovery threshold (``ServiceTrack.below_holds``): they
+  only add to what keeps it there, so its level cannot change before the wake worked out.
 * **Rules ask their own rules.** Whether a service's rules would only hold is each rule's own
   answer, beside the rule (:func:`~policies.rules.breach_quiet_until`,
   :func:`~policies.scaledown.scale_down_quiet_until`), as is until when the pool rules would
@@ -201,6 +204,7 @@ class Scheduler:
             slo = svc.slo = step(before, level, now, svc.spec.slo)
             svc.samples = n
             svc.due = False
+            svc.below_holds = False
             if slo.state == "breaching" or slo.state == "recovering":
                 busy[svc.key] = svc.spec.pool
             else:
@@ -231,6 +235,7 @@ class Scheduler:
         would only hold (``math.inf``: settled; ``-math.inf``: they run every tick; else they
         run again then)."""
         svc.rules_at = -math.inf
+        svc.below_holds = False
         if until == -math.inf:
             self._unsettled.add(svc.index)
             return
@@ -336,7 +341,12 @@ class Scheduler:
                 due.append(svc)
 
     def _push_wakes(
-        self, stepped: list[ServiceTrack], now: float, unread: list[bool] | None = None
+        self,
+        stepped: list[ServiceTrack],
+        now: float,
+        unread: list[bool] | None = None,
+        *,
+        quiet: bool = False,
     ) -> None:
         """Work out when each of ``stepped`` (stepped, and not written since) must be stepped
         again: due at once when that is ``now`` already, else on the heap. ``unread``: for
@@ -345,6 +355,7 @@ class Scheduler:
         due = self._due
         wakes = self._wakes
         for j, svc in enumerate(stepped):
+            svc.below_holds = False
             if svc.due:
                 continue  # events again: no need to know when it would have changed
             # No write since it was stepped: when its reads or its SLO timers change next; for
@@ -353,9 +364,12 @@ class Scheduler:
             # (each look reads its counters; the next event mostly comes first). A step before
             # then would return the state itself.
             if self._reads_level_only(svc, None if unread is None else unread[j]):
-                until = svc.exceed.level_steady_until(
-                    svc.ticked_at, svc.q, svc.min_samples, svc.slo.last_level
-                )
+                level = svc.slo.last_level
+                until = svc.exceed.level_steady_until(svc.ticked_at, svc.q, svc.min_samples, level)
+                # Requests below the recovery threshold only push a change from "below" later
+                # (n grows, those above it do not): events of only such requests need no step
+                # before this wake. Set after a quiet step only: an evaluation's rules run next.
+                svc.below_holds = quiet and level == "below"
             else:
                 until = svc.exceed.steady_until(svc.ticked_at)
             timers = steady_until(svc.slo, svc.spec.slo)
@@ -442,7 +456,7 @@ class Scheduler:
             # A quiet tick: their wake times now, not at the next tick (as after an evaluation,
             # where a busy stream would make them moot), so the next quiet tick is a short one.
             # An event before the wake leaves a stale heap entry: at worst one more step.
-            self._push_wakes(stepped, now, [unread for _, unread in steps])
+            self._push_wakes(stepped, now, [unread for _, unread in steps], quiet=True)
             if due:
                 self.quiet = None
                 return True

@@ -29,6 +29,7 @@ class ServiceTrack:
     """One service's windows, SLO state and schedule (see the module docstring)."""
 
     __slots__ = (
+        "below_holds",
         "breach_quiet",
         "down",
         "down_quiet",
@@ -58,6 +59,11 @@ class ServiceTrack:
         self.index = 0
         #: Events arrived since the SLO was last ticked.
         self.due = True
+        #: Its last (quiet) step left it below the recovery threshold with rules that only
+        #: hold whatever its window holds: an event with no request above that threshold only
+        #: adds requests below it, which cannot change its level before the wake worked out
+        #: then, so it does not make the service due (:mod:`policies.scheduling`).
+        self.below_holds = False
         #: When the SLO must be ticked again without events (:mod:`policies.scheduling`).
         self.wake = -math.inf
         #: When the SLO was last ticked.

@@ -240,11 +240,12 @@ class ExceedanceWindow:
             return -1
         return slot % length
 
-    def add(self, ts: float, value: float) -> None:
-        """Count one request at event time ``ts`` (late ones are dropped, as the window does)."""
+    def add(self, ts: float, value: float) -> int:
+        """Count one request at event time ``ts`` (late ones are dropped, as the window does);
+        returns 1 when it is above the low threshold, else 0."""
         i = self._index(ts)
         if i < 0:
-            return
+            return 0
         totals = self._totals
         self._n[i] += 1
         totals[0] += 1
@@ -254,11 +255,14 @@ class ExceedanceWindow:
             if value > self._hi:
                 self._above_hi[i] += 1
                 totals[1] += 1
+            return 1
+        return 0
 
-    def add_many(self, ts: float, values: Sequence[float]) -> None:
+    def add_many(self, ts: float, values: Sequence[float]) -> int:
+        """:meth:`add` for each of ``values``; returns how many are above the low threshold."""
         i = self._index(ts)
         if i < 0:
-            return
+            return 0
         hi, lo = self._hi, self._lo
         # v > lo and v > hi, counted by C-level maps (a comparison with NaN is False either way)
         n, a_lo, a_hi = (
@@ -272,6 +276,7 @@ class ExceedanceWindow:
         self._totals[0] += n
         self._totals[1] += a_hi
         self._totals[2] += a_lo
+        return a_lo
 
     def add_histogram(self, ts: float, bounds: Sequence[float], counts: Sequence[int]) -> None:
         """Buckets count at their upper bound, as the latency window records them, so both

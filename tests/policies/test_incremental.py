@@ -682,3 +682,27 @@ def test_a_service_whose_rules_read_only_its_level_is_stepped_when_the_level_may
     assert both.inc.slo_state("serving/search").last_level == "none"
     after_events = sorted(t for t in steps if t > T0 + 31)
     assert 1 <= len(after_events) <= 3, after_events  # not one per interval leaving (6)
+
+
+@pytest.mark.parametrize(("ms", "stepped_each_second"), [(60.0, False), (75.0, True)])
+def test_requests_below_the_recovery_threshold_do_not_step_a_service_held_below(
+    ms: float, stepped_each_second: bool
+) -> None:
+    """search at its minimum (its rules read only its level), settled below its recovery
+    threshold (72ms: 90 % of 80ms): a request each second at ``ms`` for two minutes, ticked
+    through ``idle``. Below the threshold (60ms) a request only adds to what keeps the level
+    "below", so search is stepped at the wakes its window's changes call for, not after
+    every event; between the threshold and the objective (75ms) the level may change with
+    each, so each one steps it. Then slow requests: the breach comes exactly when ticking
+    everything says, on both."""
+    both = IdleLockstep(policy(training=None, mig=None))
+    snap = snapshot(3)  # search at its minimum (1 replica)
+    steps = set()
+    for k in range(1, 200):
+        value = 60.0 if k <= 20 else ms if k <= 140 else 500.0
+        both.observe([latency(T0 + k - 0.5, value, "search")] * 5)
+        both.evaluate(T0 + k, snap)
+        if 40 < k <= 140:
+            steps.add(last_stepped(both.inc, "serving/search"))
+    assert (len(steps) == 100) is stepped_each_second, len(steps)
+    assert T0 + 140 < both.first("slo-breach-scale-up")[0] < T0 + 170
