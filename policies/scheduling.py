@@ -66,6 +66,11 @@ _EARLY: Final = 1e-12
 PoolsSeen = tuple[Inventory, Policy, set[str]]
 
 
+#: Window changes a wake looks ahead through when events alone will not step the service
+#: (more than any ring holds: every one).
+_FAR: Final = 1 << 30
+
+
 def early(until: float) -> float:
     """``until`` moved a hair earlier (see ``_EARLY``); infinities stay."""
     return until - _EARLY * abs(until) if until < math.inf else until
@@ -365,11 +370,15 @@ class Scheduler:
             # then would return the state itself.
             if self._reads_level_only(svc, None if unread is None else unread[j]):
                 level = svc.slo.last_level
-                until = svc.exceed.level_steady_until(svc.ticked_at, svc.q, svc.min_samples, level)
                 # Requests below the recovery threshold only push a change from "below" later
                 # (n grows, those above it do not): events of only such requests need no step
                 # before this wake. Set after a quiet step only: an evaluation's rules run next.
-                svc.below_holds = quiet and level == "below"
+                # Such a service is stepped at its wake, not at its next event: look as far
+                # ahead as its window goes.
+                held = svc.below_holds = quiet and level == "below"
+                until = svc.exceed.level_steady_until(
+                    svc.ticked_at, svc.q, svc.min_samples, level, ahead=_FAR if held else 1
+                )
             else:
                 until = svc.exceed.steady_until(svc.ticked_at)
             timers = steady_until(svc.slo, svc.spec.slo)

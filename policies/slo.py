@@ -354,21 +354,27 @@ class ExceedanceWindow:
         n, above_hi, above_lo = self.counts(now)
         return _level_of(n, above_hi, above_lo, q, min_samples), n
 
-    def level_steady_until(self, now: float, q: float, min_samples: int, level: Level) -> float:
+    def level_steady_until(
+        self, now: float, q: float, min_samples: int, level: Level, *, ahead: int = 1
+    ) -> float:
         """From ``now``, without writes, the first time the window's level may differ from
-        ``level`` (the level a read at ``now`` gives), looking one change of the window ahead:
-        its first change (:meth:`steady_until`) when the level read there differs, else the
-        change after it. For a service whose rules read only its level (the engine's schedule),
-        in one call."""
+        ``level`` (the level a read at ``now`` gives), looking up to ``ahead`` changes of the
+        window ahead: the first change (:meth:`steady_until`) at which the level read differs,
+        else the change after the last one looked at. For a service whose rules read only its
+        level (the engine's schedule), in one call."""
         until = self.steady_until(now)
         if until == math.inf:
             return until
         interval, length, head = self._interval, self._length, self._head
         last = int(until // interval)
-        if last < head:  # an interval written ahead of ``now`` enters first
+        while last < head:  # an interval written ahead of ``now`` enters first: read by read
             if self.level(until, q, min_samples)[0] != level:
                 return until
-            return self.steady_until(until)
+            ahead -= 1
+            after = self.steady_until(until)
+            if ahead <= 0 or after == math.inf or after <= until:
+                return after
+            until, last = after, int(after // interval)
         # As mostly: the oldest interval leaves first, so the read at ``until`` is past the
         # head. Slot ``s`` is in cell ``s % length`` (see steady_until): the cells before
         # ``first`` (the one that left; ``first`` is at most ``head + 1``) come off the totals,
@@ -383,7 +389,22 @@ class ExceedanceWindow:
             above_lo -= los[i]
         if _level_of(n, above_hi, above_lo, q, min_samples) != level:
             return until
-        return self.steady_until(until)  # from ``first`` on, as above
+        # From ``first`` on the oldest non-empty interval leaves next (as in steady_until):
+        # each that leaves comes off the totals, and the level read once it has left is
+        # compared, up to ``ahead`` changes in all.
+        for slot in range(first, head + 1):
+            i = slot % length
+            if not counts[i]:
+                continue
+            ahead -= 1
+            if ahead <= 0:
+                return (slot + length) * interval
+            n -= counts[i]
+            above_hi -= his[i]
+            above_lo -= los[i]
+            if _level_of(n, above_hi, above_lo, q, min_samples) != level:
+                return (slot + length) * interval
+        return math.inf
 
     # -- sharded ingest: intervals out (aggregators) and in (deciders), see policies.partials --
 
