@@ -351,8 +351,22 @@ class _Replay:
         active.update(self._peaks_due(now))
         sample = self.timeline is not None and self.timeline.is_sample_tick(self.k)
         if sample:
-            every = self.plot_every
-            active.update(range(b % every, len(self.services), every))
+            # The plot's services whose level did not change and is neither above (a breach's
+            # peak is read in _account) nor none (no percentile): only their percentile is
+            # plotted; their tick is accounted in bulk with the others', later.
+            every, levels, quantile, sinks = (
+                self.plot_every,
+                self.levels,
+                self.engine.quantile,
+                self.plot_sinks,
+            )
+            for i in range(b % every, len(self.services), every):
+                if i in active or levels[i] == "above" or levels[i] == "none":
+                    active.add(i)
+                    continue
+                p = quantile(self.services[i][0], now)
+                if p is not None:
+                    sinks[i](b, p)
         for i in sorted(active):
             self._account(i, now, b, sample=sample)
 
