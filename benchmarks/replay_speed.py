@@ -207,7 +207,7 @@ def run_once(path: Path, out: Path, policy_yaml: str) -> dict[str, float]:
     inferred = infer_cluster(path, policy)
     inventory_s = time.perf_counter() - t
     t, cpu = time.perf_counter(), time.process_time()
-    result = replay(path, policy=policy, cluster=inferred.simulate, out_dir=out)
+    result = replay(path, policy=policy, cluster=inferred.simulate, out_dir=out, span=inferred.span)
     replay_s, replay_cpu_s = time.perf_counter() - t, time.process_time() - cpu
     t = time.perf_counter()
     write_outputs(result, out)

@@ -165,33 +165,38 @@ def _replay(
 ) -> RunResult:
     """Replay (open loop), or with ``fit_under`` (the recording's policy) counterfactually."""
     clusters = _clusters(recording, scenario)
-    notes, make = clusters(policy)
+    notes, make, span = clusters(policy)
     size = recording.stat().st_size
     started = time.perf_counter()
     with progress(size, "replaying", "B") as on_progress:
         if fit_under is None:
             result = replay(recording, policy=policy, cluster=make, out_dir=out,
-                            settings=settings, progress=on_progress, notes=notes)  # fmt: skip
+                            settings=settings, progress=on_progress, notes=notes,
+                            span=span)  # fmt: skip
         else:
             result, _ = counterfactual_replay(
                 recording, policy=policy, recorded_policy=fit_under,
                 cluster=lambda p: clusters(p)[1], out_dir=out, settings=settings,
-                progress=on_progress, notes=notes,
+                progress=on_progress, notes=notes, span=span,
             )  # fmt: skip
     result.wall_s = time.perf_counter() - started
     return result
 
 
-def _clusters(
-    recording: Path, scenario: Path | None
-) -> Callable[[Policy], tuple[tuple[str, ...], Callable[[float], SimCluster]]]:
-    """Per policy: the inventory notes and the maker of the simulated starting cluster (from
-    the scenario, else inferred from the recording and that policy)."""
+#: The inventory notes, the maker of the simulated starting cluster and the recording's event
+#: time span where a pass over it measured it (see ``replay``).
+_Start = tuple[tuple[str, ...], Callable[[float], SimCluster], tuple[float, float] | None]
+
+
+def _clusters(recording: Path, scenario: Path | None) -> Callable[[Policy], _Start]:
+    """Per policy: the inventory notes, the maker of the simulated starting cluster (from the
+    scenario, else inferred from the recording and that policy) and, when inferred (its pass
+    over the recording measured it), the recording's span."""
     if scenario is None:
 
-        def inferred(policy: Policy) -> tuple[tuple[str, ...], Callable[[float], SimCluster]]:
+        def inferred(policy: Policy) -> _Start:
             found = infer_cluster(recording, policy)
-            return found.notes, found.simulate
+            return found.notes, found.simulate, found.span
 
         return inferred
     try:
@@ -203,13 +208,13 @@ def _clusters(
     # a simulate recording says whether its scheduler preempted: the same one places the same
     preempting = bool((read_header(recording) or {}).get("scheduler_preemption"))
 
-    def from_scenario(policy: Policy) -> tuple[tuple[str, ...], Callable[[float], SimCluster]]:
+    def from_scenario(policy: Policy) -> _Start:
         def make(start: float) -> SimCluster:
             sim = SimCluster.from_scenario(loaded, start=start, policy=policy)
             sim.preemption = preempting
             return sim
 
-        return (), make
+        return (), make, None  # no pass over the recording: its replay's buckets merge
 
     return from_scenario
 

@@ -89,3 +89,13 @@ def test_inventory_is_inferred_from_events_and_policy(tmp_path: Path) -> None:
     assert use["mig"].mig == 1
     assert "service serving/chat: 2 replicas (pods seen on GPUs)" in inferred.notes
     assert any("x/other" in n for n in inferred.notes)  # named by events, not by the policy
+
+
+def test_the_scan_finds_the_recordings_span(tmp_path: Path) -> None:
+    """The span a replay sizes its report's buckets by: the first event's time in file order
+    (where the replay starts) and the latest, though a late event comes after it."""
+    late = GpuUtilization(ts=T0 - 30, node="a100-0", gpu=0, util_pct=50)
+    path = write_recording(tmp_path / "r.jsonl", [*events(), late])
+    assert infer_cluster(path, load_policy_text(POLICY)).span == (T0, T0 + 9)
+    empty = write_recording(tmp_path / "e.jsonl", [])
+    assert infer_cluster(empty, load_policy_text(POLICY)).span is None

@@ -135,6 +135,26 @@ def test_timeline_downsamples_to_bounded_points() -> None:
     assert series["x"][0] == 99.0
 
 
+@pytest.mark.parametrize("ticks", [1, 7, 8, 9, 16, 17, 100, 1000])
+def test_a_timeline_told_its_ticks_starts_at_the_stride_it_ends_with(ticks: int) -> None:
+    """The stride the doubling ends with is the one a timeline told the run's length starts
+    with: the same buckets, sums and means, none merged on the way."""
+    merged, told = (
+        Timeline(start=0.0, dt=1.0, capacity=8),
+        Timeline(start=0.0, dt=1.0, capacity=8, ticks=ticks),
+    )
+    for tl in (merged, told):
+        tl.channel("s", "sum")
+        tl.channel("m", "mean")
+        for k in range(ticks):
+            b = tl.bucket(k)
+            tl.add("s", b, 1.0)
+            tl.add("m", b, float(k))
+    assert told.stride == merged.stride == Timeline.stride_for(ticks, 8)
+    assert told.times() == merged.times()
+    assert told.series() == merged.series()
+
+
 def test_readings_for_nodes_the_cluster_lacks_are_counted_in_the_summary(tmp_path: Path) -> None:
     """A recording whose GPU readings also name a node the replayed cluster does not have: the
     first (at T_0, before the first tick's snapshot) is kept until that snapshot prunes it; the

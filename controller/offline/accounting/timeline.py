@@ -5,7 +5,9 @@ not known in advance (the events are streamed). :class:`Timeline` keeps every se
 ``capacity`` buckets of equal width: bucket ``b`` covers ticks ``[b * stride, (b + 1) * stride)``.
 When a tick falls past the last bucket, adjacent buckets are merged pairwise and the stride
 doubles, so a run ends with between ``capacity / 2`` and ``capacity`` buckets and every series
-costs O(capacity) memory.
+costs O(capacity) memory. A run that knows how many ticks it will have (a replay whose recording
+was scanned first) starts at the stride the doubling would end with: the same buckets, without
+the work of filling the narrow ones first (see :meth:`Timeline.stride_for`).
 
 Each channel says how its values combine within a bucket:
 
@@ -77,15 +79,26 @@ class _Channel:
 class Timeline:
     """Series sampled on a regular tick, downsampled to at most ``capacity`` points each."""
 
-    def __init__(self, *, start: float, dt: float, capacity: int = 600) -> None:
+    def __init__(
+        self, *, start: float, dt: float, capacity: int = 600, ticks: int | None = None
+    ) -> None:
         if capacity < 2 or capacity % 2:
             raise ValueError(f"capacity must be even and at least 2; got {capacity}")
         self.start = start
         self.dt = dt
         self.capacity = capacity
-        self.stride = 1
+        self.stride = 1 if ticks is None else self.stride_for(ticks, capacity)
         self._channels: dict[str, _Channel] = {}
         self._last = -1
+
+    @staticmethod
+    def stride_for(ticks: int, capacity: int) -> int:
+        """The stride a run of ``ticks`` ticks ends with: the least power of two that puts its
+        last tick in one of ``capacity`` buckets (a longer run goes on doubling it)."""
+        stride = 1
+        while (ticks - 1) // stride >= capacity:
+            stride *= 2
+        return stride
 
     def channel(self, name: str, agg: Aggregate) -> None:
         """Declare a series (before or during the run; a late one reads empty until then)."""

@@ -256,19 +256,22 @@ def counterfactual_replay(
     settings: ReplaySettings,
     progress: Callable[[int], None] | None = None,
     notes: tuple[str, ...] = (),
+    span: tuple[float, float] | None = None,
 ) -> tuple[RunResult, dict[str, Fit]]:
     """Fit the recording's latencies (under ``recorded_policy``), then replay it under
     ``policy`` with modelled latencies; ``summary.fit`` and ``summary.latency`` say how.
-    ``cluster(p)`` makes the simulated cluster for a replay under policy ``p``."""
+    ``cluster(p)`` makes the simulated cluster for a replay under policy ``p``; ``span`` is
+    :func:`~controller.offline.replay.replayer.replay`'s."""
     recorder = FitRecorder(recorded_policy, settings.evaluate_every)
     with tempfile.TemporaryDirectory(prefix="ebbtide-fit-") as scratch:
         replay(path, policy=recorded_policy, cluster=cluster(recorded_policy),
-               out_dir=Path(scratch), settings=settings, hook=recorder)  # fmt: skip
+               out_dir=Path(scratch), settings=settings, hook=recorder, span=span)  # fmt: skip
     fits = {obs.key: fit_service(obs) for obs in recorder.observed()}
     ours = {key: f for key, f in fits.items() if key in service_workloads(policy).values()}
     hook = ModelledLatency(policy, ours, settings.evaluate_every)
     result = replay(path, policy=policy, cluster=cluster(policy), out_dir=out_dir,
-                    settings=settings, progress=progress, notes=notes, hook=hook)  # fmt: skip
+                    settings=settings, progress=progress, notes=notes, hook=hook,
+                    span=span)  # fmt: skip
     result.summary.latency = MODELLED_FIT
     result.summary.fit = {
         key: f.to_dict() | {"replicas_from": recorder.replicas_from(key, recorded_policy)}

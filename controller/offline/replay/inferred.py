@@ -29,11 +29,15 @@ GPUs, MIG instances, utilization and pods, and :func:`infer_snapshot` builds a
    is held by one replica of an elastic workload ``training/inferred-<pool>`` (1 GPU per replica,
    shrinkable to 0, growable back to its size). Idle GPUs stay free.
 
-What was inferred is returned as human-readable ``notes`` for the summary.
+What was inferred is returned as human-readable ``notes`` for the summary, with the event time
+the recording spans (its first event's, in file order, and its latest), so a replay of it knows
+its length before it starts (the width of its report's buckets:
+:class:`~controller.offline.accounting.timeline.Timeline`).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -43,7 +47,14 @@ from pathlib import Path
 from controller.simcluster import DEFAULT_TRAINING_SELECTOR, PodTemplate, SimCluster
 from policies.model import Policy
 from policies.snapshot import Snapshot, SnapshotBuilder
-from streams.events import Event, EventDecoder, GpuUtilization, InferenceLatency, Rejection
+from streams.events import (
+    Event,
+    EventDecoder,
+    GpuUtilization,
+    InferenceLatency,
+    InferenceLoad,
+    Rejection,
+)
 
 from .source import read_event_batches
 
@@ -81,8 +92,17 @@ class RecordingScan:
     service_pods: dict[str, set[str]] = field(default_factory=dict)
     services: set[str] = field(default_factory=set)
     """``namespace/service`` of every latency event (at most :data:`MAX_PODS`)."""
+    first: float | None = None
+    """The first event's time, in file order (where a replay starts)."""
+    last: float = -math.inf
+    """The latest event time."""
 
-    def add(self, event: Event) -> None:
+    def add(self, event: Event | InferenceLoad) -> None:
+        t = event.time
+        if self.first is None:
+            self.first = t
+        if t > self.last:
+            self.last = t
         if type(event) is GpuUtilization:
             node = self.nodes.get(event.node)
             if node is None:
@@ -126,6 +146,9 @@ class InferredCluster:
     policy: Policy
     templates: Mapping[str, PodTemplate]
     """Where each workload's new pods may run (its pool's node selector)."""
+    span: tuple[float, float] | None = None
+    """The recording's first event time (in file order) and its latest; ``None`` when it has
+    no event."""
 
     def simulate(self, start: float) -> SimCluster:
         """A simulated cluster starting from this snapshot at ``start``."""
@@ -293,7 +316,8 @@ def infer_snapshot(scan: RecordingScan, policy: Policy) -> InferredCluster:
         notes.append(f"latency events for services the policy does not name (ignored): {shown}")
     idle = sum(free.values())
     notes.append(f"{idle} whole GPUs left free")
-    return InferredCluster(b.build(), tuple(notes), policy, templates)
+    span = None if scan.first is None else (scan.first, scan.last)
+    return InferredCluster(b.build(), tuple(notes), policy, templates, span)
 
 
 def _elastic(policy: Policy, lo: int, hi: int) -> dict[str, str]:

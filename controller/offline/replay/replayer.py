@@ -35,9 +35,10 @@ Design:
   rules quiet) while the simulated cluster's ``advance`` changed nothing is only accounted: no
   ``evaluate``, no snapshot; before the cluster's next due time it is not even advanced. Runs of
   such ticks within a timeline bucket go through one loop with its state in locals
-  (:meth:`_Replay._quiet_ticks`); the first tick of a bucket (a sample tick) is accounted in full
-  but not evaluated either (:meth:`_Replay._quiet_sample`). A :class:`TickHook` or ``speed``
-  turns the short ways off (``tests/replay/test_quiet_ticks.py`` checks they agree).
+  (:meth:`_Replay._quiet_ticks`); a tick the plot reads at (the first of a bucket among them)
+  is accounted in full but not evaluated either (:meth:`_Replay._quiet_sample`). A
+  :class:`TickHook` or ``speed`` turns the short ways off (``tests/replay/test_quiet_ticks.py``
+  checks they agree).
   Services are accounted when the engine changed their SLO state
   (:meth:`~policies.engine.Engine.changed`), when their breach's peak is due (once per window slot)
   or when the plot samples them; the others' unchanged ticks are accounted in bulk when they next
@@ -45,10 +46,13 @@ Design:
   GPUs by use
   once per timeline bucket or cluster change; plus the pools' utilization, plus windowed percentiles
   (:meth:`~policies.engine.Engine.quantile`: a running sum of the window's older intervals plus the
-  newest, cheap to read but not free), still rationed: for the plot, on the first tick of a timeline
-  bucket, at most :data:`READS_PER_SAMPLE` services (staggered, so with many services each is drawn
-  every few buckets); for a breach's peak, once per window slot while the service is above its
-  objective.
+  newest, cheap to read but not free), still rationed: for the plot, at most
+  :data:`READS_PER_SAMPLE` services a tick, a share of them on each of a few ticks of a timeline
+  bucket so that each is read once a bucket (while buckets are narrower than the shares, one
+  share a bucket in turn); for a breach's peak, once per window slot while the service is above
+  its objective. A replay told its recording's span (``replay(span=…)``: the inferred cluster's
+  scan measured it) starts its buckets as wide as they end, so none of those reads goes into a
+  narrow bucket later merged.
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ from streams.events import Event, EventDecoder, GpuUtilization, InferenceLoad, R
 
 __all__ = ["ReplaySettings", "TickHook", "Withheld", "replay"]
 
-#: Windowed percentiles read for the plot per sampled tick.
+#: Most windowed percentiles read for the plot per tick.
 READS_PER_SAMPLE: Final = 16
 #: Allocations between young-generation collections during a replay (Python's default: 700).
 GC_THRESHOLD: Final = 20_000
@@ -148,9 +152,11 @@ class _Replay:
         decisions: IO[bytes],
         settings: ReplaySettings,
         hook: TickHook | None = None,
+        span: tuple[float, float] | None = None,
     ) -> None:
         s = settings
         self.hook = hook
+        self.span = span
         self.policy = policy
         self.engine = Engine(policy)
         self.make_cluster = cluster
@@ -206,7 +212,7 @@ class _Replay:
         self.uses: list[dict[str, int]] = []
         self.uses_ticks = 0
         self.uses_bucket = 0
-        #: Service i is sampled for the plot in buckets b with b % plot_every == i % plot_every.
+        #: The plot reads its services in ``plot_every`` shares (see :meth:`_plot_phase`).
         self.plot_every = max(1, math.ceil(len(self.services) / READS_PER_SAMPLE))
 
     # -- accounting helpers -----------------------------------------------------------------
@@ -232,7 +238,8 @@ class _Replay:
 
     def _quiet_ticks(self, ts: float) -> None:
         """Run the ticks before ``ts`` the short way while nothing can change but the accounting:
-        not a sample tick, the simulated cluster unchanged by ``advance`` and the engine idle
+        not a plot tick (:meth:`_plot_width`), the simulated cluster unchanged by ``advance`` and
+        the engine idle
         (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to run). Stops at
         the first tick that is not quiet (``next_tick`` is then that tick; its cluster
         ``advance`` done, which the full tick repeats as a no-op). Before the cluster's next due
@@ -249,12 +256,12 @@ class _Replay:
         k, now = self.k, self.next_tick
         assert self.quiet_env is not None
         tl, cluster, idle, advance, sums, counts, cells, t0, dt = self.quiet_env
-        stride = tl.stride
-        if now >= ts or k % stride == 0:
-            return  # a sample tick: GPUs by use are flushed, every service accounted
+        width = self._plot_width()
+        if now >= ts or k % width == 0:
+            return  # a plot tick (a sample tick: GPUs by use flushed, every service accounted)
         snap, above, due = self.snap, self.above, self.cluster_due
         assert snap is not None
-        b = k // stride
+        b = k // tl.stride
         first = k
         while True:
             if now >= due:
@@ -267,7 +274,7 @@ class _Replay:
             if above:
                 self.k = k
                 for i in self._peaks_due(now):
-                    self._account(i, now, b, sample=False)
+                    self._account(i, now, b, phase=None)
             for i, values, reads, account in cells:
                 c = counts[i]
                 if c:
@@ -279,7 +286,7 @@ class _Replay:
             k += 1
             now = t0 + k * dt
             advance(now)  # events up to the next tick are on time
-            if now >= ts or k % stride == 0:
+            if now >= ts or k % width == 0:
                 break
         self.k, self.next_tick = k, now
         self.quiet_held += k - first
@@ -344,13 +351,34 @@ class _Replay:
         self.cluster_due = cluster.next_due()
         self._end_tick(now, b)
 
+    def _plot_width(self) -> int:
+        """Every how many ticks the plot reads a share of its services (a plot tick): while a
+        timeline bucket is narrower than ``plot_every`` ticks, on each bucket's first tick
+        (one share a bucket, in turn); else ``plot_every`` times a bucket (every share once a
+        bucket), so each service's line has a value in every bucket, as wide as they get."""
+        assert self.timeline is not None
+        stride, every = self.timeline.stride, self.plot_every
+        return stride // every if stride >= every else stride
+
+    def _plot_phase(self, k: int) -> int | None:
+        """The share of the plot's services tick ``k`` reads (services ``i`` with
+        ``i % plot_every`` equal to it), or ``None`` (see :meth:`_plot_width`; a bucket's ticks
+        after its last share read none)."""
+        assert self.timeline is not None
+        stride, every = self.timeline.stride, self.plot_every
+        if stride < every:
+            return (k // stride) % every if k % stride == 0 else None
+        width = stride // every
+        phase = (k % stride) // width
+        return phase if k % width == 0 and phase < every else None
+
     def _account_changed(self, active: set[int], now: float, b: int) -> None:
         """Account the services of ``active`` (those whose SLO state changed), those whose
-        breach's peak is due and, on a sample tick, those the plot samples in bucket ``b``. The
-        others' level is unchanged: accounted in bulk, later."""
+        breach's peak is due and, on a plot tick, the share of the plot's services it reads.
+        The others' level is unchanged: accounted in bulk, later."""
         active.update(self._peaks_due(now))
-        sample = self.timeline is not None and self.timeline.is_sample_tick(self.k)
-        if sample:
+        phase = self._plot_phase(self.k)
+        if phase is not None:
             # The plot's services whose level did not change and is neither above (a breach's
             # peak is read in _account) nor none (no percentile): only their percentile is
             # plotted; their tick is accounted in bulk with the others', later.
@@ -360,7 +388,7 @@ class _Replay:
                 self.engine.quantile,
                 self.plot_sinks,
             )
-            for i in range(b % every, len(self.services), every):
+            for i in range(phase, len(self.services), every):
                 if i in active or levels[i] == "above" or levels[i] == "none":
                     active.add(i)
                     continue
@@ -368,14 +396,15 @@ class _Replay:
                 if p is not None:
                     sinks[i](b, p)
         for i in sorted(active):
-            self._account(i, now, b, sample=sample)
+            self._account(i, now, b, phase=phase)
 
     def _quiet_sample(self, now: float) -> bool:
-        """Run the sample tick at ``now`` (the first of a timeline bucket) the short way when
-        the cluster is unchanged and the engine idle, as :meth:`_quiet_ticks` runs the others:
-        its accounting in full (GPUs by use flushed, the plot's services, reclaimable GPUs) but
-        no ``evaluate``, which would decide nothing. ``False``, with nothing done but the
-        cluster's ``advance``, otherwise."""
+        """Run the plot tick at ``now`` (:meth:`_plot_width`; the first of a timeline bucket
+        among them) the short way when the cluster is unchanged and the engine idle, as
+        :meth:`_quiet_ticks` runs the others: its accounting in full (GPUs by use flushed, the
+        plot's share of services; reclaimable GPUs on a bucket's first) but no ``evaluate``,
+        which would decide nothing. ``False``, with nothing done but the cluster's
+        ``advance``, otherwise."""
         self._count_quiet()
         cluster, tl, snap = self.cluster, self.timeline, self.snap
         assert cluster is not None
@@ -397,10 +426,11 @@ class _Replay:
         self._end_tick(now, b)
         return True
 
-    def _account(self, i: int, now: float, b: int, *, sample: bool) -> None:
+    def _account(self, i: int, now: float, b: int, *, phase: int | None) -> None:
         """Service ``i``'s SLO accounting at the tick ``now`` (in timeline bucket ``b``): its
         unaccounted ticks since it last changed, this tick's level, and a windowed percentile
-        when the plot samples it or its breach enters a new window slot."""
+        when the plot reads it (its share is ``phase``) or its breach enters a new window
+        slot."""
         key, acc = self.services[i]
         k, levels, since = self.k, self.levels, self.since
         if since[i] < k:
@@ -409,7 +439,7 @@ class _Replay:
         since[i] = k + 1
         p = None
         every = self.plot_every
-        read = sample and level != "none" and b % every == i % every
+        read = level != "none" and i % every == phase
         if level == "above":
             res = self.resolution[key]
             slot = int(now // res)
@@ -458,7 +488,11 @@ class _Replay:
         gate = SafetyGate(self.policy, clock=lambda: sim.now, ledger=self.engine.ledger)
         self.loop = Loop(self.engine, SimRuntime(sim, gate))
         self.wall0 = time.perf_counter()
-        tl = self.timeline = Timeline(start=self.t0, dt=dt, capacity=self.points)
+        # A recording scanned first says how many ticks the run has: its buckets are as wide
+        # from the start as they end (the plot reads each service once a bucket, not once in
+        # each of the narrower buckets merged into it).
+        ticks = None if self.span is None else max(1, math.ceil((self.span[1] - self.t0) / dt) + 1)
+        tl = self.timeline = Timeline(start=self.t0, dt=dt, capacity=self.points, ticks=ticks)
         for key, _ in self.services:
             tl.channel(f"p:{key}", "max")
         self.plot_sinks = [tl.adder(f"p:{key}") for key, _ in self.services]
@@ -486,9 +520,7 @@ class _Replay:
                 self._quiet_ticks(ts)
                 if self.next_tick >= ts:
                     return
-                tl = self.timeline
-                assert tl is not None
-                if tl.is_sample_tick(self.k) and self._quiet_sample(self.next_tick):
+                if self.k % self._plot_width() == 0 and self._quiet_sample(self.next_tick):
                     continue
             self._tick(self.next_tick)
 
@@ -580,13 +612,17 @@ def replay(
     progress: Callable[[int], None] | None = None,
     notes: tuple[str, ...] = (),
     hook: TickHook | None = None,
+    span: tuple[float, float] | None = None,
 ) -> RunResult:
     """Replay ``path`` under ``policy``; writes ``out_dir/decisions.jsonl`` as it goes and
     returns the accounting (see :func:`controller.offline.accounting.report.write_outputs`).
     ``cluster`` makes
     the simulated cluster given the replay's start ``T_0`` (known at the first event).
     ``progress`` is called with the bytes of the file read so far after each batch; ``hook``
-    changes what the engine sees (:class:`TickHook`).
+    changes what the engine sees (:class:`TickHook`). ``span``: the recording's first event
+    time (in file order) and its latest, when a pass over it found them
+    (:attr:`~controller.offline.replay.inferred.InferredCluster.span`): the report's buckets are
+    then as wide from the start as they end; without it they start one tick wide and merge.
 
     An earlier run's outputs in ``out_dir`` are removed first, and this run's
     ``decisions.jsonl`` when it fails (a damaged recording raises
@@ -603,7 +639,9 @@ def replay(
             open(out_dir / DECISIONS_FILE, "wb") as decisions,
             _fewer_collections(),
         ):
-            run = _Replay(policy, cluster, decisions=decisions, settings=settings, hook=hook)
+            run = _Replay(
+                policy, cluster, decisions=decisions, settings=settings, hook=hook, span=span
+            )
             run.summary.notes = notes
             run.run(path, decoder or EventDecoder(load=True), progress)
     except BaseException:
