@@ -303,6 +303,7 @@ class Intake:
             ts = self.clock
         value = event.latency_ms
         slow = 1  # requests above the recovery threshold (a histogram's: taken as some)
+        taken = 1
         if value is not None:
             if not svc.latency.add(ts, value):
                 self.late += 1
@@ -313,6 +314,7 @@ class Intake:
                 self.late += 1
                 return False
             slow = svc.exceed.add_many(ts, event.samples_ms)
+            taken = len(event.samples_ms)
         elif event.histogram is not None:
             h = event.histogram
             if not svc.latency.add_histogram(ts, h.bounds_ms, h.counts):
@@ -321,9 +323,12 @@ class Intake:
             svc.exceed.add_histogram(ts, h.bounds_ms, h.counts)
             if svc.exceed.unresolved is not None and svc.key not in self.unresolved:
                 self.unresolved[svc.key] = svc.exceed.unresolved
-        if not svc.due and (slow or not svc.below_holds):
-            svc.due = True
-            self.due.append(svc)
+        if not svc.due:
+            if slow or svc.below_slack < taken:
+                svc.due = True
+                self.due.append(svc)
+            else:
+                svc.below_slack -= taken
         if self.signals:  # the common policy has no further objective: no lookup
             sig = self.signals.get(svc.key)
             if sig is not None:

@@ -53,7 +53,7 @@ from policies.loadsignals import Verdicts
 from policies.model import ServiceSpec, format_duration
 from policies.placement import NVLINK_DOMAIN_LABEL, give_back
 from policies.rules import Round, leading_inputs
-from policies.slo import SloState
+from policies.slo import ExceedanceWindow, SloState
 from policies.snapshot import Workload
 from policies.windows import LatencyWindow
 
@@ -176,11 +176,30 @@ def scale_down_quiet_static(spec: ServiceSpec) -> float | None:
     return None
 
 
+def scale_down_floor(spec: ServiceSpec) -> float | None:
+    """The latency (ms) at or above which the window's percentile makes the scale-down rule
+    hold whatever else it reads (it recommends fewer replicas only below ``scale.down.below``
+    of the objective), for a rule that reads nothing but the percentile (no leading
+    indicator); ``None`` for any other. The SLO counters count the requests above it
+    (:meth:`~policies.slo.ExceedanceWindow.above_floor`), so a hold can be told from counts."""
+    scale = spec.scale
+    if scale is None or scale.down is None or scale.leading is not None:
+        return None
+    return scale.down.below * spec.slo.objective_ms
+
+
 def scale_down_quiet_read(
-    spec: ServiceSpec, slo: SloState, workload: Workload, window: LatencyWindow, now: float
+    spec: ServiceSpec,
+    slo: SloState,
+    workload: Workload,
+    window: LatencyWindow,
+    now: float,
+    counts: ExceedanceWindow | None = None,
 ) -> float:
     """:func:`scale_down_quiet_until` for a service with a workload whose
-    :func:`scale_down_quiet_static` is ``None``: read from its SLO state, replicas and window."""
+    :func:`scale_down_quiet_static` is ``None``: read from its SLO state, replicas and window;
+    from ``counts`` first, when they count above :func:`scale_down_floor` and show the
+    percentile at or above it (then no percentile is read)."""
     scale = spec.scale
     assert scale is not None
     current = workload.replicas
@@ -188,6 +207,8 @@ def scale_down_quiet_read(
         return math.inf
     if scale.leading is not None:
         return -math.inf
+    if counts is not None and counts.above_floor(now, spec.slo.percentile / 100.0):
+        return math.inf
     recommended, p, _ = _recommend(spec, slo, window, now, current, samples=0, load=None)
     return math.inf if p is None or recommended >= current else -math.inf
 

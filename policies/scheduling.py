@@ -9,8 +9,11 @@ Design:
   recoverAfter, staleAfter); a min-heap holds the next of these per service, worked out at the
   tick after it was stepped and only if no event made it due again. A service whose quiet
   step left it "below" with rules that only hold whatever its window holds is not made due by
-  an event of requests all under its recovery threshold (``ServiceTrack.below_holds``): they
-  only add to what keeps it there, so its level cannot change before the wake worked out.
+  an event of requests all under its recovery threshold (``ServiceTrack.below_slack``): they
+  only add to what keeps it there, so its level cannot change before the wake worked out; one
+  whose scale-down rule held by its percentile is not either, for as many such requests as
+  its counters show the percentile stays at or above the rule's floor with
+  (:meth:`~policies.slo.ExceedanceWindow.floor_slack`).
 * **Rules ask their own rules.** Whether a service's rules would only hold is each rule's own
   answer, beside the rule (:func:`~policies.rules.breach_quiet_until`,
   :func:`~policies.scaledown.scale_down_quiet_until`), as is until when the pool rules would
@@ -52,7 +55,7 @@ from policies.pool_rules import convert_margin
 from policies.rules import breach_quiet_read
 from policies.scaledown import scale_down_quiet_read, scale_down_reads_window
 from policies.servicetrack import ServiceTrack
-from policies.slo import steady_until, step
+from policies.slo import UNBOUNDED, steady_until, step
 from policies.snapshot import Snapshot
 from policies.windows import UtilizationWindow
 
@@ -92,7 +95,9 @@ def _holds_read(svc: ServiceTrack, inv: Inventory, now: float) -> bool:
     the window's percentile."""
     workload = inv.service_workload.get(svc.key)
     assert workload is not None  # else the hold would not read the window
-    return scale_down_quiet_read(svc.spec, svc.slo, workload, svc.latency, now) == math.inf
+    return (
+        scale_down_quiet_read(svc.spec, svc.slo, workload, svc.latency, now, svc.exceed) == math.inf
+    )
 
 
 def _holds_unread(svc: ServiceTrack, inv: Inventory) -> bool | None:
@@ -209,7 +214,7 @@ class Scheduler:
             slo = svc.slo = step(before, level, now, svc.spec.slo)
             svc.samples = n
             svc.due = False
-            svc.below_holds = False
+            svc.below_slack = 0
             if slo.state == "breaching" or slo.state == "recovering":
                 busy[svc.key] = svc.spec.pool
             else:
@@ -240,7 +245,7 @@ class Scheduler:
         would only hold (``math.inf``: settled; ``-math.inf``: they run every tick; else they
         run again then)."""
         svc.rules_at = -math.inf
-        svc.below_holds = False
+        svc.below_slack = 0
         if until == -math.inf:
             self._unsettled.add(svc.index)
             return
@@ -360,7 +365,7 @@ class Scheduler:
         due = self._due
         wakes = self._wakes
         for j, svc in enumerate(stepped):
-            svc.below_holds = False
+            svc.below_slack = 0
             if svc.due:
                 continue  # events again: no need to know when it would have changed
             # No write since it was stepped: when its reads or its SLO timers change next; for
@@ -375,12 +380,19 @@ class Scheduler:
                 # before this wake. Set after a quiet step only: an evaluation's rules run next.
                 # Such a service is stepped at its wake, not at its next event: look as far
                 # ahead as its window goes.
-                held = svc.below_holds = quiet and level == "below"
+                held = quiet and level == "below"
+                svc.below_slack = UNBOUNDED if held else 0
                 until = svc.exceed.level_steady_until(
                     svc.ticked_at, svc.q, svc.min_samples, level, ahead=_FAR if held else 1
                 )
             else:
                 until = svc.exceed.steady_until(svc.ticked_at)
+                if quiet and svc.slo.last_level == "below" and self._settled(svc):
+                    # Its rules held by its percentile (the quiet step read it, or its counts
+                    # above the scale-down rule's floor): such requests keep its level, and as
+                    # many as the counts' slack keep its percentile at or above that floor.
+                    # Stepped at its next window change still (the wake here).
+                    svc.below_slack = max(0, svc.exceed.floor_slack(svc.ticked_at, svc.q))
             timers = steady_until(svc.slo, svc.spec.slo)
             svc.wake = wake = early(until if until < timers else timers)
             if wake <= now:
@@ -396,9 +408,13 @@ class Scheduler:
         tick nor waiting for a time: then only its level, not its every read, tells when it
         must be stepped again."""
         seen = self._seen
-        if seen is None or svc.rules_at != -math.inf or svc.index in self._unsettled:
+        if seen is None or not self._settled(svc):
             return False
         return _holds_unread(svc, seen[0]) is True if unread is None else unread
+
+    def _settled(self, svc: ServiceTrack) -> bool:
+        """Whether ``svc``'s rules neither run every tick nor wait for a time."""
+        return svc.rules_at == -math.inf and svc.index not in self._unsettled
 
     # -- quiet ticks ---------------------------------------------------------------------------
 

@@ -18,9 +18,9 @@ from policies.indicators import request_rate
 from policies.inventory import Inventory
 from policies.model import ServiceSpec
 from policies.rules import breach_quiet_static
-from policies.scaledown import Recommendations, scale_down_quiet_static
+from policies.scaledown import Recommendations, scale_down_floor, scale_down_quiet_static
 from policies.slo import ExceedanceWindow, SloState
-from policies.windows import LatencyWindow
+from policies.windows import LatencyWindow, reads_at_least
 
 __all__ = ["ServiceTrack", "observe_load"]
 
@@ -29,7 +29,7 @@ class ServiceTrack:
     """One service's windows, SLO state and schedule (see the module docstring)."""
 
     __slots__ = (
-        "below_holds",
+        "below_slack",
         "breach_quiet",
         "down",
         "down_quiet",
@@ -59,11 +59,13 @@ class ServiceTrack:
         self.index = 0
         #: Events arrived since the SLO was last ticked.
         self.due = True
-        #: Its last (quiet) step left it below the recovery threshold with rules that only
-        #: hold whatever its window holds: an event with no request above that threshold only
-        #: adds requests below it, which cannot change its level before the wake worked out
-        #: then, so it does not make the service due (:mod:`policies.scheduling`).
-        self.below_holds = False
+        #: How many requests its last (quiet) step left room for before it must be stepped
+        #: again, none of them above the recovery threshold (0: the next event steps it). Its
+        #: level was "below": such requests cannot change it before the wake worked out then,
+        #: and its rules only hold whatever its window holds (any number) or while the
+        #: percentile stays at or above the scale-down rule's floor (the counters' slack), so
+        #: an event within that room does not make it due (:mod:`policies.scheduling`).
+        self.below_slack = 0
         #: When the SLO must be ticked again without events (:mod:`policies.scheduling`).
         self.wake = -math.inf
         #: When the SLO was last ticked.
@@ -113,13 +115,22 @@ class ServiceTrack:
         return kept if kept is not None else Recommendations()
 
     @staticmethod
-    def _counters(spec: ServiceSpec) -> ExceedanceWindow:
+    def _floor(spec: ServiceSpec) -> float | None:
+        """What the counters count above besides the SLO's thresholds: the latency above
+        which requests read, in the latency window's sketch, at or above the scale-down rule's
+        :func:`~policies.scaledown.scale_down_floor`."""
+        floor = scale_down_floor(spec)
+        return None if floor is None else reads_at_least(floor)
+
+    @classmethod
+    def _counters(cls, spec: ServiceSpec) -> ExceedanceWindow:
         s = spec.slo
         return ExceedanceWindow(
             window_s=s.window,
             interval_s=s.resolution,
             high=s.objective_ms,
             low=s.objective_ms * s.recover_below,
+            floor=cls._floor(spec),
         )
 
     def respec(self, spec: ServiceSpec) -> None:
@@ -131,6 +142,8 @@ class ServiceTrack:
             self.exceed = self._counters(spec)
         elif (old.objective_ms, old.recover_below) != (new.objective_ms, new.recover_below):
             self.exceed = self._counters(spec)
+        else:
+            self.exceed.refloor(self._floor(spec))
         self.spec = spec
         self.down = self._recommendations(spec, self.down)
         self.breach_quiet = breach_quiet_static(spec)

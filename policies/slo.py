@@ -47,6 +47,7 @@ from policies.model import SloSpec
 
 __all__ = [
     "STATES",
+    "UNBOUNDED",
     "ExceedanceWindow",
     "Level",
     "SloState",
@@ -177,17 +178,54 @@ def _level_of(n: int, above_hi: int, above_lo: int, q: float, min_samples: int) 
     return "below"
 
 
+#: More requests than any window holds: "any number" for :func:`_floor_slack`.
+UNBOUNDED: Final = 1 << 62
+
+
+def _floor_slack(n: int, above: int, q: float) -> int:
+    """The most requests ``m`` that ``n`` requests, ``above`` of them above a threshold, can be
+    joined by (none above it) with the element of rank ``floor(q * (n + m - 1))`` still above
+    it; ``-1`` when it is not above it now (or ``n`` is 0). The need ``N - floor(q * (N - 1))``
+    grows by 0 or 1 with each request, so the largest ``N`` is found from the closed form and
+    checked exactly."""
+
+    def holds(total: int) -> bool:
+        return above >= total - math.floor(q * (total - 1))
+
+    if n <= 0 or not holds(n):
+        return -1
+    if q >= 1.0:
+        return UNBOUNDED  # the maximum: above the threshold while one request is
+    # N (1 - q) <= above - q, give or take the floor's rounding
+    total = max(n, min(UNBOUNDED, math.floor((above - q) / (1.0 - q))))
+    while total > n and not holds(total):
+        total -= 1
+    while total < UNBOUNDED and holds(total + 1):
+        total += 1
+    return total - n
+
+
 class ExceedanceWindow:
     """Per-interval counts of requests, and of those above two thresholds, over a sliding window
     aligned exactly with :class:`~policies.windows.LatencyWindow` (same slots, same span).
 
     Running totals over the ring make a read O(1) while events keep flowing: when the head
     advances, the cells it passes are cleared (at most one ring's worth, amortised O(1)), so every
-    cell is within the ring; a read later than the head subtracts only the expired cells."""
+    cell is within the ring; a read later than the head subtracts only the expired cells.
+
+    An optional third threshold, the ``floor``, counts the requests above it too, so a rule that
+    holds while the window's percentile is at or above some latency (the scale-down rule's
+    ``below``) can be told so from counts (:meth:`above_floor`) instead of a percentile read.
+    It is counted from the first time it is asked (it costs a pass over every event's requests,
+    and most services' rules never ask it: a service at its fewest replicas reads nothing)."""
 
     __slots__ = (
+        "_above_floor",
         "_above_hi",
         "_above_lo",
+        "_floor",
+        "_floor_at",
+        "_floor_from",
         "_head",
         "_hi",
         "_interval",
@@ -199,16 +237,31 @@ class ExceedanceWindow:
         "unresolved",
     )
 
-    def __init__(self, *, window_s: float, interval_s: float, high: float, low: float) -> None:
+    def __init__(
+        self,
+        *,
+        window_s: float,
+        interval_s: float,
+        high: float,
+        low: float,
+        floor: float | None = None,
+    ) -> None:
         self._length = max(1, round(window_s / interval_s))
         self._interval = float(interval_s)
         self._hi, self._lo = float(high), float(low)
+        #: The floor, and the floor counted (``None`` until asked: :meth:`above_floor`).
+        self._floor_at = None if floor is None else float(floor)
+        self._floor: float | None = None
+        #: The first slot whose floor counts are of ``_floor`` (later than every slot when they
+        #: cannot be told: a histogram whose last bound is below the floor).
+        self._floor_from = _NO_SLOT
         self._head = _NO_SLOT
         self._slots = [_NO_SLOT] * self._length
         self._n = [0] * self._length
         self._above_hi = [0] * self._length
         self._above_lo = [0] * self._length
-        self._totals = [0, 0, 0]
+        self._above_floor = [0] * self._length
+        self._totals = [0, 0, 0, 0]
         self.unresolved: float | None = None
         """The last bound of a histogram seen below the objective: its overflow cannot tell
         requests over the objective from those between that bound and the objective (all
@@ -223,8 +276,9 @@ class ExceedanceWindow:
         totals[0] -= self._n[i]
         totals[1] -= self._above_hi[i]
         totals[2] -= self._above_lo[i]
+        totals[3] -= self._above_floor[i]
         self._slots[i] = slot
-        self._n[i] = self._above_hi[i] = self._above_lo[i] = 0
+        self._n[i] = self._above_hi[i] = self._above_lo[i] = self._above_floor[i] = 0
 
     def _index(self, ts: float) -> int:
         slot = int(ts // self._interval)
@@ -249,6 +303,10 @@ class ExceedanceWindow:
         totals = self._totals
         self._n[i] += 1
         totals[0] += 1
+        floor = self._floor
+        if floor is not None and value > floor:
+            self._above_floor[i] += 1
+            totals[3] += 1
         if value > self._lo:
             self._above_lo[i] += 1
             totals[2] += 1
@@ -276,6 +334,11 @@ class ExceedanceWindow:
         self._totals[0] += n
         self._totals[1] += a_hi
         self._totals[2] += a_lo
+        floor = self._floor
+        if floor is not None:
+            a_floor = sum(map(floor.__lt__, values))
+            self._above_floor[i] += a_floor
+            self._totals[3] += a_floor
         return a_lo
 
     def add_histogram(self, ts: float, bounds: Sequence[float], counts: Sequence[int]) -> None:
@@ -288,11 +351,17 @@ class ExceedanceWindow:
             return
         if bounds[-1] < self._hi:
             self.unresolved = bounds[-1]
+        floor = self._floor
+        if floor is not None and bounds[-1] < floor:
+            # its overflow reads one sketch key above the last bound, maybe not above the floor
+            self._floor_from = -_NO_SLOT
         last = len(bounds)
-        n = a_hi = a_lo = 0
+        n = a_hi = a_lo = a_floor = 0
         for b, c in enumerate(counts):
             value = bounds[b] if b < last else math.inf
             n += c
+            if floor is not None and value > floor:
+                a_floor += c
             if value > self._lo:
                 a_lo += c
                 if value > self._hi:
@@ -300,14 +369,16 @@ class ExceedanceWindow:
         self._n[i] += n
         self._above_lo[i] += a_lo
         self._above_hi[i] += a_hi
+        self._above_floor[i] += a_floor
         self._totals[0] += n
         self._totals[1] += a_hi
         self._totals[2] += a_lo
+        self._totals[3] += a_floor
 
     def counts(self, now: float) -> tuple[int, int, int]:
         """``(n, above_high, above_low)`` over the window at ``now``."""
         last = int(now // self._interval)
-        n, hi, lo = self._totals
+        n, hi, lo, _ = self._totals
         if last == self._head:
             return n, hi, lo  # every cell is within the ring ending at the head
         first = max(last, self._head) - self._length + 1
@@ -319,6 +390,54 @@ class ExceedanceWindow:
                 hi -= chi
                 lo -= clo
         return n, hi, lo
+
+    def above_floor(self, now: float, q: float) -> bool:
+        """Whether the window's exact ``q``-quantile at ``now`` (the element of rank
+        ``floor(q * (n - 1))``, as the latency window's sketch ranks) is above the floor: as
+        many requests above it as from that rank up. ``False`` when the window is empty, has no
+        floor or holds intervals whose floor counts are unknown (before the first time it was
+        asked, :meth:`refloor`, :meth:`put_interval`, a histogram whose last bound is below the
+        floor)."""
+        counted = self._floor_counts(now)
+        return counted is not None and _floor_slack(*counted, q) >= 0
+
+    def floor_slack(self, now: float, q: float) -> int:
+        """How many more requests, none of them above the floor, the window at ``now`` can
+        take with its ``q``-quantile still above the floor (requests above it only add to
+        what keeps it there); ``-1`` when it is not above it now or that cannot be told
+        (:meth:`above_floor`)."""
+        counted = self._floor_counts(now)
+        return -1 if counted is None else _floor_slack(*counted, q)
+
+    def _floor_counts(self, now: float) -> tuple[int, int] | None:
+        """``(n, above_floor)`` over the window at ``now``; ``None`` when the floor counts
+        cannot tell (see :meth:`above_floor`), the first time asked included."""
+        if self._floor is None:
+            if self._floor_at is not None:  # counted from now on
+                self._floor = self._floor_at
+                self._totals[3] = 0
+                self._above_floor = [0] * self._length
+                self._floor_from = max(self._floor_from, self._head + 1)
+            return None
+        last = int(now // self._interval)
+        first = max(last, self._head) - self._length + 1
+        if first < self._floor_from:
+            return None
+        n, _, _, above = self._totals
+        if last != self._head:
+            for slot, cn, cf in zip(self._slots, self._n, self._above_floor, strict=True):
+                if (slot < first or slot > last) and slot != _NO_SLOT:
+                    n -= cn
+                    above -= cf
+        return n, above
+
+    def refloor(self, floor: float | None) -> None:
+        """Count above ``floor`` instead (a reloaded policy moved it), from the next time it is
+        asked: the intervals held then counted above the old one, so :meth:`above_floor` says
+        nothing until they leave."""
+        if floor != self._floor_at:
+            self._floor_at = None if floor is None else float(floor)
+            self._floor = None
 
     def steady_until(self, now: float) -> float:
         """The earliest time after ``now`` at which a read may differ from one at ``now``
@@ -380,7 +499,7 @@ class ExceedanceWindow:
         # ``first`` (the one that left; ``first`` is at most ``head + 1``) come off the totals,
         # and the oldest from ``first`` on leaves next.
         first = (last if last > head else head) - length + 1
-        n, above_hi, above_lo = self._totals
+        n, above_hi, above_lo, _ = self._totals
         counts, his, los = self._n, self._above_hi, self._above_lo
         for slot in range(head - length + 1, first):
             i = slot % length
@@ -427,5 +546,8 @@ class ExceedanceWindow:
         totals[0] += n - self._n[i]
         totals[1] += above_high - self._above_hi[i]
         totals[2] += above_low - self._above_lo[i]
+        totals[3] -= self._above_floor[i]
         self._n[i], self._above_hi[i], self._above_lo[i] = n, above_high, above_low
+        self._above_floor[i] = 0  # partials carry no floor count: reads over it cannot tell
+        self._floor_from = max(self._floor_from, slot + 1)
         return True

@@ -73,7 +73,18 @@ from ddsketch.store import CollapsingLowestDenseStore
 
 from streams.events import InferenceLatency
 
-__all__ = ["LatencyWindow", "UtilizationWindow"]
+__all__ = ["RELATIVE_ACCURACY", "LatencyWindow", "UtilizationWindow", "reads_at_least"]
+
+#: The latency window's sketch reads a latency ``x`` as a value within this fraction of ``x``.
+RELATIVE_ACCURACY: Final = 0.01
+
+
+def reads_at_least(value_ms: float, relative_accuracy: float = RELATIVE_ACCURACY) -> float:
+    """A latency above which a request reads at or above ``value_ms`` in a sketch of that
+    accuracy (it reads ``x`` as at least ``x * (1 - relative_accuracy)``; a hair more margin
+    for rounding), so counts above it tell where the sketch's percentile stands."""
+    return value_ms / (1.0 - relative_accuracy) * (1.0 + 1e-9)
+
 
 _log, _ceil = math.log, math.ceil
 _INF = math.inf
@@ -265,7 +276,7 @@ class LatencyWindow(_Ring):
         *,
         window_s: float,
         interval_s: float,
-        relative_accuracy: float = 0.01,
+        relative_accuracy: float = RELATIVE_ACCURACY,
         bin_limit: int = 2048,
     ) -> None:
         super().__init__(window_s=window_s, interval_s=interval_s)

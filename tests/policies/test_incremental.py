@@ -25,6 +25,7 @@ from policies.decisions import Decision, decision_to_dict
 from policies.engine import Engine
 from policies.model import Policy
 from policies.snapshot import Snapshot, SnapshotBuilder
+from policies.windows import LatencyWindow
 from replay.replay_builders import write_recording
 from streams.events import Event, InferenceLatency
 from support.engine_probes import last_stepped
@@ -706,3 +707,58 @@ def test_requests_below_the_recovery_threshold_do_not_step_a_service_held_below(
             steps.add(last_stepped(both.inc, "serving/search"))
     assert (len(steps) == 100) is stepped_each_second, len(steps)
     assert T0 + 140 < both.first("slo-breach-scale-up")[0] < T0 + 170
+
+
+@pytest.mark.parametrize(("ms", "proven"), [(60.0, True), (50.2, False)])
+def test_a_scale_down_hold_is_told_from_counts_above_its_floor(
+    ms: float, proven: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """chat at 3 replicas (minimum 1), its scale-down rule reading the percentile (below 50 %
+    of 100ms): ten requests a second at ``ms``, ticked through ``idle``. At 60ms the counters
+    (counting above 50ms, plus the sketch's 1 % accuracy, from the first quiet step that asks)
+    show the percentile at or above 50ms once the 30s window holds only counted intervals, so
+    the quiet steps read no percentile; at 50.2ms the counts cannot tell what the sketch reads,
+    so each step reads it. Every tick decides what ticking everything decides."""
+    both = IdleLockstep(policy(training=None, mig=None))
+    track = both.inc._services["serving/chat"]
+    reads: list[float] = []
+    quantile = LatencyWindow.quantile
+
+    def counted(self: LatencyWindow, now: float, q: float) -> float | None:
+        if self is track.latency:
+            reads.append(now)
+        return quantile(self, now, q)
+
+    monkeypatch.setattr(LatencyWindow, "quantile", counted)
+    snap = snapshot(0)  # chat at 3 replicas
+    for k in range(1, 120):
+        both.observe([latency(T0 + k - 0.5, ms)] * 10)
+        both.evaluate(T0 + k, snap)
+    assert (both.idle_after_events > 60) is proven  # else the rules run: they may scale down
+    late = [t for t in reads if t > T0 + 80]
+    assert (late == []) is proven, len(late)
+
+
+@pytest.mark.parametrize(("ms", "at_events"), [(60.0, False), (85.0, True)])
+def test_requests_within_the_floor_slack_do_not_step_a_service_held_by_its_percentile(
+    ms: float, at_events: bool
+) -> None:
+    """chat at 3 replicas, its scale-down rule holding by its percentile (at or above 50ms),
+    ten requests at ``ms`` every 5s, ticked through ``idle``; its 1s intervals leave its 30s
+    window one second before each event's. At 60ms (below the 80ms recovery threshold, well
+    above the floor) an event only adds to what keeps the level "below" and the percentile
+    over the floor, as the counters' slack says: chat is stepped as its intervals leave, not
+    at each event too. At 85ms its level is "between": each event steps it. Every tick
+    decides what ticking everything decides."""
+    both = IdleLockstep(policy(training=None, mig=None))
+    snap = snapshot(0)  # chat at 3 replicas
+    steps = set()
+    for k in range(1, 160):
+        events = [latency(T0 + k - 0.5, ms)] * 10 if k % 5 == 2 else []
+        both.observe(events)
+        both.evaluate(T0 + k, snap)
+        if 80 < k <= 140:
+            steps.add(last_stepped(both.inc, "serving/chat"))
+    at = {round(t - T0) % 5 for t in steps}
+    assert 1 in at  # an interval leaving
+    assert (2 in at) is at_events, sorted(steps)

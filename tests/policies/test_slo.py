@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.model import SloSpec
-from policies.slo import ExceedanceWindow, Level, SloState, classify, step
-from policies.windows import LatencyWindow
+from policies.slo import UNBOUNDED, ExceedanceWindow, Level, SloState, classify, step
+from policies.windows import LatencyWindow, reads_at_least
 
 SPEC = SloSpec.model_validate(
     {
@@ -115,6 +115,112 @@ def test_exceedance_slides_like_latency_window() -> None:
         ew.add(float(t), 60.0)
         for now in (t + 0.5, t + 3.0, t + 12.0):
             assert ew.counts(now)[0] == lw.count(now)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(
+            st.floats(min_value=0.0, max_value=400.0, allow_nan=False),
+            st.sampled_from([0.0, 99.0, 100.0, 101.0, 101.0101010102, 1e-9]),
+        ),
+        min_size=1,
+        max_size=300,
+    ),
+    q=st.sampled_from([0.5, 0.9, 0.99, 0.999]),
+    batched=st.booleans(),
+)
+def test_counts_above_the_floor_only_say_what_the_sketch_reads(
+    values: list[float], q: float, batched: bool
+) -> None:
+    """Counted above ``reads_at_least(100)``, the window's exact percentile above it means the
+    latency window's sketch reads its percentile at or above 100 (what the scale-down rule
+    holds at): a "yes" is never wrong, whatever the values near the boundary; and it is "yes"
+    whenever the exact percentile is above it."""
+    floor = reads_at_least(100.0)
+    ew = ExceedanceWindow(window_s=10, interval_s=1, high=200, low=180, floor=floor)
+    lw = LatencyWindow(window_s=10, interval_s=1)
+    assert not ew.above_floor(100.0, q)  # counted from the first ask: the ring is unknown
+    now = 100.0 + 10.0  # a full window on: every interval counted
+    chunks = [values[i : i + 40] for i in range(0, len(values), 40)] if batched else [values]
+    for j, chunk in enumerate(chunks):
+        ts = now - 0.5 - (j % 5)
+        if batched:
+            assert ew.add_many(ts, chunk) >= 0
+        else:
+            for v in chunk:
+                ew.add(ts, v)
+        assert lw.add_many(ts, chunk)
+    said = ew.above_floor(now, q)
+    exact = sorted(values)[math.floor(q * (len(values) - 1))]
+    assert said == (exact > floor)
+    if said:
+        p = lw.quantile(now, q)
+        assert p is not None
+        assert p >= 100.0
+
+
+@pytest.mark.parametrize("q", [0.0, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0])
+def test_the_floor_slack_is_the_most_requests_under_it_the_percentile_stays_above_with(
+    q: float,
+) -> None:
+    """For ``n`` requests, ``above`` of them above the floor: the slack is exactly the most
+    requests under the floor that can join them with the element of rank ``floor(q(N - 1))``
+    still above it (checked request by request), ``-1`` when it is not above now."""
+    rnd = random.Random(7)
+    for _ in range(300):
+        n = rnd.randint(0, 400)
+        above = rnd.randint(0, n)
+        ew = ExceedanceWindow(window_s=10, interval_s=1, high=200, low=180, floor=50.0)
+        ew.floor_slack(0.0, q)  # counted from here
+        if n:
+            ew.add_many(0.5, [60.0] * above + [10.0] * (n - above))
+
+        def holds(total: int, above: int = above) -> bool:
+            return above >= total - math.floor(q * (total - 1))
+
+        got = ew.floor_slack(0.9, q)
+        if n == 0 or not holds(n):
+            assert got == -1
+        elif q == 1.0:
+            assert got == UNBOUNDED
+        else:
+            assert holds(n + got)
+            assert not holds(n + got + 1)
+            assert all(holds(n + m) for m in range(0, min(got, 50)))
+
+
+def test_the_floor_says_nothing_over_intervals_it_did_not_count() -> None:
+    """Asked first, moved by a reload, or with an interval put from partials: ``above_floor``
+    answers only once the window holds none of the intervals counted otherwise."""
+    ew = ExceedanceWindow(window_s=5, interval_s=1, high=200, low=180, floor=50.0)
+    for t in range(5):
+        ew.add_many(float(t), [80.0] * 10)
+    assert not ew.above_floor(4.5, 0.99)  # asked first: counted from slot 5 on
+    for t in range(5, 10):
+        ew.add_many(float(t), [80.0] * 10)
+    assert ew.above_floor(9.5, 0.99)
+    ew.refloor(60.0)
+    assert not ew.above_floor(9.5, 0.99)  # the new floor counted from slot 10 on
+    for t in range(10, 15):
+        ew.add_many(float(t), [70.0] * 10)
+    assert ew.above_floor(14.5, 0.99)
+    ew.refloor(75.0)
+    ew.above_floor(14.5, 0.99)
+    for t in range(15, 20):
+        ew.add_many(float(t), [70.0] * 10)
+    assert not ew.above_floor(19.5, 0.99)  # 70 is under 75: counted, and it is no
+    for t in range(20, 25):
+        ew.add_many(float(t), [90.0] * 10)
+    assert ew.above_floor(24.5, 0.99)
+    assert ew.put_interval(24, 10, 0, 0)
+    assert not ew.above_floor(24.5, 0.99)  # partials carry no floor count
+    assert ew.above_floor(29.5 + 5, 0.99) is False  # empty window: nothing to say
+    # a histogram whose last bound is under the floor: its overflow may read under it
+    ew.add_histogram(30.0, [50.0, 70.0], [1, 1, 5])
+    for t in range(31, 40):
+        ew.add_many(float(t), [90.0] * 10)
+    assert not ew.above_floor(39.5, 0.99)
 
 
 def step_reference(state: SloState, level: Level, now: float, spec: SloSpec) -> SloState:
