@@ -510,7 +510,8 @@ class Scheduler:
     def _record_quiet(self, now: float) -> None:
         """Record a tick at ``now`` as ``evaluate`` records one that decided nothing."""
         self._intake.advance(now)
-        self.changed = []
+        if self.changed:
+            self.changed = []
         self.last_round = now
 
     def _steps_hold(

@@ -187,20 +187,18 @@ def _floor_slack(n: int, above: int, q: float) -> int:
     joined by (none above it) with the element of rank ``floor(q * (n + m - 1))`` still above
     it; ``-1`` when it is not above it now (or ``n`` is 0). The need ``N - floor(q * (N - 1))``
     grows by 0 or 1 with each request, so the largest ``N`` is found from the closed form and
-    checked exactly."""
-
-    def holds(total: int) -> bool:
-        return above >= total - math.floor(q * (total - 1))
-
-    if n <= 0 or not holds(n):
+    checked exactly (plain arithmetic: the engine asks this at every quiet step of such a
+    service)."""
+    floor = math.floor
+    if n <= 0 or above < n - floor(q * (n - 1)):
         return -1
     if q >= 1.0:
         return UNBOUNDED  # the maximum: above the threshold while one request is
     # N (1 - q) <= above - q, give or take the floor's rounding
-    total = max(n, min(UNBOUNDED, math.floor((above - q) / (1.0 - q))))
-    while total > n and not holds(total):
+    total = max(n, min(UNBOUNDED, floor((above - q) / (1.0 - q))))
+    while total > n and above < total - floor(q * (total - 1)):
         total -= 1
-    while total < UNBOUNDED and holds(total + 1):
+    while total < UNBOUNDED and above >= total + 1 - floor(q * total):
         total += 1
     return total - n
 
@@ -399,7 +397,10 @@ class ExceedanceWindow:
         asked, :meth:`refloor`, :meth:`put_interval`, a histogram whose last bound is below the
         floor)."""
         counted = self._floor_counts(now)
-        return counted is not None and _floor_slack(*counted, q) >= 0
+        if counted is None:
+            return False
+        n, above = counted
+        return n > 0 and above >= n - math.floor(q * (n - 1))
 
     def floor_slack(self, now: float, q: float) -> int:
         """How many more requests, none of them above the floor, the window at ``now`` can
