@@ -375,19 +375,25 @@ class ExceedanceWindow:
 
     def counts(self, now: float) -> tuple[int, int, int]:
         """``(n, above_high, above_low)`` over the window at ``now``."""
+        n, hi, lo, _ = self._counts(now)
+        return n, hi, lo
+
+    def _counts(self, now: float) -> tuple[int, int, int, int]:
+        """``(n, above_high, above_low, above_floor)`` over the window at ``now``."""
         last = int(now // self._interval)
-        n, hi, lo, _ = self._totals
+        n, hi, lo, fl = self._totals
         if last == self._head:
-            return n, hi, lo  # every cell is within the ring ending at the head
+            return n, hi, lo, fl  # every cell is within the ring ending at the head
         first = max(last, self._head) - self._length + 1
-        for slot, cn, chi, clo in zip(
-            self._slots, self._n, self._above_hi, self._above_lo, strict=True
+        for slot, cn, chi, clo, cfl in zip(
+            self._slots, self._n, self._above_hi, self._above_lo, self._above_floor, strict=True
         ):
             if (slot < first or slot > last) and slot != _NO_SLOT:
                 n -= cn
                 hi -= chi
                 lo -= clo
-        return n, hi, lo
+                fl -= cfl
+        return n, hi, lo, fl
 
     def above_floor(self, now: float, q: float) -> bool:
         """Whether the window's exact ``q``-quantile at ``now`` (the element of rank
@@ -420,16 +426,10 @@ class ExceedanceWindow:
                 self._above_floor = [0] * self._length
                 self._floor_from = max(self._floor_from, self._head + 1)
             return None
-        last = int(now // self._interval)
-        first = max(last, self._head) - self._length + 1
+        first = max(int(now // self._interval), self._head) - self._length + 1
         if first < self._floor_from:
             return None
-        n, _, _, above = self._totals
-        if last != self._head:
-            for slot, cn, cf in zip(self._slots, self._n, self._above_floor, strict=True):
-                if (slot < first or slot > last) and slot != _NO_SLOT:
-                    n -= cn
-                    above -= cf
+        n, _, _, above = self._counts(now)
         return n, above
 
     def refloor(self, floor: float | None) -> None:
@@ -471,7 +471,7 @@ class ExceedanceWindow:
 
     def level(self, now: float, q: float, min_samples: int) -> tuple[Level, int]:
         """Where the window's ``q``-quantile stands, and how many samples it holds."""
-        n, above_hi, above_lo = self.counts(now)
+        n, above_hi, above_lo, _ = self._counts(now)
         return _level_of(n, above_hi, above_lo, q, min_samples), n
 
     def level_steady_until(
