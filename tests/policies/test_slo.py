@@ -140,7 +140,7 @@ def test_counts_above_the_floor_only_say_what_the_sketch_reads(
     floor = reads_at_least(100.0)
     ew = ExceedanceWindow(window_s=10, interval_s=1, high=200, low=180, floor=floor)
     lw = LatencyWindow(window_s=10, interval_s=1)
-    assert not ew.above_floor(100.0, q)  # counted from the first ask: the ring is unknown
+    assert not ew.above_floor(100.0, q)  # the first ask, on an empty ring: counting starts
     now = 100.0 + 10.0  # a full window on: every interval counted
     chunks = [values[i : i + 40] for i in range(0, len(values), 40)] if batched else [values]
     for j, chunk in enumerate(chunks):

@@ -238,7 +238,7 @@ class _Replay:
 
     def _quiet_ticks(self, ts: float) -> None:
         """Run the ticks before ``ts`` the short way while nothing can change but the accounting:
-        not a plot tick (:meth:`_plot_width`), the simulated cluster unchanged by ``advance`` and
+        not a plot tick (:func:`_plot_width`), the simulated cluster unchanged by ``advance`` and
         the engine idle
         (:meth:`~policies.engine.Engine.idle`: no SLO state changes, no rules to run). Stops at
         the first tick that is not quiet (``next_tick`` is then that tick; its cluster
@@ -256,8 +256,8 @@ class _Replay:
         k, now = self.k, self.next_tick
         assert self.quiet_env is not None
         tl, cluster, idle, advance, sums, counts, cells, t0, dt = self.quiet_env
-        stride, every = tl.stride, self.plot_every
-        width = stride // every if stride >= every else stride  # _plot_width, inline
+        stride = tl.stride
+        width = _plot_width(stride, self.plot_every)
         if now >= ts or k % width == 0:
             return  # a plot tick (a sample tick: GPUs by use flushed, every service accounted)
         snap, above, due = self.snap, self.above, self.cluster_due
@@ -352,26 +352,19 @@ class _Replay:
         self.cluster_due = cluster.next_due()
         self._end_tick(now, b)
 
-    def _plot_width(self) -> int:
-        """Every how many ticks the plot reads a share of its services (a plot tick): while a
-        timeline bucket is narrower than ``plot_every`` ticks, on each bucket's first tick
-        (one share a bucket, in turn); else ``plot_every`` times a bucket (every share once a
-        bucket), so each service's line has a value in every bucket, as wide as they get."""
-        assert self.timeline is not None
-        stride, every = self.timeline.stride, self.plot_every
-        return stride // every if stride >= every else stride
-
     def _plot_phase(self, k: int) -> int | None:
         """The share of the plot's services tick ``k`` reads (services ``i`` with
-        ``i % plot_every`` equal to it), or ``None`` (see :meth:`_plot_width`; a bucket's ticks
+        ``i % plot_every`` equal to it), or ``None`` (see :func:`_plot_width`; a bucket's ticks
         after its last share read none)."""
         assert self.timeline is not None
         stride, every = self.timeline.stride, self.plot_every
+        width = _plot_width(stride, every)
+        if k % width:
+            return None
         if stride < every:
-            return (k // stride) % every if k % stride == 0 else None
-        width = stride // every
+            return (k // stride) % every
         phase = (k % stride) // width
-        return phase if k % width == 0 and phase < every else None
+        return phase if phase < every else None
 
     def _account_changed(self, active: set[int], now: float, b: int) -> None:
         """Account the services of ``active`` (those whose SLO state changed), those whose
@@ -400,7 +393,7 @@ class _Replay:
             self._account(i, now, b, phase=phase)
 
     def _quiet_sample(self, now: float) -> bool:
-        """Run the plot tick at ``now`` (:meth:`_plot_width`; the first of a timeline bucket
+        """Run the plot tick at ``now`` (:func:`_plot_width`; the first of a timeline bucket
         among them) the short way when the cluster is unchanged and the engine idle, as
         :meth:`_quiet_ticks` runs the others: its accounting in full (GPUs by use flushed, the
         plot's share of services; reclaimable GPUs on a bucket's first) but no ``evaluate``,
@@ -521,7 +514,10 @@ class _Replay:
                 self._quiet_ticks(ts)
                 if self.next_tick >= ts:
                     return
-                if self.k % self._plot_width() == 0 and self._quiet_sample(self.next_tick):
+                tl = self.timeline
+                assert tl is not None
+                plot = _plot_width(tl.stride, self.plot_every)
+                if self.k % plot == 0 and self._quiet_sample(self.next_tick):
                     continue
             self._tick(self.next_tick)
 
@@ -586,6 +582,15 @@ class _Replay:
             "unknown_service": engine.unknown,
             **{f"gpu_dropped_{why}": n for why, n in engine.dropped.items()},
         }
+
+
+def _plot_width(stride: int, every: int) -> int:
+    """Every how many ticks the plot reads a share of its ``every`` shares of services (a plot
+    tick), for timeline buckets ``stride`` ticks wide: while a bucket is narrower than
+    ``every`` ticks, on each bucket's first tick (one share a bucket, in turn); else ``every``
+    times a bucket (every share once a bucket), so each service's line has a value in every
+    bucket, as wide as they get."""
+    return stride // every if stride >= every else stride
 
 
 @contextlib.contextmanager
