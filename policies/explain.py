@@ -203,10 +203,15 @@ def _scale(sc: ScaleSpec, svc: ServiceSpec, workload: str, cooldown: float) -> l
                 if lead.rate_per_replica is None
                 else f"{lead.rate_per_replica:g} requests/s a replica"
             )
+            at = (
+                "the objective / (1 + tolerance)"
+                if lead.learn_at is None
+                else f"{_pct(lead.learn_at)} of the objective"
+            )
             per = (
-                "the requests/s a replica serves at the objective / (1 + tolerance), learned "
-                "from its own percentile against its load per replica (until that fit is "
-                f"confident, {until})"
+                f"the requests/s a replica serves at {at}, learned from its own percentile "
+                f"against its load per replica (until that fit is confident, {until}); a "
+                "breach under load is sized by it, not by the percentile's ratio"
             )
         else:
             per = f"{lead.rate_per_replica:g} requests/s a replica"

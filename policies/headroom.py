@@ -113,8 +113,13 @@ class ServiceLoad:
         self.forecast = predicted if shape.trusted(want.max_error) else None
 
     def capacity(self, spec: ServiceSpec) -> Capacity | None:
-        """The confident learned capacity at one tolerance below the objective, else ``None``."""
-        tolerance = spec.scale.tolerance if spec.scale is not None else 0.0
+        """The confident learned capacity at ``leading.learnAt`` of the objective (unset: one
+        tolerance below it), else ``None``."""
+        scale = spec.scale
+        lead = scale.leading if scale is not None else None
+        if lead is not None and lead.learn_at is not None:
+            return self.fit.capacity(spec.slo.objective_ms * lead.learn_at)
+        tolerance = scale.tolerance if scale is not None else 0.0
         return self.fit.capacity(spec.slo.objective_ms / (1.0 + tolerance))
 
     def lookahead_s(self, spec: ServiceSpec) -> float:

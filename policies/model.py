@@ -326,6 +326,10 @@ class LeadingSpec(_Model):
     """Learn the rate per replica online from the service's own percentile against its load
     per replica (:mod:`policies.capacity`); until that fit is confident, ``ratePerReplica``
     if given, else the latency rules alone decide."""
+    learn_at: Percent | None = None
+    """The share of the objective at which the fitted percentile gives the learned rate;
+    unset, the objective over ``1 + scale.tolerance`` (the edge of the band in which the
+    breach response holds)."""
     headroom: bool = False
     """Ask for the load one pod start-up ahead: the rate plus its recent growth over the
     start-up time (scale-up), or plus the steepest recent rise (scale-down keeps only what
@@ -341,6 +345,8 @@ class LeadingSpec(_Model):
     def _one_rate(self) -> LeadingSpec:
         if self.rate_per_replica is None and not self.learn:
             raise ValueError("give ratePerReplica, or learn: true")
+        if self.learn_at is not None and not 0.0 < self.learn_at <= 1.0:
+            raise ValueError("learnAt must be above 0% and at most 100%")
         return self
 
 

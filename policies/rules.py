@@ -20,6 +20,12 @@ Design:
   ``scale.shrinkFirst`` it scales only into GPUs free now and frees the whole climb's GPUs at
   once, so its new replicas never wait in the scheduler (and preempt training) for GPUs a
   shrink is still releasing.
+* With a confident learned capacity (``leading.learn``) a breach is sized by the request rate
+  at that capacity instead, at least one replica more a step while it lasts: in overload a
+  queue's percentile grows with the time spent there, not with the replicas missing (30 s at
+  a flash crowd asks for a hundredfold), and a window that began before the last step's
+  replicas served counts the same shortfall again at every early step ``readyEndsCooldown``
+  allows. A learned capacity that is wrong still climbs, one replica a step.
 * A workload whose placement Ebbtide cannot read (:attr:`~policies.snapshot.Placement.
   unknown`) has nothing freed for it: a breaching service scales only into free GPUs and says
   why among its alternatives, training does not grow, and it is no MIG revert demand.
@@ -303,7 +309,7 @@ def respond_to_breach(
     if seen is not None:
         _signal_inputs(seen, worst, spec, inputs, thresholds)
     alternatives: list[Alternative] = []
-    current = desired = ahead = 0
+    current = desired = ahead = rate_sized = 0
     led = False
     if spec.scale is not None:
         if workload is None or spec.replicas is None:
@@ -312,10 +318,21 @@ def respond_to_breach(
         thresholds["tolerance"] = f"{tolerance:.0%}"
         current = workload.replicas
         desired = current
-        if breaching and floor is not None:
+        sized = breaching and (floor is not None or ratio > 1.0 + tolerance)
+        if sized and asked is not None and asked.learned:
+            # the load at the learned capacity sizes the breach (module docstring)
+            desired = rate_sized = max(asked.replicas, current + 1)
+            alternatives.append(
+                Alternative(
+                    f"scale to ceil({current} * {ratio:.2f}) = {math.ceil(current * ratio)}",
+                    "a breach under load is sized by the rate at the learned capacity: the "
+                    "percentile's ratio is queueing delay, not the replicas missing",
+                )
+            )
+        elif sized and floor is not None:
             # the ratio is a floor: at least one more replica, however close to 1 it reads
             desired = max(math.ceil(max(current, 1) * ratio), current + 1)
-        elif breaching and ratio > 1.0 + tolerance:
+        elif sized:
             desired = math.ceil(max(current, 1) * ratio)
         if lead is not None and (asked is not None or seen is not None):
             if asked is not None:
@@ -463,6 +480,11 @@ def respond_to_breach(
             f"{key} breaching ({name} {pw or 0:.0f}ms > objective {worst.objective_ms:g}ms)"
         )
         how = f"desired ceil({current} * {ratio:.2f}) bounded = {desired}"
+    if rate_sized and asked is not None and not led:
+        how = (
+            f"desired max(ceil({asked.planned:.1f} / {asked.per_replica:.3g} learned), "
+            f"{current} + 1) bounded = {desired}"
+        )
     if led and top is not None and top.signal != "request_rate":
         rule = "signal-scale-up"
         cause_text = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 import pytest
 from policy_fixtures import T0, feed_latency, latency, policy_dict, to_yaml
@@ -16,7 +17,7 @@ from policies.engine import Engine
 from policies.headroom import ServiceLoad
 from policies.loader import PolicyLoadError, load_policy_text
 from policies.model import Policy
-from policies.snapshot import Pod, SnapshotBuilder
+from policies.snapshot import Pod, Snapshot, SnapshotBuilder
 
 WHOLE = {"ebbtide.io/pool": "whole"}
 
@@ -150,10 +151,10 @@ def ups(decisions: list[Decision]) -> list[Scale]:
     return [d for d in decisions if isinstance(d, Scale) and d.role == "inference"]
 
 
-def learn(engine: Engine, *, levels: int) -> list[Decision]:
+def learning(engine: Engine, *, levels: int) -> tuple[Snapshot, float, list[Decision]]:
     """``levels`` loads of 60s each on chat's 2 running replicas, each at the latency the curve
     gives its load per replica (c = 10 req/s: 7.8 req/s at 100ms / 1.1, one tolerance below
-    the objective)."""
+    the objective): the snapshot, the time after them and the decisions."""
     b = SnapshotBuilder()
     b.node("w0", gpus=8, labels=WHOLE)
     b.workload("serving", "chat", replicas=2, nodes=["w0"])
@@ -166,6 +167,12 @@ def learn(engine: Engine, *, levels: int) -> list[Decision]:
             feed_latency(engine, t, t + 1, curve(per_s / 2), per_s=per_s)
             t += 1
             out += engine.evaluate(t, snap)
+    return snap, t, out
+
+
+def learn(engine: Engine, *, levels: int) -> list[Decision]:
+    """:func:`learning`, then 40 req/s at 30ms for 40s."""
+    snap, t, out = learning(engine, levels=levels)
     for _ in range(40):  # then 40 req/s, still fast: only the rate says it is too much
         feed_latency(engine, t, t + 1, 30.0, per_s=40)
         t += 1
@@ -187,6 +194,48 @@ def test_learned_capacity_leads_scale_up() -> None:
     assert isinstance(rate, float)
     assert first.to_replicas == math.ceil(rate / per) > 2
     assert "rate_per_replica" not in first.explanation.thresholds
+
+
+@pytest.mark.parametrize(
+    ("crowd", "learned", "sized"),
+    [
+        # the rate wants more than the 2 replicas: the rate at the learned capacity sizes it
+        (36, True, lambda planned, per: max(math.ceil(planned / per), 3)),
+        # the rate wants no more (the capacity learned is wrong): one replica more a step
+        (12, True, lambda planned, per: 3),
+        # nothing learned yet (two minutes): the percentile's ratio, 2 x 50, as far as the
+        # node's 8 GPUs go
+        (36, False, lambda planned, per: 8),
+    ],
+)
+def test_a_breach_under_load_is_sized_by_the_learned_rate(
+    crowd: int, learned: bool, sized: Callable[[float, float], int]
+) -> None:
+    """A crowd at 5s a request (50x the 100ms objective) on chat's 2 replicas: with a learned
+    capacity the breach asks for what the rate needs there (at least one replica more), not
+    for 2 x 50 (the percentile of an overloaded queue says how long it has been overloaded, not
+    how many replicas it misses); without one, the percentile's ratio sizes it as before."""
+    engine = Engine(chat_policy({"learn": True}))
+    snap, t, _ = learning(engine, levels=16 if learned else 2)
+    breach: list[Scale] = []
+    while not breach:
+        feed_latency(engine, t, t + 1, 5000.0, per_s=crowd)
+        t += 1
+        breach = ups(engine.evaluate(t, snap))
+        assert t < T0 + 3600, "no breach response"
+    first = breach[0]
+    assert first.explanation.rule == "slo-breach-scale-up"
+    inputs = first.explanation.inputs
+    if not learned:
+        assert "learned_rate_per_replica" not in inputs
+        assert first.to_replicas == sized(0.0, 1.0)
+        return
+    per, rate = inputs["learned_rate_per_replica"], inputs["request_rate"]
+    assert isinstance(per, float)
+    assert isinstance(rate, float)
+    assert first.to_replicas == sized(rate, per) < 8
+    assert "learned" in first.explanation.reason
+    assert any(a.option.endswith("= 100") for a in first.explanation.alternatives)
 
 
 def test_a_learned_rate_scales_down_without_a_second_tolerance() -> None:
