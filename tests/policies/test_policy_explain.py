@@ -75,7 +75,8 @@ FULL: dict[str, Any] = {
                     },
                     "leading": {
                         "ratePerReplica": 2.5,
-                        "learn": False,
+                        "learn": True,
+                        "learnAt": "95%",
                         "headroom": True,
                         "startup": "1m",
                         "forecast": {"period": "1d", "maxError": "25%"},
@@ -188,7 +189,8 @@ CHANGES: dict[str, Any] = {
     "spec.services.chat.objectives": [{"metric": "tpot", "percentile": 99, "objectiveMs": 60}],
     "spec.services.chat.scale.leading.headroom": False,
     "spec.services.chat.scale.leading.startup": "3m",
-    "spec.services.chat.scale.leading.learn": True,
+    "spec.services.chat.scale.leading.learn": False,
+    "spec.services.chat.scale.leading.learnAt": "90%",
     "spec.services.chat.scale.leading.forecast.period": "7d",
     "spec.services.chat.scale.leading.forecast.maxError": "10%",
     "spec.services.chat.scale.readyEndsCooldown": False,
@@ -320,12 +322,14 @@ def test_proactive_example_reads_differently_from_balanced() -> None:
 
 def test_balanced_explains_its_learned_capacity_and_headroom() -> None:
     """The library's balanced scales chat on a learned rate per replica with start-up headroom
-    (issue 24): explain says how it is learned, what it falls back to, what headroom keeps, and
-    that a climb's cooldown ends once its replicas run, into GPUs free now."""
+    (issue 24): explain says how it is learned and at what latency, what it starts from, that
+    it sizes a breach under load, what headroom keeps, and that a climb's cooldown ends once its
+    replicas run, into GPUs free now."""
     text = CliRunner().invoke(policy, ["explain", str(LIBRARY / "balanced.yaml")]).stdout
     for needle in (
-        "learned from its own percentile against its load per replica",
-        "until that fit is confident, the percentile alone decides",
+        "serves at 100% of the objective, learned from its own percentile against its load",
+        "until that fit is confident, 2.5 requests/s a replica",
+        "a breach under load is sized by it, not by the percentile's ratio",
         "one pod start-up ahead (start-up observed from its pods",
         "only replicas that could be brought back in time go",
         "cooldown ends early",

@@ -45,9 +45,11 @@ def _controller(now: list[float], runtime_class: type[SimRuntime] = SimRuntime) 
 
 
 def _latency(start: float, seconds: int, ms: float) -> Batch:
+    """10 requests/s at ``ms``: what chat's 4 replicas serve at balanced's starting 2.5 a
+    replica, so the request rate alone asks for nothing."""
     events = [
-        InferenceLatency(ts=start + i / 20, service="chat", namespace="serving", latency_ms=ms)
-        for i in range(seconds * 20)
+        InferenceLatency(ts=start + i / 10, service="chat", namespace="serving", latency_ms=ms)
+        for i in range(seconds * 10)
     ]
     return Batch(events=events, positions={}, fetched_at=start + seconds)
 
