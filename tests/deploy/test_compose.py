@@ -74,10 +74,14 @@ def test_compose_file_is_valid_for_the_compose_engine() -> None:
 
 
 def short_policy(tmp: Path) -> Path:
-    """The balanced policy with seconds-long windows and one response per incident."""
+    """The balanced policy with seconds-long windows and one response per incident: no early
+    end of the cooldown once the new replicas run, nor (so) a step that waits for a shrink's
+    grace period (when pods run and GPUs free up is wall-clock time live and simulated time in
+    the replay, so a second step would race the comparison)."""
     doc = yaml.safe_load((ROOT / "policies" / "library" / "balanced.yaml").read_text())
-    slo = doc["spec"]["services"]["chat"]["slo"]
-    slo.update(window="10s", resolution="1s", breachAfter="4s", recoverAfter="30s")
+    chat = doc["spec"]["services"]["chat"]
+    chat["slo"].update(window="10s", resolution="1s", breachAfter="4s", recoverAfter="30s")
+    chat["scale"].update(readyEndsCooldown=False, shrinkFirst=False)
     doc["spec"]["cooldowns"] = {"service": "10m", "trainingGrow": "10m"}
     doc["spec"].pop("mig", None)
     path = tmp / "policy.yaml"
