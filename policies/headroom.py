@@ -122,13 +122,16 @@ class ServiceLoad:
         tolerance = scale.tolerance if scale is not None else 0.0
         return self.fit.capacity(spec.slo.objective_ms / (1.0 + tolerance))
 
+    def startup_s(self, spec: ServiceSpec) -> float:
+        """A replica's start-up: ``leading.startup``, else the observed one, else none yet."""
+        lead = spec.scale.leading if spec.scale is not None else None
+        if lead is not None and lead.startup is not None:
+            return lead.startup
+        return self.startup.seconds or 0.0
+
     def lookahead_s(self, spec: ServiceSpec) -> float:
         """Seconds from asking for a replica to its serving, as the rate sees it."""
-        lead = spec.scale.leading if spec.scale is not None else None
-        startup = lead.startup if lead is not None and lead.startup is not None else None
-        if startup is None:
-            startup = self.startup.seconds or 0.0
-        return startup + spec.slo.window / 2
+        return self.startup_s(spec) + spec.slo.window / 2
 
     def growth(self, now: float, *, down: bool) -> float:
         """Requests/s per second to plan for: the current slope scaling up; scaling down, the

@@ -21,11 +21,13 @@ Design:
   once, so its new replicas never wait in the scheduler (and preempt training) for GPUs a
   shrink is still releasing.
 * With a confident learned capacity (``leading.learn``) a breach is sized by the request rate
-  at that capacity instead, at least one replica more a step while it lasts: in overload a
-  queue's percentile grows with the time spent there, not with the replicas missing (30 s at
-  a flash crowd asks for a hundredfold), and a window that began before the last step's
-  replicas served counts the same shortfall again at every early step ``readyEndsCooldown``
-  allows. A learned capacity that is wrong still climbs, one replica a step.
+  at that capacity instead: in overload a queue's percentile grows with the time spent there,
+  not with the replicas missing (30 s at a flash crowd asks for a hundredfold), and a window
+  that began before the last step's replicas served counts the same shortfall again at every
+  early step ``readyEndsCooldown`` allows. Where the rate asks for no more than the replicas,
+  the breach still climbs one replica a step (the capacity may be learned wrong), but only
+  from a window that began once the last action's replicas could serve (a start-up and a
+  window after it).
 * A workload whose placement Ebbtide cannot read (:attr:`~policies.snapshot.Placement.
   unknown`) has nothing freed for it: a breaching service scales only into free GPUs and says
   why among its alternatives, training does not grow, and it is no MIG revert demand.
@@ -329,6 +331,12 @@ def respond_to_breach(
                     "percentile's ratio is queueing delay, not the replicas missing",
                 )
             )
+            last = rnd.cooldowns.last(key)
+            settled = spec.slo.window + (load.startup_s(spec) if load is not None else 0.0)
+            if asked.replicas <= current and last is not None and now - last < settled:
+                # the rate asks for no more; the window still holds the latency from before
+                # the last action's replicas could serve: nothing to size one more by yet
+                desired = rate_sized = current
         elif sized and floor is not None:
             # the ratio is a floor: at least one more replica, however close to 1 it reads
             desired = max(math.ceil(max(current, 1) * ratio), current + 1)

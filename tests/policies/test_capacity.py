@@ -3,6 +3,7 @@ and ``leading: {learn: true, headroom: true}`` through the engine."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Callable
@@ -236,6 +237,26 @@ def test_a_breach_under_load_is_sized_by_the_learned_rate(
     assert first.to_replicas == sized(rate, per) < 8
     assert "learned" in first.explanation.reason
     assert any(a.option.endswith("= 100") for a in first.explanation.alternatives)
+
+
+def test_one_more_replica_waits_for_a_window_the_last_step_could_show_in() -> None:
+    """Breaching at a rate the learned capacity says 2 replicas serve: each step adds one, but
+    only from a window that began after the last step (30s here, no start-up seen), although
+    readyEndsCooldown would allow the next step 10s (breachAfter) after the last."""
+    data = policy_dict()
+    data["spec"]["services"]["chat"]["scale"].update(
+        leading={"learn": True}, readyEndsCooldown=True
+    )
+    engine = Engine(load_policy_text(to_yaml(data), "test.yaml"))
+    snap, t, _ = learning(engine, levels=16)
+    steps: list[float] = []
+    for _ in range(120):
+        feed_latency(engine, t, t + 1, 5000.0, per_s=12)  # 6 a replica: under the learned 7.8
+        t += 1
+        steps += [t for d in ups(engine.evaluate(t, snap)) if d.to_replicas == 3]
+    assert len(steps) >= 3, steps
+    gaps = [b - a for a, b in itertools.pairwise(steps)]
+    assert min(gaps) >= 30.0, gaps
 
 
 def test_a_learned_rate_scales_down_without_a_second_tolerance() -> None:
