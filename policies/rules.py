@@ -311,8 +311,8 @@ def respond_to_breach(
     if seen is not None:
         _signal_inputs(seen, worst, spec, inputs, thresholds)
     alternatives: list[Alternative] = []
-    current = desired = ahead = rate_sized = 0
-    led = False
+    current = desired = ahead = 0
+    led = rate_sized = False
     if spec.scale is not None:
         if workload is None or spec.replicas is None:
             return
@@ -321,12 +321,17 @@ def respond_to_breach(
         current = workload.replicas
         desired = current
         sized = breaching and (floor is not None or ratio > 1.0 + tolerance)
+        by_ratio = math.ceil(max(current, 1) * ratio)
+        if floor is not None:
+            # the ratio is a floor: at least one more replica, however close to 1 it reads
+            by_ratio = max(by_ratio, current + 1)
         if sized and asked is not None and asked.learned:
             # the load at the learned capacity sizes the breach (module docstring)
-            desired = rate_sized = max(asked.replicas, current + 1)
+            rate_sized = True
+            desired = max(asked.replicas, current + 1)
             alternatives.append(
                 Alternative(
-                    f"scale to ceil({current} * {ratio:.2f}) = {math.ceil(current * ratio)}",
+                    f"scale to ceil({current} * {ratio:.2f}) = {by_ratio}",
                     "a breach under load is sized by the rate at the learned capacity: the "
                     "percentile's ratio is queueing delay, not the replicas missing",
                 )
@@ -336,12 +341,9 @@ def respond_to_breach(
             if asked.replicas <= current and last is not None and now - last < settled:
                 # the rate asks for no more; the window still holds the latency from before
                 # the last action's replicas could serve: nothing to size one more by yet
-                desired = rate_sized = current
-        elif sized and floor is not None:
-            # the ratio is a floor: at least one more replica, however close to 1 it reads
-            desired = max(math.ceil(max(current, 1) * ratio), current + 1)
+                desired = current
         elif sized:
-            desired = math.ceil(max(current, 1) * ratio)
+            desired = by_ratio
         if lead is not None and (asked is not None or seen is not None):
             if asked is not None:
                 leading_inputs(asked, inputs, thresholds)

@@ -182,6 +182,12 @@ def _level_of(n: int, above_hi: int, above_lo: int, q: float, min_samples: int) 
 UNBOUNDED: Final = 1 << 62
 
 
+def _rank_above(n: int, above: int, q: float) -> bool:
+    """Whether the element of rank ``floor(q * (n - 1))`` of ``n`` requests (as the latency
+    window's sketch ranks), ``above`` of them above a threshold, is above it."""
+    return n > 0 and above >= n - math.floor(q * (n - 1))
+
+
 def _floor_slack(n: int, above: int, q: float) -> int:
     """The most requests ``m`` that ``n`` requests, ``above`` of them above a threshold, can be
     joined by (none above it) with the element of rank ``floor(q * (n + m - 1))`` still above
@@ -189,9 +195,9 @@ def _floor_slack(n: int, above: int, q: float) -> int:
     grows by 0 or 1 with each request, so the largest ``N`` is found from the closed form and
     checked exactly (plain arithmetic: the engine asks this at every quiet step of such a
     service)."""
-    floor = math.floor
-    if n <= 0 or above < n - floor(q * (n - 1)):
+    if not _rank_above(n, above, q):
         return -1
+    floor = math.floor
     if q >= 1.0:
         return UNBOUNDED  # the maximum: above the threshold while one request is
     # N (1 - q) <= above - q, give or take the floor's rounding
@@ -405,8 +411,7 @@ class ExceedanceWindow:
         counted = self._floor_counts(now)
         if counted is None:
             return False
-        n, above = counted
-        return n > 0 and above >= n - math.floor(q * (n - 1))
+        return _rank_above(*counted, q)
 
     def floor_slack(self, now: float, q: float) -> int:
         """How many more requests, none of them above the floor, the window at ``now`` can
