@@ -21,6 +21,13 @@ Design (pure: the engine passes the time and what it observed; no I/O, no clock)
   objective are left out: a saturated server's percentile stops following the curve (the
   backlog shows in the time to first token, not in the time per token; a queue's timeout caps
   it), and such points would bend the line.
+* **Points weighted by their requests.** A window's percentile is an order statistic of its
+  requests: over a few dozen it reads low (the 99th of 30 is about their maximum) as well as
+  noisy, and the night's windows at low load are exactly those, so equal weights tilt the line
+  steeper and put the learned rate below the one the service shows by day (BENCHMARKS.md,
+  "busy windows set the learned rate"). Weighting each point by its window's requests
+  (inverse variance: a percentile's variance falls with the count) lets the busy windows set
+  it. ``points`` is then Kish's effective number, ``(sum w)^2 / sum w^2``.
 * **Confidence.** The estimate is used only when the line falls with load, enough windows
   (:data:`MIN_POINTS`, in effective weight) back it, and the standard error of the solved
   ``x`` (the delta method on the regression, which grows with extrapolation beyond the loads
@@ -106,9 +113,10 @@ class CapacityFit:
         self._at: float | None = None
         self._w = self._w2 = self._wx = self._wy = self._wxx = self._wxy = self._wyy = 0.0
 
-    def add(self, now: float, load_per_replica: float, p_ms: float) -> None:
-        """One window's point: ``p_ms`` observed at ``load_per_replica`` requests/s."""
-        if load_per_replica <= 0 or p_ms <= 0:
+    def add(self, now: float, load_per_replica: float, p_ms: float, weight: float = 1.0) -> None:
+        """One window's point: ``p_ms`` observed at ``load_per_replica`` requests/s, weighted
+        by ``weight`` (the window's requests: module docstring)."""
+        if load_per_replica <= 0 or p_ms <= 0 or weight <= 0:
             return
         if self._at is not None and now > self._at:
             d = 0.5 ** ((now - self._at) / self.half_life_s)
@@ -120,14 +128,14 @@ class CapacityFit:
             self._wxy *= d
             self._wyy *= d
         self._at = now
-        x, y = load_per_replica, 1.0 / p_ms
-        self._w += 1.0
-        self._w2 += 1.0
-        self._wx += x
-        self._wy += y
-        self._wxx += x * x
-        self._wxy += x * y
-        self._wyy += y * y
+        x, y, w = load_per_replica, 1.0 / p_ms, weight
+        self._w += w
+        self._w2 += w * w
+        self._wx += w * x
+        self._wy += w * y
+        self._wxx += w * x * x
+        self._wxy += w * x * y
+        self._wyy += w * y * y
 
     @property
     def points(self) -> float:

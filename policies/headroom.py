@@ -95,7 +95,8 @@ class ServiceLoad:
             and self._running > 0
             and now - self._running_since >= window
         ):
-            self.fit.add(now, rate / self._running, p_ms)
+            # the window's requests weight its point (policies.capacity)
+            self.fit.add(now, rate / self._running, p_ms, rate * window)
 
     def _forecast(self, now: float, spec: ServiceSpec, rate: float) -> None:
         """Record ``rate`` in the load's shape and forecast one lookahead ahead (made and

@@ -94,6 +94,24 @@ def pod(name: str, phase: str, created: float) -> Pod:
     return Pod("serving", name, node="w0", phase=phase, gpus=1, created=created)  # type: ignore[arg-type]
 
 
+def test_busy_windows_set_the_learned_rate() -> None:
+    """A window's point weighs as many requests as it holds: the night's windows (12-30
+    requests, whose percentile reads 15 % under the curve, as a 99th of a few dozen does) do
+    not tilt the line the busy ones (180-420) draw. With equal weights the learned rate was
+    7.23 req/s against the curve's 7.8 (7 % low); weighted it is within 5 % of it."""
+    svc = chat_policy({"learn": True}).spec.services["chat"]
+    pods = (pod("a", "Running", T0 - 600), pod("b", "Running", T0 - 600))
+    load = ServiceLoad()
+    loads = [0.2, 0.3, 0.4, 0.5] * 5 + [3.0, 4.0, 5.0, 6.0, 7.0] * 2
+    for i, x in enumerate(loads):
+        read = curve(x) * (0.85 if x < 1.0 else 1.0)
+        load.observe(T0 + 30.0 * i, svc, rate=2 * x, p_ms=read, pods=pods)
+    got = load.capacity(svc)
+    assert got is not None
+    truth = 10.0 * (1.0 - 20.0 / (100.0 / 1.1))  # the curve at the objective / (1 + tolerance)
+    assert got.rate_per_replica == pytest.approx(truth, rel=0.05)
+
+
 def test_startup_is_the_slowest_recent_creation_to_running() -> None:
     clock = StartupClock()
     assert clock.seconds is None
