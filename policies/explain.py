@@ -215,10 +215,15 @@ def _scale(sc: ScaleSpec, svc: ServiceSpec, workload: str, cooldown: float) -> l
             )
         else:
             per = f"{lead.rate_per_replica:g} requests/s a replica"
+        within = (
+            f" (none while the rate is within {_pct(lead.tolerance)} above what the replicas serve)"
+            if lead.tolerance > 0
+            else ""
+        )
         lines.append(
             f"Leading indicator: {per}; whenever the request rate over the window wants more "
-            "replicas, scale up to ceil(rate / that), breaching or not; never scale down "
-            "below it."
+            f"replicas, scale up to ceil(rate / that){within}, breaching or not; never scale "
+            "down below it."
         )
         if lead.headroom:
             startup = (

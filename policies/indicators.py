@@ -18,6 +18,10 @@ Design:
   (:mod:`policies.capacity`), and asks nothing until that fit is confident; ``headroom`` plans
   for the rate one start-up ahead (:mod:`policies.headroom`); ``forecast`` for the higher rate
   the load's daily shape predicts then, while its error allows (:mod:`policies.forecast`).
+  ``tolerance`` holds a scale-up ask at the current replicas while the planned rate is within
+  it above what they serve (the HPA's per-direction tolerance): the rate of a level load
+  wanders a few percent from window to window, and each crossing of a replica boundary would
+  shrink training for a replica the next window no longer asks for.
   :func:`leading_ask` says what it used, for the explanation.
 """
 
@@ -51,6 +55,8 @@ class LeadingAsk:
     """The trusted forecast's rate one lookahead ahead (:mod:`policies.forecast`), if any."""
     margin: float = 0.0
     """The fraction ``planned`` was raised by before dividing by ``per_replica``."""
+    tolerance: float = 0.0
+    """``leading.tolerance``, with which a scale-up ask was held at the current replicas."""
 
 
 def request_rate(spec: ServiceSpec, requests: int, window: LatencyWindow, now: float) -> float:
@@ -71,6 +77,7 @@ def leading_ask(
     margin: float = 0.0,
     load: ServiceLoad | None = None,
     down: bool = False,
+    current: int | None = None,
 ) -> LeadingAsk | None:
     """Replicas the request rate, planned ahead (``headroom``, from ``load``) and raised by
     ``margin``, asks for; ``None`` without a leading indicator, with fewer requests than
@@ -80,7 +87,9 @@ def leading_ask(
     hovering at a replica boundary does not take a replica away that the next tick adds back.
     A learned rate takes no margin: it is already the rate at the objective over ``1 +
     tolerance``, and the fit's confidence is in it (:mod:`policies.capacity`); a second
-    tolerance would keep a replica more than scale-up asks for."""
+    tolerance would keep a replica more than scale-up asks for. Scaling up (``current``, the
+    replicas now), the ask stays at ``current`` while the planned rate is within
+    ``leading.tolerance`` above what they serve."""
     lead = spec.scale.leading if spec.scale is not None else None
     if lead is None or requests < spec.slo.min_samples:
         return None
@@ -102,6 +111,11 @@ def leading_ask(
     if fit is not None:
         margin = 0.0
     replicas = math.ceil(planned * (1.0 + margin) / per - 1e-9)
+    tolerance = 0.0
+    if not down and current is not None and replicas > current:
+        tolerance = lead.tolerance
+        if planned <= current * per * (1.0 + tolerance):
+            replicas = current
     return LeadingAsk(
-        replicas, rate, planned, per, fit is not None, growth, ahead, forecast, margin
+        replicas, rate, planned, per, fit is not None, growth, ahead, forecast, margin, tolerance
     )

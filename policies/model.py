@@ -330,6 +330,11 @@ class LeadingSpec(_Model):
     """The share of the objective at which the fitted percentile gives the learned rate;
     unset, the objective over ``1 + scale.tolerance`` (the edge of the band in which the
     breach response holds)."""
+    tolerance: Percent = 0.0
+    """Ask for more replicas only once the planned rate is more than this above what the
+    current replicas serve at the rate per replica (the HPA's ``behavior.scaleUp.tolerance``,
+    KEP-4951, for the rate): a rate that hovers at a replica boundary does not take a GPU from
+    training for a replica the next window no longer asks for. A breach still adds one."""
     headroom: bool = False
     """Ask for the load one pod start-up ahead: the rate plus its recent growth over the
     start-up time (scale-up), or plus the steepest recent rise (scale-down keeps only what
@@ -347,6 +352,8 @@ class LeadingSpec(_Model):
             raise ValueError("give ratePerReplica, or learn: true")
         if self.learn_at is not None and not 0.0 < self.learn_at <= 1.0:
             raise ValueError("learnAt must be above 0% and at most 100%")
+        if self.tolerance >= 1.0:
+            raise ValueError("tolerance must be below 100%")
         return self
 
 

@@ -260,7 +260,8 @@ def respond_to_breach(
     workload = rnd.inv.service_workload.get(key)
     if breach_quiet_until(spec, slo, workload) == math.inf:
         return  # nothing to add: no need to read the percentile
-    asked = leading_ask(spec, requests, window, now, load=load)
+    replicas_now = None if workload is None else workload.replicas
+    asked = leading_ask(spec, requests, window, now, load=load, current=replicas_now)
     lead = None if asked is None else asked.replicas
     seen = rnd.verdicts(key, spec, workload.replicas, margin=0.0) if workload is not None else None
     top: Ask | None = None
@@ -644,6 +645,8 @@ def leading_inputs(
         inputs["lookahead"] = format_duration(asked.lookahead_s)
     if asked.forecast is not None:
         inputs["forecast_rate"] = round(asked.forecast, 2)
+    if asked.tolerance > 0:
+        thresholds["rate_tolerance"] = f"{asked.tolerance:.0%}"
 
 
 def _being_freed(inv: Inventory, pool: str) -> int:

@@ -84,6 +84,27 @@ def test_rate_within_capacity_does_nothing() -> None:
     assert ups(fast_and_busy(engine, cluster(4), 40, 30)) == []
 
 
+@pytest.mark.parametrize(
+    ("per_s", "tolerance", "want"),
+    [
+        (42, "5%", []),  # 5% over what 4 replicas serve at 10 a replica: held
+        (42, "0%", [("leading-scale-up", 4, 5)]),  # no tolerance: one more at once
+        (44, "5%", [("leading-scale-up", 4, 5)]),  # 10% over: past it
+    ],
+)
+def test_a_rate_within_the_tolerance_asks_for_no_more(
+    per_s: int, tolerance: str, want: list[tuple[str, int, int]]
+) -> None:
+    """``leading.tolerance`` holds a scale-up ask at the current replicas while the rate is
+    within it above what they serve; the threshold is in the explanation once it is past."""
+    lead = {"ratePerReplica": 10, "tolerance": tolerance}
+    decisions = fast_and_busy(Engine(chat_policy(leading=lead)), cluster(4), 40, per_s)
+    assert ups(decisions)[:1] == want  # the snapshot stays at 4: the ask repeats after cooldown
+    first = next((d for d in decisions if isinstance(d, Scale) and d.role == "inference"), None)
+    if first is not None and tolerance != "0%":
+        assert first.explanation.thresholds["rate_tolerance"] == tolerance
+
+
 def test_scale_down_never_goes_below_the_rate() -> None:
     """chat at 8 replicas, 20ms at 40 requests/s: the P99 alone would shrink it towards the
     minimum, the rate (10 a replica, raised by the 10% tolerance: 44/s) holds it at 5."""
@@ -136,6 +157,8 @@ def test_cooldown_ends_once_the_replicas_run(ready: bool) -> None:
 def test_leading_spec_is_checked() -> None:
     with pytest.raises(PolicyLoadError, match="ratePerReplica"):
         chat_policy(leading={"ratePerReplica": 0})
+    with pytest.raises(PolicyLoadError, match="tolerance must be below 100%"):
+        chat_policy(leading={"ratePerReplica": 10, "tolerance": "100%"})
 
 
 def packed(training_replicas: int, training_pods: int) -> Snapshot:

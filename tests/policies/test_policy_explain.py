@@ -191,6 +191,7 @@ CHANGES: dict[str, Any] = {
     "spec.services.chat.scale.leading.startup": "3m",
     "spec.services.chat.scale.leading.learn": False,
     "spec.services.chat.scale.leading.learnAt": "90%",
+    "spec.services.chat.scale.leading.tolerance": "5%",
     "spec.services.chat.scale.leading.forecast.period": "7d",
     "spec.services.chat.scale.leading.forecast.maxError": "10%",
     "spec.services.chat.scale.readyEndsCooldown": False,
