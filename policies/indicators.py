@@ -56,7 +56,8 @@ class LeadingAsk:
     margin: float = 0.0
     """The fraction ``planned`` was raised by before dividing by ``per_replica``."""
     tolerance: float = 0.0
-    """``leading.tolerance``, with which a scale-up ask was held at the current replicas."""
+    """``leading.tolerance`` where it was weighed (a scale-up ask above the current replicas,
+    held at them within it), else 0."""
 
 
 def request_rate(spec: ServiceSpec, requests: int, window: LatencyWindow, now: float) -> float:
