@@ -58,7 +58,7 @@ from policies.inventory import Inventory, note_disrupted
 from policies.loadsignals import Ask, ServiceSignals, Verdicts, verdicts
 from policies.model import Policy, ServiceSpec, SloSpec, format_duration
 from policies.placement import NVLINK_DOMAIN_LABEL, place, room, slots
-from policies.preemption import Fit, plan_capacity
+from policies.preemption import TASK_KINDS, Fit, plan_capacity
 from policies.slo import SloState
 from policies.snapshot import Placement, Workload
 from policies.windows import LatencyWindow
@@ -362,6 +362,21 @@ def respond_to_breach(
         bounds = spec.replicas
         thresholds.update(min_replicas=bounds.min, max_replicas=bounds.max)
         desired = min(max(bounds.min, desired), bounds.max)
+        leading = spec.scale.leading
+        rate_led = rate_sized or (led and (top is None or top.signal == "request_rate"))
+        if rate_led and asked is not None and leading is not None and leading.tolerance > 0:
+            tolerated = _tolerated(rnd, spec, asked, leading.tolerance, current, desired)
+            within = max(bounds.min, tolerated)
+            if within < desired:
+                alternatives.append(
+                    Alternative(
+                        f"scale to {desired}",
+                        f"{within} serve the rate within its {leading.tolerance:.0%} "
+                        "tolerance; the GPUs for more would restart a DDP job (the free GPUs "
+                        "and the sweep tasks above their floor are too few)",
+                    )
+                )
+                desired = within
         ahead = (desired - current) * gpr  # what the whole climb takes, past this step
         if spec.scale.max_step is not None:
             desired = min(desired, current + spec.scale.max_step)
@@ -593,6 +608,30 @@ def respond_to_breach(
         )
     rnd.cooldowns.mark(key, now)
     rnd.cooldowns.mark(f"pool:{pool}", now)
+
+
+def _tolerated(
+    rnd: Round, spec: ServiceSpec, asked: LeadingAsk, tolerance: float, current: int, desired: int
+) -> int:
+    """The replicas a scale-up to ``desired`` aims at when its last ones are within the rate's
+    ``tolerance``: the fewest (at least one more) that serve the planned rate within it, where
+    the GPUs free now and the sweep tasks above their floor cannot place ``desired`` (the rest
+    would come from a DDP job, and resizing one restarts every worker from its checkpoint, for
+    replicas the tolerance would hold once the fewer run); else ``desired``."""
+    within = max(
+        current + 1, math.ceil(asked.planned / (asked.per_replica * (1.0 + tolerance)) - 1e-9)
+    )
+    if within >= desired:
+        return desired
+    pool, gpr = spec.pool, spec.gpus_per_replica
+    tasks = sum(
+        (v.workload.replicas - v.min_replicas) * v.workload.gpus_per_replica
+        for v in rnd.inv.training.values()
+        if v.workload.kind in TASK_KINDS and v.protected is None and v.pool_gpus.get(pool, 0)
+    )
+    if rnd.free(pool) + tasks >= (desired - current) * gpr:
+        return desired
+    return within
 
 
 def _per(ask: Ask) -> str:
