@@ -86,9 +86,11 @@ def leading_ask(
     confident fit yet and no ``ratePerReplica`` to start from. Scale-down asks with ``down``
     (room for the steepest recent rise) and ``scale.tolerance`` as the margin, so a rate
     hovering at a replica boundary does not take a replica away that the next tick adds back.
-    A learned rate takes no margin: it is already the rate at the objective over ``1 +
-    tolerance``, and the fit's confidence is in it (:mod:`policies.capacity`); a second
-    tolerance would keep a replica more than scale-up asks for. Scaling up (``current``, the
+    A learned rate takes no margin: it is the rate at ``leading.learnAt`` of the objective
+    (unset: the objective over ``1 + tolerance``), the fit's confidence is in it
+    (:mod:`policies.capacity`), and a second tolerance would keep a replica more than scale-up
+    asks for; at ``learnAt: 100%`` the scale-down's margin is ``recoverBelow`` and the
+    stabilization. Scaling up (``current``, the
     replicas now), the ask stays at ``current`` while the planned rate is within
     ``leading.tolerance`` above what they serve."""
     lead = spec.scale.leading if spec.scale is not None else None
