@@ -90,9 +90,8 @@ def leading_ask(
     (unset: the objective over ``1 + tolerance``), the fit's confidence is in it
     (:mod:`policies.capacity`), and a second tolerance would keep a replica more than scale-up
     asks for; at ``learnAt: 100%`` the scale-down's margin is ``recoverBelow`` and the
-    stabilization. Scaling up (``current``, the
-    replicas now), the ask stays at ``current`` while the planned rate is within
-    ``leading.tolerance`` above what they serve."""
+    stabilization. Scaling up (``current``, the replicas now), the ask stays at ``current``
+    while the planned rate is within ``leading.tolerance`` above what they serve."""
     lead = spec.scale.leading if spec.scale is not None else None
     if lead is None or requests < spec.slo.min_samples:
         return None
