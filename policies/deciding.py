@@ -128,7 +128,13 @@ class Decider:
                     and last_round is not None
                     and svc.ruled_at < last_round
                 ):
-                    down.hold(last_round)  # the rounds that skipped it, each a hold
+                    spec_down = svc.spec.scale.down if svc.spec.scale is not None else None
+                    if spec_down is not None:  # the rounds that skipped it, each a hold
+                        down.hold(
+                            last_round,
+                            window_s=spec_down.stabilization,
+                            crowd=spec_down.crowd,
+                        )
                 settled = scale_down(
                     rnd,
                     svc.key,

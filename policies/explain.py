@@ -302,6 +302,12 @@ def _scale(sc: ScaleSpec, svc: ServiceSpec, workload: str, cooldown: float) -> l
             f"last {_d(down.stabilization)}, at most {_step(down.max_step)} a step, every "
             f"{_d(down_cooldown)} at most, never below {svc.replicas.min}."
         )
+        if down.crowd is not None:
+            lines.append(
+                f"A level not needed in the {_d(down.crowd.memory)} before that window (a flash "
+                f"crowd's) is held only {_d(down.crowd.after)} after its last recommendation, "
+                "then its replicas go back at once to the level needed before."
+            )
     return lines
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "Budget",
     "BudgetsSpec",
     "CooldownsSpec",
+    "CrowdSpec",
     "Duration",
     "ElasticSpec",
     "ForecastSpec",
@@ -282,6 +283,19 @@ Step = Annotated[
 """A number of replicas (an ``int``) or a fraction of the current replicas (a ``float``)."""
 
 
+class CrowdSpec(_Model):
+    """A flash crowd's replicas go back soon after it, not a whole stabilization later
+    (:mod:`policies.scaledown`): a recommendation above every one the service made over
+    ``memory`` before the stabilization window is a level it has not needed before."""
+
+    after: PositiveDuration = 300.0
+    """Such a level is held this long after its last recommendation (the HPA's default
+    stabilization), and goes back in one step to what the service has needed before."""
+    memory: PositiveDuration = 86400.0
+    """How far back a level counts as needed before: a level that recurs within it (a daily
+    peak, a busy minute each hour) is held for the whole stabilization."""
+
+
 class ScaleDownSpec(_Model):
     stabilization: Duration = 300.0
     """Scale down to the highest replica count recommended over this window (the HPA's
@@ -294,11 +308,19 @@ class ScaleDownSpec(_Model):
     (at least one)."""
     cooldown: Duration | None = None
     """Quiet time between two scale-downs of the service; defaults to the service's cooldown."""
+    crowd: CrowdSpec | None = None
+    """Give a flash crowd's replicas back soon after it (unset: every level is held for the
+    whole stabilization)."""
 
     @model_validator(mode="after")
     def _below(self) -> ScaleDownSpec:
         if not 0.0 < self.below < 1.0:
             raise ValueError("below must be above 0% and below 100%")
+        crowd = self.crowd
+        if crowd is not None and crowd.after >= self.stabilization:
+            raise ValueError("crowd.after must be shorter than stabilization")
+        if crowd is not None and crowd.memory <= 2 * self.stabilization:
+            raise ValueError("crowd.memory must be longer than twice stabilization")
         return self
 
 

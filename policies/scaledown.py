@@ -50,7 +50,7 @@ from policies.decisions import Alternative, Explanation, Scalar, Scale
 from policies.headroom import ServiceLoad
 from policies.indicators import LeadingAsk, leading_ask
 from policies.loadsignals import Verdicts
-from policies.model import ServiceSpec, format_duration
+from policies.model import CrowdSpec, ServiceSpec, format_duration
 from policies.placement import NVLINK_DOMAIN_LABEL, give_back
 from policies.rules import Round, leading_inputs
 from policies.slo import ExceedanceWindow, SloState
@@ -73,44 +73,136 @@ RULE = "slo-scale-down"
 
 class Recommendations:
     """One service's replica recommendations: the highest over a sliding window, when they
-    started, and when the service was last scaled down."""
+    started, and when the service was last scaled down; with ``scale.down.crowd``, also the
+    levels it needed over the crowd memory (module docstring, "Crowds")."""
 
-    __slots__ = ("_last", "_queue", "last_down", "started")
+    __slots__ = (
+        "_crowds",
+        "_last",
+        "_minutes",
+        "_old",
+        "_queue",
+        "_recent",
+        "last_down",
+        "started",
+    )
 
     def __init__(self) -> None:
         #: (time, replicas), replicas strictly decreasing from the front: the front is the
-        #: highest still in the window.
+        #: highest still in the window. With a crowd spec, only the recommendations of levels
+        #: needed before (a crowd's are in ``_recent`` alone).
         self._queue: deque[tuple[float, int]] = deque()
+        #: With a crowd spec: every recommendation, the same way, over ``crowd.after``; and
+        #: those of levels not needed before (a crowd's), over the window.
+        self._recent: deque[tuple[float, int]] = deque()
+        self._crowds: deque[tuple[float, int]] = deque()
+        #: With a crowd spec: (minute, highest) of the minutes not yet a window old, oldest
+        #: first, and of those older (up to ``crowd.memory``) strictly decreasing from the
+        #: front, so the front is the highest level needed before the window.
+        self._minutes: deque[tuple[int, int]] = deque()
+        self._old: deque[tuple[int, int]] = deque()
         self._last: float | None = None
         self.started: float | None = None
         self.last_down: float | None = None
 
-    def add(self, now: float, replicas: int, *, window_s: float) -> None:
+    def add(
+        self, now: float, replicas: int, *, window_s: float, crowd: CrowdSpec | None = None
+    ) -> None:
         """Record the recommendation of the tick at ``now``. After a gap longer than the window
         (no evaluation, the kill switch on) the window starts again from here."""
         if self._last is None or now - self._last > window_s:
             self.started = now
         self._last = now
-        queue = self._queue
-        while queue and queue[-1][1] <= replicas:
-            queue.pop()
-        queue.append((now, replicas))
+        if crowd is None:
+            _push(self._queue, now, replicas)
+            return
+        self._note(now, replicas, window_s, crowd.memory)
+        _push(self._recent, now, replicas)
+        if self._needed_before(now, replicas, window_s):
+            _push(self._queue, now, replicas)
+        else:
+            _push(self._crowds, now, replicas)
 
-    def hold(self, until: float) -> None:
+    def _note(self, now: float, replicas: int, window_s: float, memory_s: float) -> None:
+        """``replicas`` recommended in the minute of ``now``; minutes a window old move to the
+        levels needed before, and those older than ``memory_s`` are forgotten."""
+        minute = math.floor(now / 60.0)
+        minutes = self._minutes
+        if minutes and minutes[-1][0] == minute:
+            if replicas > minutes[-1][1]:
+                minutes[-1] = (minute, replicas)
+        else:
+            minutes.append((minute, replicas))
+        old = self._old
+        while minutes and (minutes[0][0] + 1) * 60.0 <= now - window_s:
+            m, top = minutes.popleft()
+            while old and old[-1][1] <= top:
+                old.pop()
+            old.append((m, top))
+        while old and (old[0][0] + 1) * 60.0 < now - memory_s:
+            old.popleft()
+
+    def _needed_before(self, now: float, replicas: int, window_s: float) -> bool:
+        """Whether ``replicas`` is a level needed before this window (or too little is known
+        to call it new: less than two windows of recommendations)."""
+        if self.started is None or now - self.started < 2 * window_s:
+            return True
+        return bool(self._old) and self._old[0][1] >= replicas
+
+    def hold(self, until: float, *, window_s: float, crowd: CrowdSpec | None = None) -> None:
         """The latest recommendation was made again at every tick up to ``until``, none of them
         more than the window apart (what :meth:`add` would have recorded tick by tick): an
-        engine that skipped a service's quiet ticks catches up in one call."""
-        queue = self._queue
-        if queue:
-            queue[-1] = (until, queue[-1][1])
-            self._last = until
+        engine that skipped a service's quiet ticks catches up in one call (to the minute:
+        the levels needed before are kept per minute)."""
+        if crowd is None:
+            queue = self._queue
+            if queue:
+                queue[-1] = (until, queue[-1][1])
+                self._last = until
+            return
+        if not self._recent or self._last is None:
+            return
+        replicas = self._recent[-1][1]
+        at = (math.floor(self._last / 60.0) + 1) * 60.0
+        while at < until:  # every skipped minute held the level
+            self._note(at, replicas, window_s, crowd.memory)
+            at += 60.0
+        self._last = until  # ticks all along: no gap
+        self.add(until, replicas, window_s=window_s, crowd=crowd)
 
-    def highest(self, now: float, window_s: float) -> int | None:
-        """The highest recommendation made within ``window_s`` before ``now``."""
+    def highest(self, now: float, window_s: float, crowd: CrowdSpec | None = None) -> int | None:
+        """The highest recommendation made within ``window_s`` before ``now``; with ``crowd``,
+        of the levels needed before, and of any level within ``crowd.after``."""
+        before = self.needed(now, window_s)
+        if crowd is None:
+            return before
+        recent = self._recent
+        while recent and recent[0][0] < now - crowd.after:
+            recent.popleft()
+        if not recent:
+            return before
+        return recent[0][1] if before is None else max(before, recent[0][1])
+
+    def needed(self, now: float, window_s: float) -> int | None:
+        """The highest recommendation within ``window_s`` before ``now`` of a level the service
+        needed before (every one, without a crowd spec)."""
         queue = self._queue
         while queue and queue[0][0] < now - window_s:
             queue.popleft()
         return queue[0][1] if queue else None
+
+    def before(self) -> int | None:
+        """The highest level needed over the crowd memory before the window (as of the last
+        recommendation; ``None``: none kept, or no crowd spec)."""
+        return self._old[0][1] if self._old else None
+
+    def crowd(self, now: float, window_s: float) -> int | None:
+        """The highest recommendation within ``window_s`` before ``now`` of a level the service
+        had not needed before (a crowd's; ``None`` without one or without a crowd spec)."""
+        crowds = self._crowds
+        while crowds and crowds[0][0] < now - window_s:
+            crowds.popleft()
+        return crowds[0][1] if crowds else None
 
     def covers(self, now: float, window_s: float) -> bool:
         """Whether recommendations were made over the whole window before ``now``."""
@@ -118,11 +210,20 @@ class Recommendations:
 
     def reset(self) -> None:
         """Forget every recommendation (the service has no workload to recommend for)."""
-        self._queue.clear()
+        for q in (self._queue, self._recent, self._crowds, self._minutes, self._old):
+            q.clear()
         self.started = self._last = None
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + len(self._recent) + len(self._crowds)
+
+
+def _push(queue: deque[tuple[float, int]], now: float, replicas: int) -> None:
+    """Append to a monotonic deque whose front is the highest: later, higher-or-equal
+    recommendations make earlier ones irrelevant."""
+    while queue and queue[-1][1] <= replicas:
+        queue.pop()
+    queue.append((now, replicas))
 
 
 def step_limit(max_step: int | float, replicas: int) -> int:
@@ -341,7 +442,7 @@ def scale_down(
         recommended, p, lead, agreed = _agree(
             spec, slo, window, now, current, seen, samples=samples, load=load
         )
-    history.add(now, recommended, window_s=down.stabilization)
+    history.add(now, recommended, window_s=down.stabilization, crowd=down.crowd)
     if recommended >= current or (p is None and not agreed):
         return True
     stab = down.stabilization
@@ -358,11 +459,19 @@ def scale_down(
         return False
     if rnd.budgets.scale_steps.remaining(now) < 1:
         return False
-    stabilized = history.highest(now, stab)
+    stabilized = history.highest(now, stab, down.crowd)
     if stabilized is None or stabilized >= current:
         return False
     step = step_limit(down.max_step, current)
     target = max(stabilized, current - step, bounds.min)
+    crowd = down.crowd
+    needed = history.needed(now, stab) if crowd is not None else None
+    # replicas above every level needed before were a crowd's: they go back at once to the
+    # highest level needed before; maxStep paces the levels below it
+    known = max(history.before() or 0, needed or 0)
+    crowd_gone = history.crowd(now, stab) is not None and current - step > known
+    if crowd_gone:
+        target = max(stabilized, known, bounds.min)
     if target >= current:
         return False
     ratio = (p or 0.0) / objective
@@ -374,6 +483,14 @@ def scale_down(
             Alternative(
                 f"scale to {recommended}",
                 f"the highest recommendation over the last {span} was {stabilized}",
+            )
+        )
+    if crowd is not None and crowd_gone:
+        alternatives.append(
+            Alternative(
+                f"scale to {max(stabilized, current - step, bounds.min)}",
+                f"maxStep {_show_step(down.max_step)} paces the levels {key} needed within "
+                f"crowd.memory {format_duration(crowd.memory)}, not a crowd's",
             )
         )
     if target > stabilized:
@@ -392,6 +509,8 @@ def scale_down(
         "stabilized": stabilized,
         "ok_since": slo.since,
     }
+    if crowd is not None:
+        inputs["needed_before"] = needed
     thresholds: dict[str, Scalar] = {
         "objective_ms": objective,
         "below": f"{down.below:.0%}",
@@ -441,7 +560,8 @@ def scale_down(
             "inference",
             Explanation.of(
                 RULE,
-                f"{why}, highest over {span} = {stabilized}; scale {current}→{target}; {which}",
+                f"{why}, highest over {span} = {stabilized}{_crowd_note(crowd, crowd_gone)}; "
+                f"scale {current}→{target}; {which}",
                 inputs=inputs,
                 thresholds=thresholds,
                 alternatives=tuple(alternatives),
@@ -454,6 +574,16 @@ def scale_down(
     history.last_down = now
     rnd.cooldowns.mark(key, now)
     return False
+
+
+def _crowd_note(crowd: CrowdSpec | None, gone: bool) -> str:
+    """How the stabilized count treated a crowd, for the reason (empty without one)."""
+    if crowd is None or not gone:
+        return ""
+    return (
+        f" (levels not needed within crowd.memory {format_duration(crowd.memory)} held only "
+        f"crowd.after {format_duration(crowd.after)}: a crowd's replicas go at once)"
+    )
 
 
 def _removal(rnd: Round, workload: Workload, count: int) -> tuple[tuple[str, ...], str]:

@@ -72,6 +72,7 @@ FULL: dict[str, Any] = {
                         "below": "50%",
                         "maxStep": 1,
                         "cooldown": "2m",
+                        "crowd": {"after": "2m", "memory": "12h"},
                     },
                     "leading": {
                         "ratePerReplica": 2.5,
@@ -177,6 +178,8 @@ CHANGES: dict[str, Any] = {
     "spec.services.chat.scale.down.below": "40%",
     "spec.services.chat.scale.down.maxStep": "25%",
     "spec.services.chat.scale.down.cooldown": "4m",
+    "spec.services.chat.scale.down.crowd.after": "3m",
+    "spec.services.chat.scale.down.crowd.memory": "1d",
     "spec.services.chat.scale.leading.ratePerReplica": 5,
     "spec.services.chat.scale.signals.waiting": 8,
     "spec.services.chat.scale.signals.running": 32,

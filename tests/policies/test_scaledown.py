@@ -15,7 +15,7 @@ from policy_fixtures import T0, WHOLE, feed_latency, make_policy, policy_dict, t
 from policies.decisions import Decision, Scale
 from policies.engine import Engine
 from policies.loader import PolicyLoadError, load_policy_text
-from policies.model import Policy
+from policies.model import CrowdSpec, Policy
 from policies.scaledown import Recommendations, step_limit
 from policies.snapshot import Snapshot, SnapshotBuilder
 from support.engine_probes import cooldown_remaining
@@ -346,3 +346,114 @@ def test_down_max_step_is_replicas_or_percent(value: object, want: object) -> No
     assert down is not None
     assert down.max_step == want
     assert type(down.max_step) is type(want)
+
+
+# -- crowds: a flash crowd's replicas go back soon after it -----------------------------------
+
+CROWD = {**DOWN, "crowd": {"after": "10s", "memory": "10m"}}
+#: 150s fast at 2 replicas (two windows of history), a 20s breach, then fast again
+CROWD_PHASES: list[tuple[float, float | None]] = [(150, 20.0), (20, 500.0), (400, 20.0)]
+
+
+def test_a_crowds_replicas_go_back_at_once_after_crowd_after() -> None:
+    """The breach takes chat from 2 to 10, a level it had not needed: 10s after its last
+    recommendation of 10 (and recoverAfter after it is ok) all eight go back in one step,
+    where the plain stabilization gives one back a minute after the breach, then one a
+    cooldown. Fails without ``down.crowd``."""
+    plain = drive(Engine(down_policy()), 2, CROWD_PHASES, end=570)
+    crowd = drive(Engine(down_policy(down=CROWD)), 2, CROWD_PHASES, end=570)
+    last_not_ok = max(t for t, s, _ in crowd.states if s != "ok")
+    assert plain.downs()[0] == (279, 10, 9)
+    assert len(plain.downs()) == 8
+    ((at, frm, to),) = crowd.downs()
+    assert (frm, to) == (10, 2)
+    assert last_not_ok + 20 <= at < 279
+
+
+def test_a_crowd_explains_the_step_it_skipped() -> None:
+    """The give-back says the crowd's level was held only crowd.after, and names the paced
+    step it did not take."""
+    trace = drive(Engine(down_policy(down=CROWD)), 2, CROWD_PHASES, end=570)
+    ((_, d),) = [(t, d) for t, d in trace.decisions if d.explanation.rule == "slo-scale-down"]
+    exp = d.explanation
+    assert "a crowd's replicas go at once" in exp.reason
+    assert exp.inputs["needed_before"] == 2
+    assert any(a.option == "scale to 9" and "not a crowd's" in a.why_not for a in exp.alternatives)
+
+
+def _recs(crowd: CrowdSpec, feed: list[tuple[int, int, int]]) -> Recommendations:
+    """Recommendations fed every second: ``(from, to, replicas)`` spans, ``to`` excluded."""
+    recs = Recommendations()
+    for start, stop, replicas in feed:
+        for t in range(start, stop):
+            recs.add(float(t), replicas, window_s=60.0, crowd=crowd)
+    return recs
+
+
+SPEC = CrowdSpec.model_validate({"after": "10s", "memory": "10m"})
+
+
+def test_a_crowd_level_is_held_only_crowd_after() -> None:
+    """A level above every one of the minutes before the window (6 after 2s) leaves the
+    stabilized count 10s after its last recommendation; without a crowd spec the whole
+    window holds it."""
+    recs = _recs(SPEC, [(0, 200, 2), (200, 220, 6), (220, 236, 2)])
+    assert recs.highest(228.0, 60.0, SPEC) == 6
+    assert recs.highest(235.0, 60.0, SPEC) == 2
+    assert (recs.crowd(235.0, 60.0), recs.before(), recs.needed(235.0, 60.0)) == (6, 2, 2)
+    plain = Recommendations()
+    for t, replicas in [(t, 2) for t in range(200)] + [(t, 6) for t in range(200, 220)]:
+        plain.add(float(t), replicas, window_s=60.0)
+    assert plain.highest(235.0, 60.0) == 6
+
+
+def test_a_level_needed_before_holds_the_whole_window() -> None:
+    """6 again at 400s, within memory of the crowd at 200s and more than a window after it:
+    a level needed before, held for the whole window."""
+    recs = _recs(SPEC, [(0, 200, 2), (200, 220, 6), (220, 400, 2), (400, 410, 6), (410, 441, 2)])
+    assert recs.highest(440.0, 60.0, SPEC) == 6
+    assert recs.crowd(440.0, 60.0) is None
+
+
+def test_too_little_history_calls_nothing_new() -> None:
+    """With less than two windows of recommendations no level is a crowd's."""
+    recs = _recs(SPEC, [(0, 60, 2), (60, 70, 6), (70, 101, 2)])
+    assert recs.highest(100.0, 60.0, SPEC) == 6
+    assert recs.crowd(100.0, 60.0) is None
+
+
+def test_a_crowd_longer_than_the_window_becomes_a_level_needed_before() -> None:
+    """Once its first minute is a window old, the crowd's level is one needed before."""
+    recs = _recs(SPEC, [(0, 200, 2), (200, 301, 6), (301, 331, 2)])
+    assert recs.highest(330.0, 60.0, SPEC) == 6
+
+
+def test_memory_forgets_a_level() -> None:
+    """A level needed more than ``memory`` ago is new again."""
+    short = CrowdSpec.model_validate({"after": "10s", "memory": "3m"})
+    recs = _recs(short, [(0, 200, 2), (200, 220, 6), (220, 600, 2), (600, 610, 6), (610, 641, 2)])
+    assert recs.highest(640.0, 60.0, short) == 2
+
+
+def test_a_hold_records_what_ticks_would() -> None:
+    """An engine that skipped quiet ticks and calls :meth:`Recommendations.hold` ends where
+    one that recorded every tick does: same counts, same levels needed before, no restart of
+    the history (a hold is ticks all along)."""
+    ticked = _recs(SPEC, [(0, 200, 2), (200, 500, 3)])
+    held = _recs(SPEC, [(0, 200, 2), (200, 201, 3)])
+    held.hold(499.0, window_s=60.0, crowd=SPEC)
+    for t, replicas in [(500, 6), (501, 2)]:
+        for r in (ticked, held):
+            r.add(float(t), replicas, window_s=60.0, crowd=SPEC)
+    for now in (505.0, 515.0, 540.0):
+        assert held.highest(now, 60.0, SPEC) == ticked.highest(now, 60.0, SPEC)
+        assert held.crowd(now, 60.0) == ticked.crowd(now, 60.0) == 6
+        assert held.before() == ticked.before() == 3
+
+
+def test_crowd_must_fit_the_stabilization() -> None:
+    """crowd.after shorter than the stabilization; memory longer than two windows."""
+    with pytest.raises(PolicyLoadError, match=r"crowd\.after must be shorter"):
+        down_policy(down={**DOWN, "crowd": {"after": "60s"}})
+    with pytest.raises(PolicyLoadError, match=r"crowd\.memory must be longer"):
+        down_policy(down={**DOWN, "crowd": {"after": "10s", "memory": "2m"}})
