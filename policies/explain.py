@@ -351,7 +351,8 @@ def _grows(t: TrainingSpec) -> str:
     )
     return (
         f"Grows back {how}, up to {e.max_replicas_annotation}, after GPUs stay idle "
-        f"{_d(e.grow_after)} with no service breaching; a DDP/elastic job (any kind but Job) "
+        f"{_d(e.grow_after)} with no service breaching (GPUs a service's scale-down gave back "
+        "at once: its stabilization waited longer); a DDP/elastic job (any kind but Job) "
         f"Ebbtide shrank or evicted from is not grown back within {_d(e.regrow_after)}."
     )
 

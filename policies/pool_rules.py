@@ -41,6 +41,7 @@ from policies.windows import UtilizationWindow
 __all__ = [
     "convert_margin",
     "converts_below",
+    "gave_back_key",
     "grow_quiet_until",
     "grow_training",
     "mig_quiet_until",
@@ -75,7 +76,12 @@ def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, flo
         since = free_since.setdefault(pool, now)
         grow_after = training.elastic.grow_after
         cooldown = rnd.policy.spec.cooldowns.training_grow
-        if now - since < grow_after or not rnd.cooldowns.ready(f"pool:{pool}", now, cooldown):
+        given = rnd.cooldowns.last(gave_back_key(pool))
+        # GPUs that went free just after a service's scale-down gave them back: its
+        # stabilization held them longer than growAfter already
+        given_back = given is not None and since - grow_after <= given <= now
+        waited = now - since >= grow_after or given_back
+        if not waited or not rnd.cooldowns.ready(f"pool:{pool}", now, cooldown):
             continue
         if rnd.budgets.scale_steps.remaining(now) < 1:
             continue
@@ -136,6 +142,13 @@ def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, flo
             "idle_s": round(now - since, 1),
             "replicas_fit": slots(space, gpr),
         }
+        idle = f"idle in {pool} for {format_duration(now - since)}"
+        if given_back and given is not None and now - since < grow_after:
+            inputs["given_back_s"] = round(now - given, 1)
+            idle = (
+                f"in {pool} given back by a service's scale-down "
+                f"{format_duration(now - given)} ago (its stabilization waited out growAfter)"
+            )
         left = rnd.quota_left(w.namespace)
         if left is not None:
             inputs["quota_gpus_left"] = left
@@ -149,8 +162,8 @@ def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, flo
                 "training",
                 Explanation.of(
                     "grow-training",
-                    f"{spare} GPUs idle in {pool} for {format_duration(now - since)} with no "
-                    f"service breaching; grow {w.key} {w.replicas}→{w.replicas + step}",
+                    f"{spare} GPUs {idle} with no service breaching; "
+                    f"grow {w.key} {w.replicas}→{w.replicas + step}",
                     inputs=inputs,
                     thresholds={
                         "grow_after": format_duration(grow_after),
@@ -169,6 +182,12 @@ def grow_training(rnd: Round, *, busy_pools: set[str], free_since: dict[str, flo
         rnd.taken.add(w.key)
         free_since[pool] = now
     return held_until
+
+
+def gave_back_key(pool: str) -> str:
+    """The :class:`~policies.budgets.Cooldowns` key marked when a service of ``pool`` is
+    scaled down: training may grow into what it gave back without waiting ``growAfter``."""
+    return f"gave-back:{pool}"
 
 
 def _restart_hold(rnd: Round, view: TrainingView, gpus: int) -> tuple[float | None, str]:

@@ -52,6 +52,7 @@ from policies.indicators import LeadingAsk, leading_ask
 from policies.loadsignals import Verdicts
 from policies.model import CrowdSpec, ServiceSpec, format_duration
 from policies.placement import NVLINK_DOMAIN_LABEL, give_back
+from policies.pool_rules import gave_back_key
 from policies.rules import Round, leading_inputs
 from policies.slo import ExceedanceWindow, SloState
 from policies.snapshot import Workload
@@ -573,6 +574,7 @@ def scale_down(
     )
     history.last_down = now
     rnd.cooldowns.mark(key, now)
+    rnd.cooldowns.mark(gave_back_key(spec.pool), now)
     return False
 
 

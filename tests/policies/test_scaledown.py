@@ -457,3 +457,32 @@ def test_crowd_must_fit_the_stabilization() -> None:
         down_policy(down={**DOWN, "crowd": {"after": "60s"}})
     with pytest.raises(PolicyLoadError, match=r"crowd\.memory must be longer"):
         down_policy(down={**DOWN, "crowd": {"after": "10s", "memory": "2m"}})
+
+
+# -- training takes what a scale-down gave back -----------------------------------------------
+
+
+def test_training_grows_into_a_scaled_down_replicas_gpu_at_once() -> None:
+    """One full node: chat 6, training 2. Chat's stabilized scale-down at 61s frees a GPU; the
+    training grows into it on the next evaluation, not growAfter (60s) later: the
+    stabilization already waited longer. Fails when growAfter applies to it."""
+    engine = Engine(down_policy())
+    chat, train, grows = 6, 2, []
+    for second in range(90):
+        feed_latency(engine, T0 + second, T0 + second + 1, 20.0)
+        b = SnapshotBuilder()
+        b.node("w0", gpus=8, labels=WHOLE)
+        b.workload("serving", "chat", replicas=chat, nodes=["w0"])
+        training(b, "elastic", replicas=train, nodes=["w0"], min_replicas=1, max_replicas=8)
+        now = T0 + second + 1
+        for d in engine.evaluate(now, b.build()):
+            if isinstance(d, Scale) and d.workload == "serving/chat":
+                chat = d.to_replicas
+            elif isinstance(d, Scale) and d.explanation.rule == "grow-training":
+                train = d.to_replicas
+                grows.append((now - T0, d))
+    assert chat == 5
+    ((at, grow),) = grows
+    assert at == 62
+    assert "given back by a service's scale-down" in grow.explanation.reason
+    assert grow.explanation.inputs["given_back_s"] == 1.0
