@@ -16,6 +16,13 @@ Design (the Kubernetes HPA's scale-down, decided from the latency stream):
   the ticks in one window. No scale-down before the recommendations cover a whole window (a
   restart, the kill switch lifted or a gap in evaluation waits one window before giving
   anything back).
+* **Crowds** (``down.crowd``). A long window keeps the replicas a recurring load comes back
+  to, and also a flash crowd's for a whole window after it. A recommendation above every one
+  made over ``crowd.memory`` before the window (with two windows of history: with less,
+  nothing is called new) is a crowd's: it counts in the stabilized count only ``crowd.after``
+  after it was made, and the replicas above the highest level needed before go back in one
+  step (``maxStep`` paces the levels below it). Levels before the window are kept per minute
+  (a monotonic deque over the memory), so classifying is O(1) amortised too.
 * **Bounds.** At most ``down.maxStep`` replicas per decision (a number, or a percentage of the
   current replicas, at least one), never below ``replicas.min``, at most one scale-down per
   ``down.cooldown`` (default: the service's cooldown), none within the service's cooldown after
