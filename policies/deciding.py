@@ -34,7 +34,13 @@ from policies.inventory import Inventory, note_disrupted
 from policies.loadsignals import tick_round
 from policies.mig import MigFlights
 from policies.model import Policy
-from policies.pool_rules import grow_quiet_until, grow_training, mig_quiet_until, run_mig
+from policies.pool_rules import (
+    gave_back_key,
+    grow_quiet_until,
+    grow_training,
+    mig_quiet_until,
+    run_mig,
+)
 from policies.rules import Round, breach_wait_until, respond_to_breach, responds
 from policies.scaledown import scale_down
 from policies.servicetrack import ServiceTrack, observe_load
@@ -224,6 +230,14 @@ class Decider:
         for key, quiet in self._cooldowns_of(policy, services, decision.cause, pool):
             not_before = min(retry, decision.at + quiet)
             self.cooldowns.retry(key, decision.at, not_before=not_before)
+        svc = None if decision.cause is None else services.get(decision.cause)
+        if (
+            svc is not None
+            and isinstance(decision, Scale)
+            and decision.role == "inference"
+            and decision.to_replicas < decision.from_replicas
+        ):  # gave nothing back: training waits growAfter for what else goes free
+            self.cooldowns.retry(gave_back_key(svc.spec.pool), decision.at, not_before=decision.at)
         if isinstance(decision, MigConvert | MigRevert):
             self._flights.drop(decision.node, hold_until=hold_until)
             if hold_until is not None:

@@ -486,3 +486,14 @@ def test_training_grows_into_a_scaled_down_replicas_gpu_at_once() -> None:
     assert at == 62
     assert "given back by a service's scale-down" in grow.explanation.reason
     assert grow.explanation.inputs["given_back_s"] == 1.0
+
+
+def test_a_scale_down_not_carried_out_gave_nothing_back() -> None:
+    """A scale-down refused by the cluster freed no GPU: its mark is taken back, so GPUs that
+    go free for another reason wait growAfter. Fails when not_done keeps the mark."""
+    engine = Engine(down_policy())
+    trace = drive(engine, 6, [(70, 20.0)], end=70)
+    ((_, down),) = [(t, d) for t, d in trace.decisions if d.target == "serving/chat"]
+    assert engine._decide.cooldowns.last("gave-back:whole") == down.at
+    engine.not_done(down, reason="the API server refused it")
+    assert engine._decide.cooldowns.last("gave-back:whole") is None
