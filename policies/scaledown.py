@@ -88,6 +88,7 @@ class Recommendations:
         "_crowds",
         "_last",
         "_minutes",
+        "_noted_since",
         "_old",
         "_queue",
         "_recent",
@@ -109,6 +110,8 @@ class Recommendations:
         #: front, so the front is the highest level needed before the window.
         self._minutes: deque[tuple[int, int]] = deque()
         self._old: deque[tuple[int, int]] = deque()
+        #: When the levels began to be kept (a reload may turn the crowd spec on later).
+        self._noted_since: float | None = None
         self._last: float | None = None
         self.started: float | None = None
         self.last_down: float | None = None
@@ -122,8 +125,12 @@ class Recommendations:
             self.started = now
         self._last = now
         if crowd is None:
+            if self._noted_since is not None:
+                self._forget_levels()
             _push(self._queue, now, replicas)
             return
+        if self._noted_since is None:
+            self._noted_since = now
         self._note(now, replicas, window_s, crowd.memory)
         _push(self._recent, now, replicas)
         if self._needed_before(now, replicas, window_s):
@@ -152,10 +159,23 @@ class Recommendations:
 
     def _needed_before(self, now: float, replicas: int, window_s: float) -> bool:
         """Whether ``replicas`` is a level needed before this window (or too little is known
-        to call it new: less than two windows of recommendations)."""
-        if self.started is None or now - self.started < 2 * window_s:
+        to call it new: less than two windows of recommendations, or of levels kept)."""
+        if self.started is None or self._noted_since is None:
+            return True
+        if now - max(self.started, self._noted_since) < 2 * window_s:
             return True
         return bool(self._old) and self._old[0][1] >= replicas
+
+    def _forget_levels(self) -> None:
+        """The crowd spec is gone (a reload): a crowd's recommendations count in the window
+        again, as every one does without it."""
+        merged = sorted((*self._queue, *self._crowds))
+        self._queue.clear()
+        for at, replicas in merged:
+            _push(self._queue, at, replicas)
+        for q in (self._recent, self._crowds, self._minutes, self._old):
+            q.clear()
+        self._noted_since = None
 
     def hold(self, until: float, *, window_s: float, crowd: CrowdSpec | None = None) -> None:
         """The latest recommendation was made again at every tick up to ``until``, none of them
@@ -220,7 +240,7 @@ class Recommendations:
         """Forget every recommendation (the service has no workload to recommend for)."""
         for q in (self._queue, self._recent, self._crowds, self._minutes, self._old):
             q.clear()
-        self.started = self._last = None
+        self.started = self._last = self._noted_since = None
 
     def __len__(self) -> int:
         return len(self._queue) + len(self._recent) + len(self._crowds)

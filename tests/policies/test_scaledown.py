@@ -497,3 +497,25 @@ def test_a_scale_down_not_carried_out_gave_nothing_back() -> None:
     assert engine._decide.cooldowns.last("gave-back:whole") == down.at
     engine.not_done(down, reason="the API server refused it")
     assert engine._decide.cooldowns.last("gave-back:whole") is None
+
+
+def test_a_reload_that_turns_crowds_on_waits_two_windows_of_levels() -> None:
+    """Kept across a reload without the crowd spec, the history has no levels: nothing is a
+    crowd's until two windows of them are kept (else every level would be new)."""
+    recs = Recommendations()
+    for t in range(300):
+        recs.add(float(t), 2, window_s=60.0)
+    for t in range(300, 330):
+        recs.add(float(t), 6 if t < 310 else 2, window_s=60.0, crowd=SPEC)
+    assert recs.crowd(330.0, 60.0) is None
+    assert recs.highest(330.0, 60.0, SPEC) == 6
+
+
+def test_a_reload_that_turns_crowds_off_counts_a_crowds_level_again() -> None:
+    """Without the crowd spec every recommendation counts for the whole window, the crowd's
+    kept beside the others included."""
+    recs = _recs(SPEC, [(0, 200, 2), (200, 220, 6), (220, 236, 2)])
+    assert recs.highest(235.0, 60.0, SPEC) == 2
+    recs.add(236.0, 2, window_s=60.0)
+    assert recs.highest(236.0, 60.0) == 6
+    assert recs.highest(281.0, 60.0) == 2
