@@ -242,9 +242,6 @@ class Recommendations:
             q.clear()
         self.started = self._last = self._noted_since = None
 
-    def __len__(self) -> int:
-        return len(self._queue) + len(self._recent) + len(self._crowds)
-
 
 def _push(queue: deque[tuple[float, int]], now: float, replicas: int) -> None:
     """Append to a monotonic deque whose front is the highest: later, higher-or-equal
@@ -491,15 +488,16 @@ def scale_down(
     if stabilized is None or stabilized >= current:
         return False
     step = step_limit(down.max_step, current)
-    target = max(stabilized, current - step, bounds.min)
-    crowd = down.crowd
-    needed = history.needed(now, stab) if crowd is not None else None
-    # replicas above every level needed before were a crowd's: they go back at once to the
-    # highest level needed before; maxStep paces the levels below it
-    known = max(history.before() or 0, needed or 0)
-    crowd_gone = history.crowd(now, stab) is not None and current - step > known
-    if crowd_gone:
-        target = max(stabilized, known, bounds.min)
+    paced = target = max(stabilized, current - step, bounds.min)
+    crowd, needed, crowd_gone = down.crowd, None, False
+    if crowd is not None:
+        needed = history.needed(now, stab)
+        # replicas above every level needed before were a crowd's: they go back at once to
+        # the highest level needed before; maxStep paces the levels below it
+        known = max(history.before() or 0, needed or 0)
+        crowd_gone = history.crowd(now, stab) is not None and current - step > known
+        if crowd_gone:
+            target = max(stabilized, known, bounds.min)
     if target >= current:
         return False
     ratio = (p or 0.0) / objective
@@ -516,7 +514,7 @@ def scale_down(
     if crowd is not None and crowd_gone:
         alternatives.append(
             Alternative(
-                f"scale to {max(stabilized, current - step, bounds.min)}",
+                f"scale to {paced}",
                 f"maxStep {_show_step(down.max_step)} paces the levels {key} needed within "
                 f"crowd.memory {format_duration(crowd.memory)}, not a crowd's",
             )
