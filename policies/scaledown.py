@@ -204,20 +204,15 @@ class Recommendations:
         before = self.needed(now, window_s)
         if crowd is None:
             return before
-        recent = self._recent
-        while recent and recent[0][0] < now - crowd.after:
-            recent.popleft()
-        if not recent:
-            return before
-        return recent[0][1] if before is None else max(before, recent[0][1])
+        recent = _front(self._recent, now - crowd.after)
+        if recent is None or before is None:
+            return before if recent is None else recent
+        return max(before, recent)
 
     def needed(self, now: float, window_s: float) -> int | None:
         """The highest recommendation within ``window_s`` before ``now`` of a level the service
         needed before (every one, without a crowd spec)."""
-        queue = self._queue
-        while queue and queue[0][0] < now - window_s:
-            queue.popleft()
-        return queue[0][1] if queue else None
+        return _front(self._queue, now - window_s)
 
     def before(self) -> int | None:
         """The highest level needed over the crowd memory before the window (as of the last
@@ -227,10 +222,7 @@ class Recommendations:
     def crowd(self, now: float, window_s: float) -> int | None:
         """The highest recommendation within ``window_s`` before ``now`` of a level the service
         had not needed before (a crowd's; ``None`` without one or without a crowd spec)."""
-        crowds = self._crowds
-        while crowds and crowds[0][0] < now - window_s:
-            crowds.popleft()
-        return crowds[0][1] if crowds else None
+        return _front(self._crowds, now - window_s)
 
     def covers(self, now: float, window_s: float) -> bool:
         """Whether recommendations were made over the whole window before ``now``."""
@@ -241,6 +233,14 @@ class Recommendations:
         for q in (self._queue, self._recent, self._crowds, self._minutes, self._old):
             q.clear()
         self.started = self._last = self._noted_since = None
+
+
+def _front(queue: deque[tuple[float, int]], since: float) -> int | None:
+    """The highest recommendation of a monotonic deque made at or after ``since`` (what is
+    older is dropped: the window only moves forward)."""
+    while queue and queue[0][0] < since:
+        queue.popleft()
+    return queue[0][1] if queue else None
 
 
 def _push(queue: deque[tuple[float, int]], now: float, replicas: int) -> None:
